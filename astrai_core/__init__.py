@@ -1,0 +1,32 @@
+"""astrai: train and post-train LLMs with reinforcement learning.
+
+Importing this package is cheap and never imports torch: it exposes the hook
+marker and the spec records that plugins need.
+"""
+
+from astrai_core.errors import AstraiError
+from astrai_core.hookspecs import hookimpl
+from astrai_core.specs import (
+    AdvantageEstimatorSpec,
+    DeviceBackendSpec,
+    ModelImporterSpec,
+    RewardFunctionSpec,
+    SamplerSpec,
+    Spec,
+    StrategySpec,
+)
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "AdvantageEstimatorSpec",
+    "AstraiError",
+    "DeviceBackendSpec",
+    "ModelImporterSpec",
+    "RewardFunctionSpec",
+    "SamplerSpec",
+    "Spec",
+    "StrategySpec",
+    "__version__",
+    "hookimpl",
+]

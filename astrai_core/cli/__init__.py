@@ -1,0 +1,1 @@
+"""The `astrai` command line: one module per command, imported only when run."""

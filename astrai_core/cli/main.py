@@ -1,0 +1,61 @@
+"""Entry point of the `astrai` console script.
+
+argparse (standard library) parses the command line: it adds no dependency and no
+import time, and each command's heavy modules are imported only when that command
+runs, so `astrai list-plugins` never imports torch.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import sys
+from collections.abc import Sequence
+
+from astrai_core import __version__
+from astrai_core.errors import AstraiError
+from astrai_core.log import configure_logging
+
+# command -> (module under astrai_core.cli, one-line help). Each module defines
+# add_arguments(parser) and run(args) and imports heavy things (torch) inside run().
+COMMANDS: dict[str, tuple[str, str]] = {
+    "list-plugins": ("list_plugins", "list installed plugins and what each provides"),
+}
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="astrai", description="astrai: LLM training and RL")
+    parser.add_argument("--version", action="version", version=f"astrai {__version__}")
+    parser.add_argument("--log-format", choices=("auto", "console", "json"), default="auto",
+                        help="console on a terminal, JSON lines otherwise (auto)")
+    parser.add_argument("--log-level", default="info",
+                        choices=("debug", "info", "warning", "error"))
+    commands = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
+    for command, (module_name, help_text) in COMMANDS.items():
+        sub = commands.add_parser(command, help=help_text, description=help_text)
+        sub.set_defaults(_module=module_name)
+        _command_module(module_name).add_arguments(sub)
+    return parser
+
+
+def _command_module(module_name: str):
+    return importlib.import_module(f"astrai_core.cli.{module_name}")
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    configure_logging(args.log_format, args.log_level)
+    try:
+        result = _command_module(args._module).run(args)
+    except AstraiError as error:
+        print(f"error: {error}", file=sys.stderr)
+        raise SystemExit(error.exit_code) from None
+    except KeyboardInterrupt:
+        print("interrupted", file=sys.stderr)
+        raise SystemExit(130) from None
+    raise SystemExit(result or 0)
+
+
+if __name__ == "__main__":  # pragma: no cover
+    main()

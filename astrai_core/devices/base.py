@@ -1,0 +1,62 @@
+"""The device backend interface.
+
+Code never hard-codes a device family: it asks the backend for the device, the
+distributed backend, synchronisation, RNG state, memory figures and autocast.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from typing import Any
+
+import torch
+
+
+class DeviceBackend:
+    """Base class; a backend overrides what differs for its device family."""
+
+    name: str = ""
+    type: str = ""                 # torch device type: "cpu", "cuda", "npu", ...
+    dist_backend: str = "gloo"     # torch.distributed backend for this family
+
+    def __init__(self, **params: Any) -> None:
+        if params:
+            raise TypeError(f"device {self.name!r} takes no options, got {sorted(params)}")
+
+    def device(self, local_rank: int = 0) -> torch.device:
+        return torch.device(self.type, local_rank) if self.type != "cpu" else torch.device("cpu")
+
+    def device_count(self) -> int:
+        return 1
+
+    def set_device(self, local_rank: int) -> None:
+        """Make ``local_rank`` the current device of this process."""
+
+    def synchronize(self) -> None:
+        """Wait for queued work on the device to finish."""
+
+    def manual_seed(self, seed: int) -> None:
+        torch.manual_seed(seed)
+
+    def get_rng_state(self) -> torch.Tensor | None:
+        """The device generator's state (None when the device has none of its own)."""
+        return None
+
+    def set_rng_state(self, state: torch.Tensor | None) -> None:
+        """Restore what :meth:`get_rng_state` returned."""
+
+    def memory_stats(self) -> dict[str, float]:
+        """Allocated / reserved / peak memory in bytes, where the device reports it."""
+        return {}
+
+    def supports_bf16(self) -> bool:
+        return True
+
+    def autocast(self, dtype: torch.dtype | None) -> contextlib.AbstractContextManager:
+        """Mixed-precision context for this device; a no-op for ``None``/float32."""
+        if dtype is None or dtype == torch.float32:
+            return contextlib.nullcontext()
+        return torch.autocast(device_type=self.type, dtype=dtype)
+
+    def empty_cache(self) -> None:
+        """Return cached memory to the device."""

@@ -1,0 +1,29 @@
+"""Which distribution of this repository provides which component name.
+
+Used only for error messages: when a name is unknown, astrai can say which
+``pip install`` would provide it.
+"""
+
+from __future__ import annotations
+
+SHIPPED: dict[tuple[str, str], str] = {
+    ("strategy", "grpo"): "astrai-plugin-grpo",
+    ("strategy", "ppo"): "astrai-plugin-ppo",
+    ("strategy", "dpo"): "astrai-plugin-dpo",
+    ("advantage_estimator", "grpo"): "astrai-plugin-grpo",
+    ("advantage_estimator", "gae"): "astrai-plugin-gae",
+    ("advantage_estimator", "rloo"): "astrai-contrib-rloo",
+    ("sampler", "vllm"): "astrai-plugin-vllm",
+    ("model_importer", "qwen3"): "astrai-plugin-qwen3",
+    ("device_backend", "npu"): "astrai-plugin-npu",
+}
+
+# Hugging Face model_type -> distribution whose importer handles it.
+MODEL_TYPES: dict[str, str] = {
+    "llama": "astrai-core",
+    "mistral": "astrai-core",
+    "qwen2": "astrai-core",
+    "qwen3": "astrai-plugin-qwen3",
+    "qwen3_moe": "astrai-plugin-qwen3",
+    "qwen2_moe": "astrai-plugin-qwen3",
+}

@@ -1,0 +1,137 @@
+"""Typed records that plugins return from their hooks.
+
+A spec names a component and points at it (``target = "module.path:attribute"``)
+without importing it: the target is imported only by :meth:`Spec.load`, so listing
+plugins stays fast and never imports torch.
+"""
+
+from __future__ import annotations
+
+import importlib
+import re
+from typing import Any, ClassVar
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator
+
+_NAME = re.compile(r"^[a-z][a-z0-9_\-]*$")
+_TARGET = re.compile(r"^[A-Za-z_][\w.]*:[A-Za-z_][\w.]*$")
+
+
+def import_target(target: str) -> Any:
+    """Import ``"module.path:attr.sub"`` and return the attribute."""
+    module_name, _, attr_path = target.partition(":")
+    obj: Any = importlib.import_module(module_name)
+    for part in attr_path.split("."):
+        obj = getattr(obj, part)
+    return obj
+
+
+class Spec(BaseModel):
+    """Common fields of every component record."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+    kind: ClassVar[str] = ""
+
+    name: str = Field(description="lower-case, unique within its kind")
+    target: str = Field(description='"module.path:attribute", imported only by load()')
+    summary: str = Field(description="one line shown by `astrai list-plugins`")
+
+    @field_validator("name")
+    @classmethod
+    def _check_name(cls, value: str) -> str:
+        if not _NAME.match(value):
+            raise ValueError(
+                f"spec name {value!r} must be lower-case letters, digits, '_' or '-', "
+                "starting with a letter"
+            )
+        return value
+
+    @field_validator("target")
+    @classmethod
+    def _check_target(cls, value: str) -> str:
+        if not _TARGET.match(value):
+            raise ValueError(f"target {value!r} must look like 'package.module:attribute'")
+        return value
+
+    @field_validator("summary")
+    @classmethod
+    def _check_summary(cls, value: str) -> str:
+        if "\n" in value.strip():
+            raise ValueError("summary must be a single line")
+        return value.strip()
+
+    def load(self) -> Any:
+        """Import and return the target."""
+        return import_target(self.target)
+
+
+class StrategySpec(Spec):
+    """A training strategy: owns the loss (seq, sft, dpo, grpo, ppo, ...)."""
+
+    kind: ClassVar[str] = "strategy"
+    default_advantage: str | None = Field(
+        default=None,
+        description="advantage estimator used when the config has no `advantage` section",
+    )
+
+
+class AdvantageEstimatorSpec(Spec):
+    """Credit assignment for online strategies (grpo, gae, rloo, ...)."""
+
+    kind: ClassVar[str] = "advantage_estimator"
+
+
+class SamplerSpec(Spec):
+    """A generation engine behind the sampler contract (torch, vllm, ...)."""
+
+    kind: ClassVar[str] = "sampler"
+
+
+class ModelImporterSpec(Spec):
+    """Maps Hugging Face checkpoints of some ``model_type``s to native ones and back."""
+
+    kind: ClassVar[str] = "model_importer"
+    model_types: tuple[str, ...] = Field(
+        default=(), description="Hugging Face config.json `model_type` values handled"
+    )
+
+
+class DeviceBackendSpec(Spec):
+    """A device family (cpu, cuda, npu, ...)."""
+
+    kind: ClassVar[str] = "device_backend"
+    available: str | None = Field(
+        default=None,
+        description='"module:function" returning True when this device can be used; '
+        "None means always available",
+    )
+    priority: int = Field(default=0, description="higher wins when `device: {name: auto}`")
+
+    def is_available(self) -> bool:
+        """Ask the backend's probe, without loading the backend itself."""
+        if self.available is None:
+            return True
+        try:
+            return bool(import_target(self.available)())
+        except Exception:  # a probe that cannot even import means "not here"
+            return False
+
+
+class RewardFunctionSpec(Spec):
+    """A reward ``f(prompts, completions, **columns) -> list[float]``."""
+
+    kind: ClassVar[str] = "reward_function"
+
+
+SPEC_CLASSES: dict[str, type[Spec]] = {
+    cls.kind: cls
+    for cls in (
+        StrategySpec,
+        AdvantageEstimatorSpec,
+        SamplerSpec,
+        ModelImporterSpec,
+        DeviceBackendSpec,
+        RewardFunctionSpec,
+    )
+}
+KINDS: tuple[str, ...] = tuple(SPEC_CLASSES)

@@ -1,0 +1,1 @@
+"""astrai-plugin-dpo: hook implementations (none yet; see the distribution summary)."""

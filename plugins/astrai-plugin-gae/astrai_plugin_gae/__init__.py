@@ -1,0 +1,1 @@
+"""astrai-plugin-gae: hook implementations (none yet; see the distribution summary)."""

@@ -1,0 +1,1 @@
+"""astrai-plugin-grpo: hook implementations (none yet; see the distribution summary)."""

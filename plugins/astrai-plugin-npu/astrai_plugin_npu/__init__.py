@@ -1,0 +1,1 @@
+"""astrai-plugin-npu: hook implementations (none yet; see the distribution summary)."""

@@ -1,0 +1,1 @@
+"""astrai-plugin-ppo: hook implementations (none yet; see the distribution summary)."""

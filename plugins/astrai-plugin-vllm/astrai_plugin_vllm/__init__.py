@@ -1,0 +1,1 @@
+"""astrai-plugin-vllm: hook implementations (none yet; see the distribution summary)."""
