@@ -10,6 +10,7 @@ import contextlib
 from typing import Any
 
 import torch
+from pydantic import BaseModel, ConfigDict
 
 
 class DeviceBackend:
@@ -19,9 +20,13 @@ class DeviceBackend:
     type: str = ""                 # torch device type: "cpu", "cuda", "npu", ...
     dist_backend: str = "gloo"     # torch.distributed backend for this family
 
+    class Config(BaseModel):
+        """Options of the `device:` config section (none by default)."""
+
+        model_config = ConfigDict(extra="forbid")
+
     def __init__(self, **params: Any) -> None:
-        if params:
-            raise TypeError(f"device {self.name!r} takes no options, got {sorted(params)}")
+        self.config = self.Config(**params)
 
     def device(self, local_rank: int = 0) -> torch.device:
         return torch.device(self.type, local_rank) if self.type != "cpu" else torch.device("cpu")

@@ -1,0 +1,125 @@
+"""Loading a run config: YAML file + `--set` overrides → validated :class:`RunConfig`."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import yaml
+from pydantic import BaseModel, ValidationError
+
+from astrai_core.config.schema import RunConfig
+from astrai_core.config.yaml_source import FieldPath, YamlSource
+from astrai_core.errors import ConfigError
+
+
+def parse_overrides(items: Sequence[str]) -> list[tuple[FieldPath, Any]]:
+    """``["trainer.lr=1e-4", "rewards.0.weight=2"]`` → ``[(("trainer","lr"), 1e-4), ...]``.
+
+    Values are read as YAML scalars (so ``true``, ``3``, ``[1, 2]`` get their types);
+    numbers YAML 1.1 leaves as strings (``1e-4``) become floats.
+    """
+    parsed = []
+    for item in items:
+        key, sep, raw = item.partition("=")
+        if not sep or not key.strip():
+            raise ConfigError(f"--set {item!r}: expected KEY.PATH=VALUE")
+        path = tuple(int(part) if part.isdigit() else part for part in key.strip().split("."))
+        parsed.append((path, _typed_value(raw)))
+    return parsed
+
+
+def _typed_value(raw: str) -> Any:
+    try:
+        value = yaml.safe_load(raw) if raw.strip() else ""
+    except yaml.YAMLError:
+        return raw
+    if isinstance(value, str):
+        try:
+            return float(value) if any(c in value for c in ".eE") else int(value)
+        except ValueError:
+            return value
+    return value
+
+
+def apply_overrides(data: dict[str, Any], overrides: Sequence[tuple[FieldPath, Any]]) -> None:
+    """Set each override into the nested ``data`` in place, creating sections as needed."""
+    for path, value in overrides:
+        node: Any = data
+        for depth, part in enumerate(path[:-1]):
+            here = ".".join(map(str, path[: depth + 1]))
+            if isinstance(node, list):
+                if not isinstance(part, int) or part >= len(node):
+                    raise ConfigError(f"--set {_dotted(path)}: {here} is not an item of the list")
+                node = node[part]
+            elif isinstance(node, dict):
+                node = node.setdefault(part, {})
+            else:
+                raise ConfigError(f"--set {_dotted(path)}: {here} is not a section")
+        last = path[-1]
+        if isinstance(node, list) and isinstance(last, int) and last < len(node):
+            node[last] = value
+        elif isinstance(node, dict):
+            node[last] = value
+        else:
+            raise ConfigError(f"--set {_dotted(path)}: cannot set this key")
+
+
+def load_config(path: str | Path, overrides: Sequence[str] = ()) -> RunConfig:
+    """Read, override and validate a run config; any problem is one ConfigError."""
+    source = YamlSource.from_file(path)
+    if not isinstance(source.data, dict):
+        raise ConfigError(f"{source.filename}: a config must be a mapping of sections")
+    parsed = parse_overrides(overrides)
+    apply_overrides(source.data, parsed)
+    for field_path, _ in parsed:
+        source.lines[field_path] = 0  # 0 marks "from --set", see _where
+    config = validate_model(RunConfig, source.data, source, ())
+    config._source = source  # type: ignore[attr-defined]  # for later component checks
+    config._base_dir = Path(path).resolve().parent  # type: ignore[attr-defined]
+    return config
+
+
+def validate_model(model: type[BaseModel], data: Any, source: YamlSource | None,
+                   prefix: FieldPath) -> Any:
+    """``model.model_validate(data)`` with errors turned into one clear ConfigError."""
+    try:
+        return model.model_validate(data)
+    except ValidationError as exc:
+        raise ConfigError(format_validation_error(exc, source, prefix)) from None
+
+
+def format_validation_error(exc: ValidationError, source: YamlSource | None,
+                            prefix: FieldPath = ()) -> str:
+    """One line per problem: ``file:line: field.path: message``."""
+    problems = []
+    for error in exc.errors():
+        field_path = prefix + tuple(part for part in error["loc"] if not _is_union_tag(part))
+        where = _where(source, field_path)
+        message = error["msg"]
+        if error["type"] == "extra_forbidden":
+            message = "unknown field"
+        elif error["type"] == "missing":
+            message = "field required"
+        label = _dotted(field_path) or "config"
+        problems.append(f"{where}{label}: {message}")
+    return "invalid config:\n  " + "\n  ".join(problems) if len(problems) > 1 else (
+        "invalid config: " + problems[0])
+
+
+def _where(source: YamlSource | None, field_path: FieldPath) -> str:
+    if source is None:
+        return ""
+    if source.lines.get(tuple(field_path)) == 0:
+        return "--set "
+    return source.where(field_path) + ": "
+
+
+def _is_union_tag(part: Any) -> bool:
+    # pydantic puts the union member's class name in the location; users never wrote it.
+    return isinstance(part, str) and part[:1].isupper()
+
+
+def _dotted(path: FieldPath) -> str:
+    return ".".join(str(part) for part in path)

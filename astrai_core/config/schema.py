@@ -1,0 +1,72 @@
+"""The shape of a run config (DESIGN.md, "Run configuration").
+
+Pluggable sections (`strategy`, `advantage`, `rewards`, `sampler`, `device`) select a
+component by `name`; their other keys belong to that component and are validated
+against its own `Config` model once the registry is loaded (see components.py).
+"""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+
+class Section(BaseModel):
+    """A config section with a fixed set of fields."""
+
+    model_config = ConfigDict(extra="forbid")
+
+
+class ComponentSection(BaseModel):
+    """`{name: ..., **params}`: selects a registered component and configures it."""
+
+    model_config = ConfigDict(extra="allow")
+
+    name: str = Field(description="registered name of the component")
+
+    @property
+    def params(self) -> dict[str, Any]:
+        """Every key but `name`: the component's own options."""
+        return dict(self.model_extra or {})
+
+
+class RewardSection(ComponentSection):
+    """A reward function with its weight in the summed reward."""
+
+    weight: float = 1.0
+
+
+class ModelSection(Section):
+    """Either a checkpoint to start from (`path`) or a from-scratch architecture (`config`)."""
+
+    path: str | None = Field(default=None, description="native checkpoint directory")
+    config: dict[str, Any] | None = Field(
+        default=None, description="ModelConfig fields for a model trained from scratch"
+    )
+    tokenizer: str | None = Field(
+        default=None, description="tokenizer directory (default: the checkpoint's own files)"
+    )
+    dtype: Literal["float32", "bfloat16", "float16"] = "float32"
+
+    @model_validator(mode="after")
+    def _one_source(self) -> ModelSection:
+        if (self.path is None) == (self.config is None):
+            raise ValueError("give exactly one of `path` (a checkpoint) or `config` (from scratch)")
+        if self.config is not None and self.tokenizer is None:
+            raise ValueError("a from-scratch model needs `tokenizer` (a tokenizer directory)")
+        return self
+
+
+class RunConfig(Section):
+    """A whole `astrai train` config."""
+
+    output_dir: str
+    model: ModelSection
+    data: dict[str, Any] = Field(default_factory=dict)
+    strategy: ComponentSection
+    advantage: ComponentSection | None = None
+    rewards: list[RewardSection] = Field(default_factory=list)
+    sampler: ComponentSection | None = None
+    device: ComponentSection = Field(default_factory=lambda: ComponentSection(name="auto"))
+    trainer: dict[str, Any] = Field(default_factory=dict)

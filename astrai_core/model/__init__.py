@@ -1,0 +1,9 @@
+"""The native decoder model, its KV cache and checkpoint I/O. Importing this imports torch."""
+
+from astrai_core.model.checkpoint import load_pretrained, load_state_dict_strict, save_pretrained
+from astrai_core.model.config import ModelConfig
+from astrai_core.model.decoder import CausalLM
+from astrai_core.model.kv_cache import KVCache
+
+__all__ = ["CausalLM", "KVCache", "ModelConfig", "load_pretrained", "load_state_dict_strict",
+           "save_pretrained"]

@@ -1,0 +1,54 @@
+"""Grouped-query self-attention through scaled_dot_product_attention."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from astrai_core.model.config import ModelConfig
+from astrai_core.model.masks import AttentionBias
+from astrai_core.model.norm import RMSNorm
+from astrai_core.model.rope import apply_rotary
+
+if TYPE_CHECKING:
+    from astrai_core.model.kv_cache import KVCache
+
+
+class Attention(nn.Module):
+    def __init__(self, config: ModelConfig, layer_index: int) -> None:
+        super().__init__()
+        self.layer_index = layer_index
+        self.num_heads = config.num_heads
+        self.num_kv_heads = config.num_kv_heads
+        self.head_dim = config.head_dim
+        hidden, head_dim, bias = config.hidden_size, config.head_dim, config.attention_bias
+        self.q_proj = nn.Linear(hidden, self.num_heads * head_dim, bias=bias)
+        self.k_proj = nn.Linear(hidden, self.num_kv_heads * head_dim, bias=bias)
+        self.v_proj = nn.Linear(hidden, self.num_kv_heads * head_dim, bias=bias)
+        self.o_proj = nn.Linear(self.num_heads * head_dim, hidden, bias=False)
+        # Qwen3: RMSNorm over head_dim of each q/k head, applied before RoPE.
+        self.q_norm = RMSNorm(head_dim, config.rms_norm_eps) if config.qk_norm else None
+        self.k_norm = RMSNorm(head_dim, config.rms_norm_eps) if config.qk_norm else None
+
+    def _heads(self, x: torch.Tensor, proj: nn.Linear, norm: RMSNorm | None) -> torch.Tensor:
+        batch, seq, _ = x.shape
+        states = proj(x).view(batch, seq, -1, self.head_dim)
+        if norm is not None:
+            states = norm(states)
+        return states.transpose(1, 2)  # [B, heads, S, head_dim]
+
+    def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, bias: AttentionBias,
+                kv_cache: KVCache | None = None) -> torch.Tensor:
+        batch, seq, _ = x.shape
+        query = apply_rotary(self._heads(x, self.q_proj, self.q_norm), cos, sin)
+        key = apply_rotary(self._heads(x, self.k_proj, self.k_norm), cos, sin)
+        value = self._heads(x, self.v_proj, None)
+        if kv_cache is not None:
+            key, value = kv_cache.update(self.layer_index, key, value)
+        out = F.scaled_dot_product_attention(
+            query, key, value, attn_mask=bias.mask, is_causal=bias.is_causal,
+            enable_gqa=self.num_heads != self.num_kv_heads)
+        return self.o_proj(out.transpose(1, 2).reshape(batch, seq, -1))

@@ -1,0 +1,139 @@
+"""The native decoder-only language model (Llama / Mistral / Qwen2 / Qwen3 / Qwen-MoE)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+from torch.utils.checkpoint import checkpoint
+
+from astrai_core.model.attention import Attention
+from astrai_core.model.config import ModelConfig
+from astrai_core.model.kv_cache import KVCache
+from astrai_core.model.masks import AttentionBias, build_attention_bias
+from astrai_core.model.mlp import SwiGLU
+from astrai_core.model.moe import MoEBlock, RouterOutput, load_balancing_loss, router_statistics
+from astrai_core.model.norm import RMSNorm
+from astrai_core.model.rope import RotaryEmbedding
+
+
+class DecoderLayer(nn.Module):
+    """Pre-norm block: x + attn(norm(x)), then x + mlp(norm(x))."""
+
+    def __init__(self, config: ModelConfig, layer_index: int) -> None:
+        super().__init__()
+        self.attn_norm = RMSNorm(config.hidden_size, config.rms_norm_eps)
+        self.attn = Attention(config, layer_index)
+        self.mlp_norm = RMSNorm(config.hidden_size, config.rms_norm_eps)
+        self.is_moe = config.is_moe_layer(layer_index)
+        self.mlp = MoEBlock(config) if self.is_moe else SwiGLU(config.hidden_size, config.intermediate_size)
+
+    def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, bias: AttentionBias,
+                kv_cache: KVCache | None = None) -> tuple[torch.Tensor, RouterOutput | None]:
+        x = x + self.attn(self.attn_norm(x), cos, sin, bias, kv_cache)
+        router = None
+        if self.is_moe:
+            mlp_out, router = self.mlp(self.mlp_norm(x))
+        else:
+            mlp_out = self.mlp(self.mlp_norm(x))
+        return x + mlp_out, router
+
+
+class CausalLM(nn.Module):
+    """Decoder with an LM head. ``forward`` returns a dict (see its docstring)."""
+
+    def __init__(self, config: ModelConfig) -> None:
+        super().__init__()
+        self.config = config
+        self.embed = nn.Embedding(config.vocab_size, config.hidden_size)
+        self.layers = nn.ModuleList(DecoderLayer(config, i) for i in range(config.num_layers))
+        self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps)
+        # Tied: the head reuses embed.weight, so there is no lm_head parameter to save twice.
+        self.lm_head = None if config.tie_word_embeddings else nn.Linear(
+            config.hidden_size, config.vocab_size, bias=False)
+        self.rotary = RotaryEmbedding(config)
+        self.gradient_checkpointing = False
+        self.reset_parameters()
+
+    @torch.no_grad()
+    def reset_parameters(self, std: float = 0.02) -> None:
+        """From-scratch init: normal(0, std) for matrices, ones for norms, zeros for biases."""
+        for name, param in self.named_parameters():
+            if param.device.type == "meta":
+                continue
+            if name.endswith("norm.weight"):
+                param.fill_(1.0)
+            elif name.endswith(".bias"):
+                param.zero_()
+            else:
+                param.normal_(0.0, std)
+
+    def num_parameters(self, trainable_only: bool = False) -> int:
+        """Number of parameters (tied embeddings counted once)."""
+        return sum(p.numel() for p in self.parameters() if p.requires_grad or not trainable_only)
+
+    def new_kv_cache(self, batch_size: int, max_length: int) -> KVCache:
+        weight = self.embed.weight
+        return KVCache(self.config, batch_size, max_length, dtype=weight.dtype, device=weight.device)
+
+    def _run_layer(self, layer: DecoderLayer, *args: Any) -> tuple[torch.Tensor, RouterOutput | None]:
+        if self.gradient_checkpointing and self.training and torch.is_grad_enabled() and args[-1] is None:
+            return checkpoint(layer, *args, use_reentrant=False)
+        return layer(*args)
+
+    def forward(
+        self,
+        input_ids: torch.Tensor,
+        attention_mask: torch.Tensor | None = None,
+        position_ids: torch.Tensor | None = None,
+        kv_cache: KVCache | None = None,
+        return_hidden_states: bool = False,
+    ) -> dict[str, Any]:
+        """input_ids [B, S] -> {"logits" [B, S, V] float32, "aux_loss" 0-d, "router_stats" list,
+        "hidden_states" [B, S, H] (after the final norm) when asked}.
+
+        attention_mask [B, past + S]: 1 = real token, 0 = padding. position_ids [B, S]:
+        default arange from the cache length; without a cache, positions that do not follow
+        their predecessor by exactly 1 start a new packed document.
+        """
+        batch, seq = input_ids.shape
+        past = kv_cache.length if kv_cache is not None else 0
+        packed_positions = position_ids if kv_cache is None else None
+        if position_ids is None:
+            position_ids = torch.arange(past, past + seq, device=input_ids.device).expand(batch, seq)
+        x = self.embed(input_ids)
+        bias = build_attention_bias(
+            query_len=seq, past_len=past, attention_mask=attention_mask, position_ids=packed_positions,
+            sliding_window=self.config.sliding_window, dtype=x.dtype, device=x.device)
+        cos, sin = self.rotary.cos_sin(position_ids, x.dtype)
+
+        routers: list[RouterOutput] = []
+        for layer in self.layers:
+            x, router = self._run_layer(layer, x, cos, sin, bias, kv_cache)
+            if router is not None:
+                routers.append(router)
+        if kv_cache is not None:
+            kv_cache.advance(seq)
+
+        hidden = self.norm(x)
+        head_weight = self.embed.weight if self.lm_head is None else self.lm_head.weight
+        out: dict[str, Any] = {"logits": F.linear(hidden, head_weight).float()}
+        if return_hidden_states:
+            out["hidden_states"] = hidden
+        out.update(self._router_outputs(routers, attention_mask, seq, x.device))
+        return out
+
+    def _router_outputs(self, routers: list[RouterOutput], attention_mask: torch.Tensor | None,
+                        seq: int, device: torch.device) -> dict[str, Any]:
+        """Aux loss averaged over MoE layers (0 for dense models) and per-layer router stats."""
+        if not routers:
+            return {"aux_loss": torch.zeros((), device=device), "router_stats": []}
+        valid = None if attention_mask is None else attention_mask[:, -seq:].reshape(-1)
+        num_experts = self.config.num_experts
+        losses = [load_balancing_loss(r, num_experts, valid) for r in routers]
+        return {
+            "aux_loss": torch.stack(losses).mean(),
+            "router_stats": [router_statistics(r, num_experts, valid) for r in routers],
+        }

@@ -1,0 +1,78 @@
+"""Attention masks for scaled_dot_product_attention, built once per forward.
+
+The mask combines: causal order, padding (``attention_mask`` [B, total_len], 1 = real
+token), packed documents (a position id that does not follow its predecessor by exactly
+1 starts a new document; tokens attend only within their document) and an optional
+sliding window. Every query may always attend to its own position, so fully masked
+rows (left-padding queries) give finite outputs instead of NaN; those outputs are
+ignored anyway.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+
+@dataclass
+class AttentionBias:
+    """What SDPA needs: an additive mask [B, 1, S, total_len] or None, and is_causal."""
+
+    mask: torch.Tensor | None
+    is_causal: bool
+
+
+def document_ids(position_ids: torch.Tensor) -> torch.Tensor:
+    """[B, S] index of the packed document each token belongs to (0 for the first)."""
+    first = position_ids[:, :1] - 1
+    steps = torch.diff(position_ids, prepend=first, dim=-1)
+    return (steps != 1).cumsum(-1)
+
+
+def build_attention_bias(
+    *,
+    query_len: int,
+    past_len: int,
+    attention_mask: torch.Tensor | None,
+    position_ids: torch.Tensor | None,
+    sliding_window: int | None,
+    dtype: torch.dtype,
+    device: torch.device,
+) -> AttentionBias:
+    """Mask for queries at [past_len, past_len + query_len) over keys [0, past_len + query_len).
+
+    ``position_ids`` are given only when packed documents should be detected (no KV cache).
+    """
+    total_len = past_len + query_len
+    if attention_mask is not None and attention_mask.shape[-1] != total_len:
+        raise ValueError(f"attention_mask has {attention_mask.shape[-1]} columns, expected {total_len} "
+                         f"(cache length {past_len} + {query_len} new tokens)")
+    padded = attention_mask is not None and not bool(attention_mask.all())
+    documents = None
+    if position_ids is not None:
+        documents = document_ids(position_ids)
+        if not bool(documents[:, -1].any()):
+            documents = None  # one document per row: plain causal
+    window = sliding_window if sliding_window is not None and sliding_window < total_len else None
+
+    if not padded and documents is None and window is None:
+        if past_len == 0:
+            return AttentionBias(None, is_causal=True)
+        if query_len == 1:
+            return AttentionBias(None, is_causal=False)  # one new token sees the whole cache
+
+    query_pos = torch.arange(past_len, total_len, device=device)[:, None]
+    key_pos = torch.arange(total_len, device=device)[None, :]
+    allowed = key_pos <= query_pos
+    if window is not None:
+        allowed = allowed & (key_pos > query_pos - window)
+    allowed = allowed[None, None]  # [1, 1, S, total]
+    if padded:
+        allowed = allowed & attention_mask[:, None, None, :].bool()
+    if documents is not None:
+        allowed = allowed & (documents[:, None, :, None] == documents[:, None, None, :])
+    allowed = allowed | (key_pos == query_pos)[None, None]
+    bias = torch.zeros(allowed.shape, dtype=dtype, device=device)
+    bias.masked_fill_(~allowed, torch.finfo(dtype).min)
+    return AttentionBias(bias, is_causal=False)

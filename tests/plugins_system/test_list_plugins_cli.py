@@ -1,0 +1,49 @@
+"""`astrai list-plugins` in a subprocess: the table, the JSON contract, and no torch."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+PROBE = """
+import sys
+from astrai_core.cli.main import main
+try:
+    main(sys.argv[1:])
+except SystemExit as exit:
+    code = exit.code
+print("TORCH_IMPORTED" if "torch" in sys.modules else "TORCH_NOT_IMPORTED", file=sys.stderr)
+sys.exit(code)
+"""
+
+
+def _run(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-c", PROBE, *args], capture_output=True, text=True,
+                          timeout=120)
+
+
+def test_list_plugins_json_contract_without_importing_torch():
+    result = _run("list-plugins", "--all", "--json")
+    assert result.returncode == 0, result.stderr
+    assert "TORCH_NOT_IMPORTED" in result.stderr
+    plugins = json.loads(result.stdout)
+    kinds = {"strategy", "advantage_estimator", "sampler", "model_importer", "device_backend",
+             "reward_function"}
+    for entry in plugins:
+        assert {"name", "version", "status", "error", "provides"} <= set(entry)
+        assert entry["status"] in {"ok", "error", "incompatible", "disabled"}
+        assert set(entry["provides"]) <= kinds
+    by_name = {entry["name"]: entry for entry in plugins}
+    assert by_name["builtin"]["provides"]["device_backend"] == ["cpu", "cuda"]
+    assert by_name["rloo"]["provides"] == {"advantage_estimator": ["rloo"]}
+    for name in ("grpo", "ppo", "dpo", "gae", "vllm", "qwen3", "npu", "rloo"):
+        assert by_name[name]["status"] == "ok", by_name[name]
+
+
+def test_list_plugins_table_hides_builtins_without_all():
+    result = _run("list-plugins")
+    assert result.returncode == 0, result.stderr
+    assert "TORCH_NOT_IMPORTED" in result.stderr
+    assert "rloo" in result.stdout and "builtin" not in result.stdout
+    assert "builtin" in _run("list-plugins", "--all").stdout
