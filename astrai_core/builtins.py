@@ -5,7 +5,21 @@ from __future__ import annotations
 from astrai_core.hookspecs import hookimpl
 from astrai_core.specs import (
     DeviceBackendSpec,
+    ModelImporterSpec,
+    RewardFunctionSpec,
+    SamplerSpec,
+    StrategySpec,
 )
+
+
+@hookimpl
+def astrai_strategies() -> list[StrategySpec]:
+    return [
+        StrategySpec(name="seq", target="astrai_core.strategies.language_modeling:Seq",
+                     summary="pretraining: next-token loss on raw text (packed)"),
+        StrategySpec(name="sft", target="astrai_core.strategies.language_modeling:Sft",
+                     summary="supervised fine-tuning: next-token loss on assistant turns"),
+    ]
 
 
 @hookimpl
@@ -16,4 +30,33 @@ def astrai_device_backends() -> list[DeviceBackendSpec]:
         DeviceBackendSpec(name="cuda", target="astrai_core.devices.cuda:CudaBackend",
                           summary="NVIDIA GPUs; distributed runs over NCCL",
                           available="astrai_core.devices.cuda:cuda_available", priority=100),
+    ]
+
+
+@hookimpl
+def astrai_model_importers() -> list[ModelImporterSpec]:
+    return [
+        ModelImporterSpec(name="llama", target="astrai_core.importers.llama:LlamaImporter",
+                          summary="Llama, Mistral and Qwen2 Hugging Face checkpoints",
+                          model_types=("llama", "mistral", "qwen2")),
+    ]
+
+
+@hookimpl
+def astrai_samplers() -> list[SamplerSpec]:
+    return [
+        SamplerSpec(name="torch", target="astrai_core.sampling.torch_sampler:TorchSampler",
+                    summary="batched KV-cached sampling with the live native model"),
+    ]
+
+
+@hookimpl
+def astrai_reward_functions() -> list[RewardFunctionSpec]:
+    return [
+        RewardFunctionSpec(name="exact_match", target="astrai_core.rewards.builtin:exact_match",
+                           summary="1 when the completion's final number equals the `answer` column"),
+        RewardFunctionSpec(name="format_regex", target="astrai_core.rewards.builtin:FormatRegex",
+                           summary="1 when the completion matches `pattern` (search or fullmatch)"),
+        RewardFunctionSpec(name="length_penalty", target="astrai_core.rewards.builtin:LengthPenalty",
+                           summary="-coef x (length - target) beyond a target length"),
     ]

@@ -20,6 +20,11 @@ from astrai_core.log import configure_logging
 # add_arguments(parser) and run(args) and imports heavy things (torch) inside run().
 COMMANDS: dict[str, tuple[str, str]] = {
     "list-plugins": ("list_plugins", "list installed plugins and what each provides"),
+    "generate": ("generate", "sample from a checkpoint, streaming to the terminal"),
+    "train": ("train", "run training from a YAML config"),
+    "plot": ("plot", "draw PNG curves of a run's metrics.jsonl"),
+    "import": ("import_cmd", "Hugging Face checkpoint directory -> native checkpoint directory"),
+    "export": ("export_cmd", "native checkpoint -> Hugging Face directory that transformers loads"),
 }
 
 

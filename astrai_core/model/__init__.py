@@ -4,6 +4,7 @@ from astrai_core.model.checkpoint import load_pretrained, load_state_dict_strict
 from astrai_core.model.config import ModelConfig
 from astrai_core.model.decoder import CausalLM
 from astrai_core.model.kv_cache import KVCache
+from astrai_core.model.masks import positions_from_attention_mask
 
 __all__ = ["CausalLM", "KVCache", "ModelConfig", "load_pretrained", "load_state_dict_strict",
-           "save_pretrained"]
+           "positions_from_attention_mask", "save_pretrained"]

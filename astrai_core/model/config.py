@@ -106,8 +106,10 @@ class ModelConfig(BaseModel):
         if rope_theta_in_dict is not None and float(rope_theta_in_dict) != self.rope_theta:
             raise ValueError(f"rope_scaling.rope_theta ({rope_theta_in_dict}) differs from rope_theta "
                              f"({self.rope_theta})")
-        if self.sliding_window is not None and self.sliding_window <= 0:
-            raise ValueError("sliding_window must be positive (or null for none)")
+        if self.sliding_window == 0:  # Qwen2-MoE configs spell "no window" as 0
+            self.sliding_window = None
+        if self.sliding_window is not None and self.sliding_window < 0:
+            raise ValueError("sliding_window must be positive (or null/0 for none)")
         if self.num_experts < 0:
             raise ValueError("num_experts must be >= 0")
         if self.num_experts > 0:

@@ -100,6 +100,8 @@ class CausalLM(nn.Module):
         """
         batch, seq = input_ids.shape
         past = kv_cache.length if kv_cache is not None else 0
+        if position_ids is not None and position_ids.dim() == 1:
+            position_ids = position_ids.unsqueeze(0)
         packed_positions = position_ids if kv_cache is None else None
         if position_ids is None:
             position_ids = torch.arange(past, past + seq, device=input_ids.device).expand(batch, seq)

@@ -76,3 +76,12 @@ def build_attention_bias(
     bias = torch.zeros(allowed.shape, dtype=dtype, device=device)
     bias.masked_fill_(~allowed, torch.finfo(dtype).min)
     return AttentionBias(bias, is_causal=False)
+
+
+def positions_from_attention_mask(attention_mask: torch.Tensor) -> torch.Tensor:
+    """Position ids [B, L] that count real tokens only (padding gets 0), as HF generate does.
+
+    With left-padded prompts, pass these (their last S columns) as ``position_ids`` so
+    each sequence's positions start at 0 at its first real token.
+    """
+    return (attention_mask.long().cumsum(-1) - 1).clamp_min(0)

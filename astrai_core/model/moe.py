@@ -31,7 +31,7 @@ class Experts(nn.Module):
 
     def forward(self, x: torch.Tensor, selected: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:
         """x [T, H]; selected/weights [T, k]. Tokens are grouped per expert by sorting, so each
-        expert runs one matmul over exactly the tokens routed to it."""
+        expert that received tokens runs one matmul over exactly those tokens."""
         top_k = selected.shape[1]
         flat_experts = selected.reshape(-1)
         order = torch.argsort(flat_experts, stable=True)
@@ -47,7 +47,10 @@ class Experts(nn.Module):
             outputs.append(F.linear(hidden, self.down_proj[expert]))
             start += count
         routed = torch.cat(outputs) * weights.reshape(-1)[order, None]
-        return torch.zeros_like(x).index_add_(0, token_index, routed.to(x.dtype))
+        # Back to (token, slot) order and sum the k slots: deterministic, unlike index_add_ on GPU.
+        inverse = torch.empty_like(order)
+        inverse[order] = torch.arange(order.numel(), device=order.device)
+        return routed[inverse].view(-1, top_k, x.shape[-1]).sum(dim=1).to(x.dtype)
 
 
 class MoEBlock(nn.Module):

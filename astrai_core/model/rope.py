@@ -78,10 +78,10 @@ def _yarn_inv_freq(config: ModelConfig, rope: dict) -> tuple[torch.Tensor, float
 
 def _dynamic_inv_freq(config: ModelConfig, rope: dict, seq_len: int | None) -> torch.Tensor:
     dim = config.head_dim
-    seq_len = config.max_position_embeddings if seq_len is None else max(seq_len, config.max_position_embeddings)
+    max_positions = config.max_position_embeddings
+    seq_len = max_positions if seq_len is None else max(seq_len, max_positions)
     factor = rope["factor"]
-    base = config.rope_theta * ((factor * seq_len / config.max_position_embeddings) - (factor - 1)) ** (
-        dim / (dim - 2))
+    base = config.rope_theta * ((factor * seq_len / max_positions) - (factor - 1)) ** (dim / (dim - 2))
     return _base_inv_freq(base, dim)
 
 
@@ -113,7 +113,8 @@ class RotaryEmbedding:
 
     def __init__(self, config: ModelConfig) -> None:
         self.config = config
-        self.inv_freq, self.attention_scaling = compute_inv_freq(config)
+        with torch.device("cpu"):  # also when the model is built on the meta device
+            self.inv_freq, self.attention_scaling = compute_inv_freq(config)
         self._device_inv_freq: dict[torch.device, torch.Tensor] = {}
 
     def _inv_freq(self, position_ids: torch.Tensor) -> torch.Tensor:
@@ -122,7 +123,9 @@ class RotaryEmbedding:
             # (stateless version of HF's dynamic_rope_update: depends only on this call's positions).
             seq_len = int(position_ids.max()) + 1
             if seq_len > self.config.max_position_embeddings:
-                return compute_inv_freq(self.config, seq_len)[0].to(position_ids.device)
+                with torch.device("cpu"):
+                    inv_freq = compute_inv_freq(self.config, seq_len)[0]
+                return inv_freq.to(position_ids.device)
         device = position_ids.device
         if device not in self._device_inv_freq:
             self._device_inv_freq[device] = self.inv_freq.to(device)

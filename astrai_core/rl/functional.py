@@ -78,9 +78,10 @@ def masked_whiten(
 def masked_max(values: Tensor, mask: Tensor) -> Tensor:
     """Largest valid entry; 0 when there is none."""
     valid = _valid(mask, values)
-    if not bool(valid.any()):
+    if values.numel() == 0:
         return values.new_zeros(())
-    return torch.where(valid, values, torch.full_like(values, -torch.inf)).max()
+    best = torch.where(valid, values, torch.full_like(values, -torch.inf)).max()
+    return torch.where(valid.any(), best, values.new_zeros(()))  # no host sync
 
 
 # ---------------------------------------------------------------- log-probs, entropy
@@ -172,20 +173,24 @@ def clipped_policy_loss(
     Metrics (valid tokens only): clip_fraction (clipping raised the loss), approx_kl
     (k3 estimate of KL(pi_old || pi) = mean of r - 1 - log r), ratio_mean, ratio_max.
     """
-    log_ratio = logp - old_logp
+    valid = _valid(mask, logp)
+    # Neutralise padding first, so garbage there can't overflow exp() or leak NaN gradients.
+    log_ratio = torch.where(valid, logp - old_logp, torch.zeros_like(logp))
+    advantages = torch.where(valid, advantages, torch.zeros_like(advantages))
     ratio = torch.exp(log_ratio)
     unclipped = -advantages * ratio
     clipped = -advantages * torch.clamp(ratio, 1.0 - eps_low, 1.0 + eps_high)
     per_token = torch.maximum(unclipped, clipped)
-    loss = torch.where(_valid(mask, per_token), per_token, torch.zeros_like(per_token))
+    loss = torch.where(valid, per_token, torch.zeros_like(per_token))
     with torch.no_grad():
         metrics = {
-            "clip_fraction": masked_mean((clipped > unclipped).to(ratio.dtype), mask),
-            "approx_kl": masked_mean(kl_estimate(old_logp, logp, "k3"), mask),
-            "ratio_mean": masked_mean(ratio, mask),
-            "ratio_max": masked_max(ratio, mask),
+            "clip_fraction": masked_mean((clipped > unclipped).to(ratio.dtype), valid),
+            # k3 of KL(pi_old || pi) from tokens sampled by pi_old: r - 1 - log r
+            "approx_kl": masked_mean(ratio - 1.0 - log_ratio, valid),
+            "ratio_mean": masked_mean(ratio, valid),
+            "ratio_max": masked_max(ratio, valid),
         }
-    return loss, {name: value.detach() for name, value in metrics.items()}
+    return loss, metrics
 
 
 # ---------------------------------------------------------------- rewards, values
@@ -213,7 +218,7 @@ def token_rewards_from_scores(
     rewards = torch.zeros(valid.shape, dtype=torch.float32, device=valid.device)
     last = last_valid_index(valid)
     rows = torch.nonzero(last >= 0).squeeze(-1)
-    rewards[rows, last[rows]] = scores.detach().to(rewards.dtype)[rows]
+    rewards[rows, last[rows]] = scores.detach().to(rewards)[rows]
     if kl_coef != 0.0:
         if logp_old is None or logp_ref is None:
             raise ValueError("kl_coef != 0 needs both logp_old and logp_ref")
@@ -249,8 +254,8 @@ def sequence_scores(token_rewards: Tensor, response_mask: Tensor) -> Tensor:
 
 def group_stats(scores: Tensor, group_ids: Tensor) -> GroupStats:
     """Count, sum, mean and unbiased std of the group each score belongs to (same id = group)."""
-    _, group_of = torch.unique(group_ids, return_inverse=True)
-    n_groups = int(group_of.max()) + 1 if group_of.numel() else 0
+    unique_ids, group_of = torch.unique(group_ids, return_inverse=True)
+    n_groups = unique_ids.numel()
 
     def per_group_sum(values: Tensor) -> Tensor:
         return values.new_zeros(n_groups).index_add_(0, group_of, values)[group_of]

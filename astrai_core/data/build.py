@@ -1,0 +1,96 @@
+"""Build the train and eval loaders of a ``DataConfig`` (tokenizing through the cache)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from astrai_core.data.config import BATCH_KIND, DEFAULT_CACHE_DIR, DataConfig
+from astrai_core.data.loader import (EvalLoader, PreferenceLoader, PromptExamples, PromptLoader,
+                                     SequenceLoader)
+from astrai_core.data.mixing import ExampleStream
+from astrai_core.data.packing import SequenceExamples
+from astrai_core.data.tokenize import TokenizedSource, tokenize_source
+from astrai_core.errors import DataError
+
+
+def _pad_id(tokenizer: Any) -> int:
+    # Padding is told apart by attention_mask, so the id only has to be a valid one.
+    return tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
+
+
+def _loader(cfg: DataConfig, tokenizer: Any, fmt: str, sources: list[TokenizedSource],
+            weights: list[float], fields: list[str], *, batch_size: int, shuffle: bool,
+            finite: bool) -> Any:
+    """A loader of the batch kind of ``fmt`` reading ``sources``."""
+    kind = BATCH_KIND[fmt]
+    if kind == "sequence":
+        examples = [SequenceExamples(s.fields["input"], cfg.seq_len, cfg.overflow) for s in sources]
+    elif kind == "preference":  # pairs are never split: a piece would lose its prompt
+        examples = [(SequenceExamples(s.fields["chosen"], cfg.seq_len),
+                     SequenceExamples(s.fields["rejected"], cfg.seq_len)) for s in sources]
+        assert all(len(c) == len(r) for c, r in examples)  # both sides always have tokens
+    else:
+        examples = [PromptExamples(s, cfg.max_prompt_len, f) for s, f in zip(sources, fields)]
+    sizes = [len(e[0]) if kind == "preference" else len(e) for e in examples]
+    stream = ExampleStream(sizes, weights, seed=cfg.seed, shuffle=shuffle,
+                           finite=finite)
+    if kind == "sequence":
+        return SequenceLoader(examples, stream, batch_size=batch_size, seq_len=cfg.seq_len,
+                              pack=cfg.pack, pad_id=_pad_id(tokenizer))
+    if kind == "preference":
+        return PreferenceLoader(examples, stream, batch_size=batch_size, pad_id=_pad_id(tokenizer))
+    return PromptLoader(examples, stream, batch_size=batch_size)
+
+
+def _cache_dir(cfg: DataConfig) -> Path:
+    return cfg.cache_dir if cfg.cache_dir is not None else DEFAULT_CACHE_DIR.resolve()
+
+
+def _prepare(cfg: DataConfig, base_dir: str | Path | None) -> DataConfig:
+    return cfg.resolve_paths(base_dir) if base_dir is not None else cfg
+
+
+def _check_formats(formats: tuple[str, ...] | None, fmt: str, field: str) -> None:
+    if formats is not None and fmt not in formats:
+        raise DataError(f"{field}: format {fmt!r} is not accepted here; expected "
+                        f"{' or '.join(repr(f) for f in formats)}")
+
+
+def build_train_loader(cfg: DataConfig, tokenizer: Any, *, base_dir: str | Path | None = None,
+                       formats: tuple[str, ...] | None = None,
+                       ) -> SequenceLoader | PreferenceLoader | PromptLoader:
+    """The endless, resumable training loader.
+
+    ``base_dir``: resolve relative paths against it (the config file's directory); without
+    it, ``cfg`` paths are used as they are. ``formats``: the source formats the caller
+    accepts (e.g. a strategy's); another format is a DataError naming the field.
+    """
+    cfg = _prepare(cfg, base_dir)
+    fields = [f"data.sources[{i}].path" for i in range(len(cfg.sources))]
+    for i, source in enumerate(cfg.sources):
+        _check_formats(formats, source.format, f"data.sources[{i}].format")
+    sources = [tokenize_source(s.path, s.format, tokenizer, _cache_dir(cfg), f)
+               for s, f in zip(cfg.sources, fields)]
+    return _loader(cfg, tokenizer, cfg.sources[0].format, sources, [s.weight for s in cfg.sources],
+                   fields, batch_size=cfg.batch_size, shuffle=cfg.shuffle, finite=False)
+
+
+def build_eval_loader(cfg: DataConfig, tokenizer: Any, *, base_dir: str | Path | None = None,
+                      formats: tuple[str, ...] | None = None) -> EvalLoader | None:
+    """One pass over ``cfg.eval`` in file order per iteration, or None without one.
+    ``base_dir`` and ``formats`` as for ``build_train_loader``."""
+    cfg = _prepare(cfg, base_dir)
+    if cfg.eval is None:
+        return None
+    _check_formats(formats, cfg.eval.format, "data.eval.format")
+    field = "data.eval.path"
+    source = tokenize_source(cfg.eval.path, cfg.eval.format, tokenizer, _cache_dir(cfg), field)
+    batch_size = cfg.eval_batch_size or cfg.batch_size
+
+    def make() -> Any:
+        return _loader(cfg, tokenizer, cfg.eval.format, [source], [1.0], [field],
+                       batch_size=batch_size, shuffle=False, finite=True)
+
+    make()  # fail now, not at the first evaluation, if the source is unusable
+    return EvalLoader(make, BATCH_KIND[cfg.eval.format])

@@ -1,0 +1,100 @@
+"""The ``data:`` section of a run config."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+Format = Literal["text", "chat", "preference", "prompt"]
+# Which formats produce which kind of batch; mixed sources must share one kind.
+BATCH_KIND = {"text": "sequence", "chat": "sequence", "preference": "preference",
+              "prompt": "prompt"}
+DEFAULT_CACHE_DIR = Path(".cache/astrai/data")
+
+
+class SourceConfig(BaseModel):
+    """One training JSONL file."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    path: Path
+    """The JSONL file; a relative path is relative to the config file's directory."""
+    format: Format
+    """``text`` ({"text"}), ``chat`` ({"messages"}), ``preference`` (prompt/messages +
+    chosen + rejected) or ``prompt`` (prompt/messages + any other columns)."""
+    weight: float = Field(1.0, gt=0)
+    """Relative sampling weight when several sources are mixed (per example drawn)."""
+
+
+class EvalSourceConfig(BaseModel):
+    """The evaluation JSONL file, read in file order, unshuffled."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    path: Path
+    """The JSONL file; a relative path is relative to the config file's directory."""
+    format: Format
+
+
+class DataConfig(BaseModel):
+    """Training data: sources, batching, packing, shuffling and the token cache."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    sources: list[SourceConfig] = Field(min_length=1)
+    """Training files; with several, each example is drawn from a source chosen at
+    random in proportion to ``weight`` (deterministic given ``seed``)."""
+    eval: EvalSourceConfig | None = None
+    """Optional held-out file for evaluation."""
+    seq_len: int = Field(512, ge=2)
+    """Tokens per row. Longer sequences are truncated (see ``overflow``)."""
+    pack: bool = True
+    """Pack several documents into each row of exactly ``seq_len`` tokens (text and
+    chat). Off: one example per row, right-padded to the longest row of the batch."""
+    overflow: Literal["truncate", "split"] = "truncate"
+    """Documents longer than ``seq_len``: ``truncate`` keeps the first ``seq_len`` tokens;
+    ``split`` cuts them into ``seq_len`` pieces trained as separate documents."""
+    batch_size: int = Field(8, ge=1)
+    """Rows per training batch (prompts per batch for the ``prompt`` format)."""
+    eval_batch_size: int | None = Field(None, ge=1)
+    """Rows per evaluation batch; defaults to ``batch_size``."""
+    shuffle: bool = True
+    """Shuffle each source anew every epoch (a permutation seeded by seed and epoch)."""
+    seed: int = 0
+    """Seed of the shuffles and of the source mixing."""
+    cache_dir: Path | None = None
+    """Where tokenized sources are cached; default ``.cache/astrai/data`` under the
+    current directory. A relative path given here is relative to the config file."""
+    max_prompt_len: int = Field(256, ge=1)
+    """Prompt format: prompts with more tokens are skipped (with a warning)."""
+
+    @model_validator(mode="after")
+    def _one_batch_kind(self) -> DataConfig:
+        kinds = {BATCH_KIND[s.format] for s in self.sources}
+        if len(kinds) > 1:
+            formats = sorted({s.format for s in self.sources})
+            raise ValueError(f"sources mix formats that make different batches ({', '.join(formats)}); "
+                             "text and chat mix, preference and prompt only with themselves")
+        return self
+
+    @property
+    def batch_kind(self) -> str:
+        """``sequence`` (text/chat), ``preference`` or ``prompt``."""
+        return BATCH_KIND[self.sources[0].format]
+
+    def resolve_paths(self, base_dir: str | Path) -> DataConfig:
+        """A copy with relative source, eval and cache paths made absolute under
+        ``base_dir`` (the config file's directory); the default cache dir under the cwd."""
+        base = Path(base_dir)
+
+        def resolve(path: Path) -> Path:
+            return path if path.is_absolute() else (base / path).resolve()
+
+        sources = [s.model_copy(update={"path": resolve(s.path)}) for s in self.sources]
+        eval_source = (self.eval.model_copy(update={"path": resolve(self.eval.path)})
+                       if self.eval else None)
+        cache_dir = resolve(self.cache_dir) if self.cache_dir else DEFAULT_CACHE_DIR.resolve()
+        return self.model_copy(update={"sources": sources, "eval": eval_source,
+                                       "cache_dir": cache_dir})

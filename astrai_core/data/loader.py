@@ -1,0 +1,179 @@
+"""Batches for the trainer and prompts for the rollout runner, with exact resume.
+
+Three loaders, one per batch kind, all driven by an ``ExampleStream``:
+
+- ``SequenceLoader`` (text, chat): dicts with ``input_ids``, ``position_ids``,
+  ``attention_mask`` (long) and ``loss_mask`` (bool), each [B, S]. ``loss_mask[b, t]``
+  True means token t is a target predicted from position t-1 (column 0 is never one).
+- ``PreferenceLoader``: the same four tensors prefixed ``chosen_`` and ``rejected_``,
+  one common width; the loss mask covers only response tokens.
+- ``PromptLoader``: lists of ``PromptRecord``.
+
+Training loaders iterate forever (epoch after epoch) and ``state_dict()`` /
+``load_state_dict()`` capture the exact position; evaluation loaders (``EvalLoader``)
+read their one source in file order and end after one pass, each time they are iterated.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import torch
+
+from astrai_core.data.mixing import ExampleStream
+from astrai_core.data.packing import (SequenceExamples, collate_rows, take_packed_row,
+                                      take_rows)
+from astrai_core.errors import DataError
+from astrai_core.log import get_logger
+
+log = get_logger(__name__)
+
+
+@dataclass
+class PromptRecord:
+    """One RL prompt: its token ids, its text, and the row's other columns verbatim."""
+
+    prompt_ids: list[int]
+    prompt_text: str
+    columns: dict[str, Any] = field(default_factory=dict)
+
+
+class _StreamLoader:
+    """Shared iteration and state handling; subclasses build ``_next_batch``."""
+
+    kind = ""
+
+    def __init__(self, stream: ExampleStream, batch_size: int):
+        self.stream, self.batch_size = stream, batch_size
+
+    def __iter__(self) -> Iterator[Any]:
+        return self
+
+    def __next__(self) -> Any:
+        batch = self._next_batch()
+        if batch is None:
+            raise StopIteration
+        return batch
+
+    def _next_batch(self) -> Any:
+        raise NotImplementedError
+
+    @property
+    def epoch(self) -> int:
+        """Completed passes over the first source."""
+        return self.stream.epochs[0]
+
+    def state_dict(self) -> dict[str, Any]:
+        """The data position (plain ints and lists) to store in a checkpoint."""
+        return {"kind": self.kind, "stream": self.stream.state_dict()}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        if state.get("kind") != self.kind:
+            raise DataError(f"the checkpoint's data position is for {state.get('kind')!r} "
+                            f"batches, this data makes {self.kind!r} batches")
+        self.stream.load_state_dict(state["stream"])
+
+
+class SequenceLoader(_StreamLoader):
+    """Text/chat batches, packed into rows of ``seq_len`` or one example per row."""
+
+    kind = "sequence"
+
+    def __init__(self, examples: list[SequenceExamples], stream: ExampleStream, *,
+                 batch_size: int, seq_len: int, pack: bool, pad_id: int = 0):
+        super().__init__(stream, batch_size)
+        self.examples, self.seq_len, self.pack, self.pad_id = examples, seq_len, pack, pad_id
+
+    def _take_single(self) -> list[dict[str, np.ndarray]]:
+        pair = self.stream.take()
+        return [] if pair is None else [self.examples[pair[0]].get(pair[1])]
+
+    def _next_batch(self) -> dict[str, torch.Tensor] | None:
+        if self.pack:
+            rows = take_rows(self.batch_size,
+                             lambda: take_packed_row(self.stream, self.examples, self.seq_len))
+        else:
+            rows = take_rows(self.batch_size, self._take_single)
+        if not rows:
+            return None
+        return collate_rows(rows, self.seq_len if self.pack else None, self.pad_id)
+
+
+class PreferenceLoader(_StreamLoader):
+    """Chosen/rejected pairs, one pair per row, both sides padded to one width."""
+
+    kind = "preference"
+
+    def __init__(self, pairs: list[tuple[SequenceExamples, SequenceExamples]],
+                 stream: ExampleStream, *, batch_size: int, pad_id: int = 0):
+        super().__init__(stream, batch_size)
+        self.pairs, self.pad_id = pairs, pad_id
+
+    def _next_batch(self) -> dict[str, torch.Tensor] | None:
+        taken = [pair for pair in (self.stream.take() for _ in range(self.batch_size))
+                 if pair is not None]
+        if not taken:
+            return None
+        chosen = [[self.pairs[s][0].get(k)] for s, k in taken]
+        rejected = [[self.pairs[s][1].get(k)] for s, k in taken]
+        width = max(sum(len(d["input_ids"]) for d in row) for row in chosen + rejected)
+        batch = {}
+        for side, rows in (("chosen", chosen), ("rejected", rejected)):
+            for name, tensor in collate_rows(rows, width, self.pad_id).items():
+                batch[f"{side}_{name}"] = tensor
+        return batch
+
+
+class PromptExamples:
+    """The prompts of one source not longer than ``max_prompt_len`` tokens."""
+
+    def __init__(self, source: Any, max_prompt_len: int, field_name: str = "data"):
+        self.source = source
+        ragged = source.fields["prompt"]
+        self.keep = np.flatnonzero(ragged.lengths() <= max_prompt_len)
+        skipped = len(ragged) - len(self.keep)
+        if not len(self.keep):
+            raise DataError(f"{field_name}: every prompt in {source.path} is longer than "
+                            f"data.max_prompt_len={max_prompt_len} tokens")
+        if skipped:
+            log.warning("skipped prompts longer than data.max_prompt_len", source=str(source.path),
+                        skipped=skipped, max_prompt_len=max_prompt_len)
+
+    def __len__(self) -> int:
+        return len(self.keep)
+
+    def get(self, k: int) -> PromptRecord:
+        row = int(self.keep[k])
+        record = self.source.records[row]
+        ids = self.source.fields["prompt"].tokens_of(row)
+        return PromptRecord(prompt_ids=[int(x) for x in ids], prompt_text=record["prompt_text"],
+                            columns=dict(record["columns"]))
+
+
+class PromptLoader(_StreamLoader):
+    """Lists of ``batch_size`` prompt records, in a deterministic, resumable order."""
+
+    kind = "prompt"
+
+    def __init__(self, prompts: list[PromptExamples], stream: ExampleStream, *, batch_size: int):
+        super().__init__(stream, batch_size)
+        self.prompts = prompts
+
+    def _next_batch(self) -> list[PromptRecord] | None:
+        records = [self.prompts[pair[0]].get(pair[1])
+                   for pair in (self.stream.take() for _ in range(self.batch_size))
+                   if pair is not None]
+        return records or None
+
+
+class EvalLoader:
+    """One unshuffled pass over the eval source, anew each time it is iterated."""
+
+    def __init__(self, make_loader: Any, kind: str):
+        self._make_loader, self.kind = make_loader, kind
+
+    def __iter__(self) -> Iterator[Any]:
+        return iter(self._make_loader())

@@ -1,0 +1,176 @@
+"""JSONL readers with per-format row validation.
+
+Every malformed row raises :class:`DataError` naming the file, the 1-based line number
+and the problem. Rows come back normalized (see :func:`read_rows`).
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+from astrai_core.errors import DataError
+
+FORMATS = ("text", "chat", "preference", "prompt")
+ROLES = ("system", "user", "assistant", "tool")
+
+
+class RowError(ValueError):
+    """A row problem, before the file and line are attached."""
+
+
+def require_file(path: Path, field: str) -> None:
+    """Raise a DataError naming the config ``field`` when ``path`` is not a readable file."""
+    if not path.is_file():
+        what = "is a directory, not a file" if path.is_dir() else "not found"
+        raise DataError(f"{field}: data file {what}: {path}")
+
+
+def read_rows(path: Path, fmt: str, field: str = "data") -> Iterator[tuple[int, dict]]:
+    """Yield ``(line_number, normalized_row)`` for each non-blank line of a JSONL file.
+
+    Normalized rows: text ``{"text"}``; chat ``{"messages"}``; preference
+    ``{"prompt": str | None, "messages": list | None, "chosen", "rejected"}`` where
+    chosen/rejected are strings or lists of assistant messages; prompt
+    ``{"prompt": str | None, "messages": list | None, "columns": dict}``.
+    """
+    if fmt not in FORMATS:
+        raise DataError(f"{field}: unknown data format {fmt!r}; expected one of {', '.join(FORMATS)}")
+    require_file(path, field)
+    validate = _VALIDATORS[fmt]
+    found = False
+    with path.open("rb") as f:
+        for line_number, raw in enumerate(f, start=1):
+            if not raw.strip():
+                continue
+            try:
+                yield line_number, validate(_parse_object(raw))
+            except RowError as err:
+                raise DataError(f"data file {path}, line {line_number}: {err}") from None
+            found = True
+    if not found:
+        raise DataError(f"{field}: data file has no rows: {path}")
+
+
+def _parse_object(raw: bytes) -> dict:
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as err:
+        raise RowError(f"not valid UTF-8 ({err.reason} at byte {err.start})") from None
+    try:
+        row = json.loads(text)
+    except json.JSONDecodeError as err:
+        raise RowError(f"invalid JSON: {err.msg} (column {err.colno})") from None
+    if not isinstance(row, dict):
+        raise RowError(f"expected a JSON object, got {_type_name(row)}")
+    return row
+
+
+def _type_name(value: Any) -> str:
+    names = {dict: "object", list: "array", str: "string", bool: "boolean",
+             int: "integer", float: "number", type(None): "null"}
+    return names.get(type(value), type(value).__name__)
+
+
+def _string(row: dict, key: str, *, allow_empty: bool = False) -> str:
+    if key not in row:
+        raise RowError(f"missing field {key!r}")
+    value = row[key]
+    if not isinstance(value, str):
+        raise RowError(f"field {key!r} must be a string, got {_type_name(value)}")
+    if not allow_empty and not value:
+        raise RowError(f"field {key!r} is empty")
+    return value
+
+
+def _messages(value: Any, key: str) -> list[dict]:
+    """Validate a list of ``{"role", "content"}`` messages; return plain copies."""
+    if not isinstance(value, list):
+        raise RowError(f"field {key!r} must be an array of messages, got {_type_name(value)}")
+    if not value:
+        raise RowError(f"field {key!r} is empty")
+    messages = []
+    for i, message in enumerate(value):
+        where = f"{key}[{i}]"
+        if not isinstance(message, dict):
+            raise RowError(f"{where} must be an object with 'role' and 'content', "
+                           f"got {_type_name(message)}")
+        if "role" not in message:
+            raise RowError(f"{where}: missing field 'role'")
+        role = message["role"]
+        if not isinstance(role, str):
+            raise RowError(f"{where}: field 'role' must be a string, got {_type_name(role)}")
+        if role not in ROLES:
+            raise RowError(f"{where}: unknown role {role!r}; expected one of {', '.join(ROLES)}")
+        if "content" not in message:
+            raise RowError(f"{where}: missing field 'content'")
+        if not isinstance(message["content"], str):
+            raise RowError(f"{where}: field 'content' must be a string, "
+                           f"got {_type_name(message['content'])}")
+        messages.append(dict(message))
+    return messages
+
+
+def _validate_text(row: dict) -> dict:
+    return {"text": _string(row, "text")}
+
+
+def _validate_chat(row: dict) -> dict:
+    if "messages" not in row:
+        raise RowError("missing field 'messages'")
+    messages = _messages(row["messages"], "messages")
+    if not any(m["role"] == "assistant" for m in messages):
+        raise RowError("'messages' has no assistant message, so nothing to learn")
+    return {"messages": messages}
+
+
+def _prompt_side(row: dict) -> tuple[str | None, list[dict] | None]:
+    """The prompt of a preference/prompt row: exactly one of 'prompt' and 'messages'."""
+    has_prompt, has_messages = "prompt" in row, "messages" in row
+    if has_prompt == has_messages:
+        raise RowError("needs exactly one of 'prompt' (a string) and 'messages' (a chat prefix)"
+                       + (", got both" if has_prompt else ""))
+    if has_prompt:
+        return _string(row, "prompt"), None
+    messages = _messages(row["messages"], "messages")
+    if messages[-1]["role"] == "assistant":
+        raise RowError("the last message of a prompt must not be an assistant message")
+    return None, messages
+
+
+def _response(row: dict, key: str) -> str | list[dict]:
+    """A preference response: a string, an assistant message, or a list of them."""
+    if key not in row:
+        raise RowError(f"missing field {key!r}")
+    value = row[key]
+    if isinstance(value, str):
+        if not value:
+            raise RowError(f"field {key!r} is empty")
+        return value
+    if isinstance(value, dict):
+        value = [value]
+    if not isinstance(value, list):
+        raise RowError(f"field {key!r} must be a string or assistant messages, got {_type_name(value)}")
+    messages = _messages(value, key)
+    for i, message in enumerate(messages):
+        if message["role"] != "assistant":
+            raise RowError(f"{key}[{i}]: role must be 'assistant', got {message['role']!r}")
+    return messages
+
+
+def _validate_preference(row: dict) -> dict:
+    prompt, messages = _prompt_side(row)
+    return {"prompt": prompt, "messages": messages,
+            "chosen": _response(row, "chosen"), "rejected": _response(row, "rejected")}
+
+
+def _validate_prompt(row: dict) -> dict:
+    prompt, messages = _prompt_side(row)
+    columns = {k: v for k, v in row.items() if k not in ("prompt", "messages")}
+    return {"prompt": prompt, "messages": messages, "columns": columns}
+
+
+_VALIDATORS = {"text": _validate_text, "chat": _validate_chat,
+               "preference": _validate_preference, "prompt": _validate_prompt}

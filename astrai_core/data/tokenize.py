@@ -1,0 +1,231 @@
+"""Tokenize a JSONL source once and cache it as memory-mapped arrays.
+
+A cache entry is a directory ``<cache_dir>/<file stem>-<format>-<key>/`` holding, per
+field, ``<field>.tokens.bin`` (int32, all sequences end to end), ``<field>.offsets.bin``
+(int64, n+1 boundaries) and for masked fields ``<field>.targets.bin`` (uint8 target
+mask), plus ``records.jsonl`` for prompts and ``meta.json``. It is written in a
+temporary directory and renamed, so an entry that exists is complete. The key hashes
+the source (absolute path, size, mtime), the format, the tokenizer (vocabulary,
+pipeline, special tokens, chat template) and CACHE_FORMAT_VERSION. Sequences are
+stored whole: truncation and packing happen when batches are built, so changing
+``seq_len`` reuses the cache.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import shutil
+import uuid
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from astrai_core.data import render
+from astrai_core.data.sources import read_rows, require_file
+from astrai_core.data.tokenizer import tokenizer_fingerprint
+from astrai_core.errors import DataError
+from astrai_core.log import get_logger
+
+# Bump whenever rendering or the on-disk layout changes: old entries stop matching.
+CACHE_FORMAT_VERSION = 1
+FIELDS = {"text": ("input",), "chat": ("input",), "preference": ("chosen", "rejected"),
+          "prompt": ("prompt",)}
+_TEXT_CHUNK = 1024  # rows tokenized per batched call for the text format
+Encoded = dict[str, tuple[list[int], list[int] | None]]  # field -> (token ids, target mask)
+
+log = get_logger(__name__)
+
+
+@dataclass(frozen=True)
+class Ragged:
+    """Variable-length token sequences stored end to end; ``targets`` None means all 1."""
+
+    tokens: np.ndarray    # int32 [total tokens]
+    offsets: np.ndarray   # int64 [n + 1]
+    targets: np.ndarray | None  # uint8 [total tokens] or None
+
+    def __len__(self) -> int:
+        return len(self.offsets) - 1
+
+    def lengths(self) -> np.ndarray:
+        return np.diff(self.offsets)
+
+    def tokens_of(self, i: int) -> np.ndarray:
+        return self.tokens[self.offsets[i]:self.offsets[i + 1]]
+
+    def targets_of(self, i: int) -> np.ndarray | None:
+        return None if self.targets is None else self.targets[self.offsets[i]:self.offsets[i + 1]]
+
+
+@dataclass(frozen=True)
+class TokenizedSource:
+    """One tokenized JSONL file: its fields (see FIELDS) and, for prompts, the records."""
+
+    path: Path
+    format: str
+    fields: dict[str, Ragged]
+    records: list[dict] | None  # prompt format: {"prompt_text", "columns"} per row
+    cache_entry: Path
+
+    def __len__(self) -> int:
+        return len(next(iter(self.fields.values())))
+
+
+def cache_key(path: Path, fmt: str, tokenizer: Any) -> str:
+    stat = path.stat()
+    identity = {"version": CACHE_FORMAT_VERSION, "path": str(path.resolve()),
+                "size": stat.st_size, "mtime_ns": stat.st_mtime_ns, "format": fmt,
+                "tokenizer": tokenizer_fingerprint(tokenizer)}
+    return hashlib.sha256(json.dumps(identity, sort_keys=True).encode()).hexdigest()[:24]
+
+
+def tokenize_source(path: str | Path, fmt: str, tokenizer: Any, cache_dir: str | Path,
+                    field: str = "data") -> TokenizedSource:
+    """The tokenized ``path``: loaded from the cache, or tokenized and cached first.
+
+    ``field`` names the config field holding ``path``, for error messages.
+    """
+    path = Path(path)
+    require_file(path, field)
+    if fmt not in FIELDS:
+        raise DataError(f"{field}: unknown data format {fmt!r}; expected one of {', '.join(FIELDS)}")
+    if fmt == "chat":
+        render.require_chat_template(tokenizer, f"the chat data in {path}")
+    cache_dir = Path(cache_dir)
+    entry = cache_dir / f"{path.stem}-{fmt}-{cache_key(path, fmt, tokenizer)}"
+    if not (entry / "meta.json").is_file():
+        _build_entry(path, fmt, tokenizer, entry, field)
+    else:
+        log.info("data cache hit", source=str(path), entry=str(entry))
+    return open_entry(entry, path)
+
+
+def _build_entry(path: Path, fmt: str, tokenizer: Any, entry: Path, field: str) -> None:
+    entry.parent.mkdir(parents=True, exist_ok=True)
+    tmp = entry.parent / f".{entry.name}.tmp-{os.getpid()}-{uuid.uuid4().hex[:8]}"
+    tmp.mkdir()
+    try:
+        count = _write_fields(path, fmt, tokenizer, tmp, field)
+        meta = {"version": CACHE_FORMAT_VERSION, "source": str(path.resolve()), "format": fmt,
+                "rows": count}
+        (tmp / "meta.json").write_text(json.dumps(meta, indent=1))
+        try:
+            os.rename(tmp, entry)
+        except OSError:  # another process finished the same entry first: keep theirs
+            if not (entry / "meta.json").is_file():
+                raise
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    log.info("tokenized data", source=str(path), format=fmt, rows=count, entry=str(entry))
+
+
+def _write_fields(path: Path, fmt: str, tokenizer: Any, out: Path, field: str) -> int:
+    writers = {name: _RaggedWriter(out, name, with_targets=fmt != "text" and name != "prompt")
+               for name in FIELDS[fmt]}
+    records = (out / "records.jsonl").open("w", encoding="utf-8") if fmt == "prompt" else None
+    count = 0
+    try:
+        for encoded, record in _encode_rows(path, fmt, tokenizer, field):
+            for name, (ids, targets) in encoded.items():
+                writers[name].append(ids, targets)
+            if records is not None:
+                records.write(json.dumps(record) + "\n")
+            count += 1
+    finally:
+        for writer in writers.values():
+            writer.close()
+        if records is not None:
+            records.close()
+    return count
+
+
+def _encode_rows(path: Path, fmt: str, tokenizer: Any,
+                 field: str) -> Iterator[tuple[Encoded, dict | None]]:
+    """Yield ``({field: (ids, targets)}, record)`` per row; record is for prompts only."""
+    rows = read_rows(path, fmt, field)
+    if fmt == "text":
+        yield from _encode_text(rows, tokenizer)
+        return
+    for line_number, row in rows:
+        try:
+            if fmt == "chat":
+                yield {"input": render.render_chat(tokenizer, row["messages"])}, None
+            elif fmt == "preference":
+                yield render.render_preference(tokenizer, row), None
+            else:
+                text, ids = render.render_prompt(tokenizer, row)
+                yield {"prompt": (ids, None)}, {"prompt_text": text, "columns": row["columns"]}
+        except render.TemplateError as err:
+            raise DataError(f"data file {path}, line {line_number}: {err}; add "
+                            "{% generation %} markers to the template") from None
+        except DataError:
+            raise
+        except Exception as err:  # a template that fails on this row (e.g. role order)
+            raise DataError(f"data file {path}, line {line_number}: the chat template "
+                            f"failed: {err}") from None
+
+
+def _encode_text(rows: Iterator[tuple[int, dict]],
+                 tokenizer: Any) -> Iterator[tuple[Encoded, None]]:
+    chunk: list[str] = []
+
+    def flush() -> Iterator[tuple[Encoded, None]]:
+        for ids in render.render_text(tokenizer, chunk) if chunk else []:
+            yield {"input": (ids, None)}, None
+        chunk.clear()
+
+    for _, row in rows:
+        chunk.append(row["text"])
+        if len(chunk) == _TEXT_CHUNK:
+            yield from flush()
+    yield from flush()
+
+
+class _RaggedWriter:
+    """Appends sequences to ``<name>.tokens.bin`` / ``.targets.bin``; offsets at close."""
+
+    def __init__(self, directory: Path, name: str, with_targets: bool):
+        self.directory, self.name = directory, name
+        self.tokens = (directory / f"{name}.tokens.bin").open("wb")
+        self.targets = (directory / f"{name}.targets.bin").open("wb") if with_targets else None
+        self.offsets = [0]
+
+    def append(self, ids: list[int], targets: list[int] | None) -> None:
+        self.tokens.write(np.asarray(ids, dtype=np.int32).tobytes())
+        if self.targets is not None:
+            self.targets.write(np.asarray(targets, dtype=np.uint8).tobytes())
+        self.offsets.append(self.offsets[-1] + len(ids))
+
+    def close(self) -> None:
+        self.tokens.close()
+        if self.targets is not None:
+            self.targets.close()
+        np.asarray(self.offsets, dtype=np.int64).tofile(self.directory / f"{self.name}.offsets.bin")
+
+
+def _map(path: Path, dtype: type) -> np.ndarray:
+    if path.stat().st_size == 0:  # np.memmap refuses empty files
+        return np.zeros(0, dtype=dtype)
+    return np.memmap(path, dtype=dtype, mode="r")
+
+
+def open_entry(entry: Path, source: Path) -> TokenizedSource:
+    """Memory-map a complete cache entry."""
+    meta = json.loads((entry / "meta.json").read_text())
+    fields = {}
+    for name in FIELDS[meta["format"]]:
+        targets = entry / f"{name}.targets.bin"
+        fields[name] = Ragged(tokens=_map(entry / f"{name}.tokens.bin", np.int32),
+                              offsets=np.fromfile(entry / f"{name}.offsets.bin", dtype=np.int64),
+                              targets=_map(targets, np.uint8) if targets.is_file() else None)
+    records = None
+    if meta["format"] == "prompt":
+        with (entry / "records.jsonl").open(encoding="utf-8") as f:
+            records = [json.loads(line) for line in f]
+    return TokenizedSource(path=source, format=meta["format"], fields=fields, records=records,
+                           cache_entry=entry)

@@ -1,0 +1,106 @@
+"""RolloutBatch: sampled completions with their prompts, masks, behaviour log-probs and rewards.
+
+Layout of one row: ``prompt_ids`` is LEFT-padded and ``response_ids`` RIGHT-padded, so
+``[prompt | response]`` keeps every real token contiguous:
+``pad pad p p p r r r pad``. Padding is described by the masks only, never by a token id.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+import torch
+from torch import Tensor
+
+from astrai_core.model.masks import positions_from_attention_mask
+
+
+@dataclass
+class RolloutBatch:
+    """N sequences (G completions for each of N/G prompts)."""
+
+    prompt_ids: Tensor                   # [N, P] long, left-padded
+    prompt_mask: Tensor                  # [N, P] bool
+    response_ids: Tensor                 # [N, R] long, right-padded
+    response_mask: Tensor                # [N, R] bool
+    old_logprobs: Tensor                 # [N, R] float32 behaviour log-probs, 0 on padding
+    rewards: Tensor                      # [N] float32 weighted sum of the reward functions
+    reward_components: dict[str, Tensor]  # {reward name: [N]} raw values
+    group_ids: Tensor                    # [N] long: same id = same prompt
+    policy_version: int = 0              # sampler weights version that produced the batch
+    prompts: list[str] = field(default_factory=list)
+    completions: list[str] = field(default_factory=list)
+    columns: list[dict[str, Any]] = field(default_factory=list)
+    finish_reasons: list[str] = field(default_factory=list)
+    # Per-sequence tensors a strategy attaches (advantages, ref_logprobs, values, ...):
+    # leading dimension N; they follow select/split/to like the fields above.
+    extras: dict[str, Tensor] = field(default_factory=dict)
+
+    def __len__(self) -> int:
+        return self.response_ids.shape[0]
+
+    # ---------------------------------------------------------------- the model's view
+    def input_ids(self) -> Tensor:
+        """[N, P + R] prompt then response."""
+        return torch.cat([self.prompt_ids, self.response_ids], dim=1)
+
+    def attention_mask(self) -> Tensor:
+        """[N, P + R] long, 1 = real token."""
+        return torch.cat([self.prompt_mask, self.response_mask], dim=1).long()
+
+    def position_ids(self) -> Tensor:
+        """[N, P + R] positions counting real tokens only (0 at each row's first real token)."""
+        return positions_from_attention_mask(self.attention_mask())
+
+    def response_lengths(self) -> Tensor:
+        """[N] number of response tokens."""
+        return self.response_mask.sum(dim=1)
+
+    # ---------------------------------------------------------------- rows
+    def select(self, indices: Sequence[int] | Tensor) -> RolloutBatch:
+        """A new batch with these rows, in this order (same widths)."""
+        rows = torch.as_tensor(indices, dtype=torch.long, device=self.response_ids.device).reshape(-1)
+        picked = rows.tolist()
+        take = lambda t: t.index_select(0, rows.to(t.device))  # noqa: E731
+        return replace(
+            self, **{name: take(getattr(self, name)) for name in _ROW_TENSORS},
+            reward_components={k: take(v) for k, v in self.reward_components.items()},
+            extras={k: take(v) for k, v in self.extras.items()},
+            **{name: [getattr(self, name)[i] for i in picked] if getattr(self, name) else []
+               for name in _ROW_LISTS})
+
+    def split(self, micro_batch_size: int) -> list[RolloutBatch]:
+        """Consecutive chunks of at most ``micro_batch_size`` rows."""
+        if micro_batch_size < 1:
+            raise ValueError(f"micro_batch_size must be >= 1, got {micro_batch_size}")
+        return [self.select(range(start, min(start + micro_batch_size, len(self))))
+                for start in range(0, len(self), micro_batch_size)]
+
+    def to(self, device: torch.device | str) -> RolloutBatch:
+        """A copy with every tensor on ``device``."""
+        return replace(
+            self, **{name: getattr(self, name).to(device) for name in _ROW_TENSORS},
+            reward_components={k: v.to(device) for k, v in self.reward_components.items()},
+            extras={k: v.to(device) for k, v in self.extras.items()})
+
+
+_ROW_TENSORS = ("prompt_ids", "prompt_mask", "response_ids", "response_mask", "old_logprobs",
+                "rewards", "group_ids")
+_ROW_LISTS = ("prompts", "completions", "columns", "finish_reasons")
+
+
+def pad_rows(rows: Sequence[Sequence[Any]], *, left: bool, pad_value: Any, dtype: torch.dtype,
+             min_width: int = 1) -> tuple[Tensor, Tensor]:
+    """Pad lists to one width: (values [N, W] of ``dtype``, mask [N, W] bool)."""
+    width = max([min_width, *(len(row) for row in rows)])
+    values = torch.full((len(rows), width), pad_value, dtype=dtype)
+    mask = torch.zeros((len(rows), width), dtype=torch.bool)
+    for i, row in enumerate(rows):
+        if not row:
+            continue
+        span = slice(width - len(row), width) if left else slice(0, len(row))
+        values[i, span] = torch.tensor(list(row), dtype=dtype)
+        mask[i, span] = True
+    return values, mask

@@ -1,0 +1,56 @@
+"""Evaluation by generation: greedy completions of held-out prompts, scored by the rewards."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+from astrai_core.rewards.reward_set import RewardSet
+from astrai_core.rollout.records import as_prompt_record
+from astrai_core.sampling.params import SamplingParams
+
+ACCURACY_REWARD = "exact_match"
+
+
+def evaluate_generation(sampler: Any, tokenizer: Any, prompt_records: Sequence[Any], rewards: RewardSet,
+                        max_new_tokens: int, batch_size: int = 64,
+                        stop_token_ids: Sequence[int] | None = None) -> dict[str, float]:
+    """Greedy-decode every prompt and average the rewards.
+
+    Returns ``eval/reward/<name>`` (mean of each reward), ``eval/reward`` (mean weighted
+    total), ``eval/response_length`` and, when ``exact_match`` is one of the rewards,
+    ``eval/accuracy`` (its mean). Stops at ``stop_token_ids`` (default: the tokenizer's EOS).
+    """
+    records = [as_prompt_record(r) for r in prompt_records]
+    if not records:
+        raise ValueError("evaluate_generation needs at least one prompt")
+    if stop_token_ids is None:
+        eos = getattr(tokenizer, "eos_token_id", None)
+        stop_token_ids = [eos] if eos is not None else []
+    params = SamplingParams(max_new_tokens=max_new_tokens, temperature=0.0,
+                            stop_token_ids=tuple(stop_token_ids))
+    totals: list[float] = []
+    components: dict[str, list[float]] = {name: [] for name in rewards.names}
+    lengths: list[int] = []
+    for start in range(0, len(records), batch_size):
+        chunk = records[start:start + batch_size]
+        completions = sampler.generate([r.prompt_ids for r in chunk], params)
+        texts = [c.text if c.text is not None else tokenizer.decode(c.token_ids, skip_special_tokens=True)
+                 for c in completions]
+        prompts = [r.prompt_text or tokenizer.decode(r.prompt_ids, skip_special_tokens=False) for r in chunk]
+        chunk_totals, chunk_components = rewards.score(prompts, texts, [r.columns for r in chunk],
+                                                       completion_ids=[c.token_ids for c in completions])
+        totals += chunk_totals
+        for name, values in chunk_components.items():
+            components[name] += values
+        lengths += [len(c.token_ids) for c in completions]
+    metrics = {f"eval/reward/{name}": _mean(values) for name, values in components.items()}
+    metrics["eval/reward"] = _mean(totals)
+    metrics["eval/response_length"] = _mean(lengths)
+    if ACCURACY_REWARD in components:
+        metrics["eval/accuracy"] = metrics[f"eval/reward/{ACCURACY_REWARD}"]
+    return metrics
+
+
+def _mean(values: Sequence[float]) -> float:
+    return sum(values) / len(values) if values else 0.0

@@ -1,0 +1,37 @@
+"""The trainer-side forward over a rollout: log-probs (and entropy, hidden states) of the
+response tokens. Every strategy and the sampler agreement test use this one function."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from astrai_core.rl.functional import entropy_from_logits, token_logprobs
+from astrai_core.rollout.batch import RolloutBatch
+
+
+def policy_forward(model: torch.nn.Module, batch: RolloutBatch, temperature: float = 1.0,
+                   return_hidden_states: bool = False, return_entropy: bool = False) -> dict[str, Any]:
+    """One forward over [prompt | response]; values aligned with the response tokens.
+
+    Returns ``logprobs`` [N, R] (log_softmax(logits / temperature) of each response token,
+    from the logits at the position BEFORE it), ``entropy`` [N, R] when asked,
+    ``hidden_states`` [N, R, H] at those same positions when asked (a value head on them
+    gives V(s_t), the value before action t, with no extra shift) and ``aux_loss`` (MoE).
+    Padding positions hold finite numbers that callers mask with ``response_mask``.
+    """
+    prompt_width, response_width = batch.prompt_ids.shape[1], batch.response_ids.shape[1]
+    out = model(batch.input_ids(), attention_mask=batch.attention_mask(),
+                position_ids=batch.position_ids(), return_hidden_states=return_hidden_states)
+    before = slice(prompt_width - 1, prompt_width + response_width - 1)
+    logits = out["logits"][:, before]
+    result: dict[str, Any] = {
+        "logprobs": token_logprobs(logits, batch.response_ids, temperature),
+        "aux_loss": out.get("aux_loss"),
+    }
+    if return_entropy:
+        result["entropy"] = entropy_from_logits(logits, temperature)
+    if return_hidden_states:
+        result["hidden_states"] = out["hidden_states"][:, before]
+    return result

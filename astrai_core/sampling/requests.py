@@ -1,0 +1,62 @@
+"""Expanding a generate() call into one request per completion, and their random streams."""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+from astrai_core.sampling.params import SamplingParams
+
+
+@dataclass
+class Request:
+    """One completion to produce: a prompt, its parameters and its own random stream."""
+
+    index: int                      # position in the generate() output
+    prompt_index: int
+    prompt_ids: list[int]
+    params: SamplingParams
+    rng: random.Random | None       # None for greedy requests
+    token_ids: list[int] = field(default_factory=list)
+    logprobs: list[float] = field(default_factory=list)
+    finish_reason: str | None = None
+    stop_text_at: int | None = None  # where a matched stop string starts in the decoded text
+
+
+def expand_requests(prompts: Sequence[Sequence[int]],
+                    params: SamplingParams | Sequence[SamplingParams]) -> list[Request]:
+    """One Request per completion, grouped by prompt in order (n per prompt)."""
+    if isinstance(params, SamplingParams):
+        per_prompt = [params] * len(prompts)
+    else:
+        per_prompt = list(params)
+        if len(per_prompt) != len(prompts):
+            raise ValueError(f"got {len(per_prompt)} SamplingParams for {len(prompts)} prompts")
+    requests: list[Request] = []
+    for prompt_index, (prompt, request_params) in enumerate(zip(prompts, per_prompt, strict=True)):
+        prompt_ids = [int(t) for t in prompt]
+        if not prompt_ids:
+            raise ValueError(f"prompt {prompt_index} is empty: a prompt needs at least one token")
+        for copy in range(request_params.n):
+            requests.append(Request(index=len(requests), prompt_index=prompt_index,
+                                    prompt_ids=prompt_ids, params=request_params,
+                                    rng=request_rng(request_params, copy)))
+    return requests
+
+
+def request_rng(params: SamplingParams, copy: int) -> random.Random | None:
+    """The random stream of copy ``copy`` of a request: a function of (seed, copy) only.
+
+    Each completion draws one uniform number per step from its own stream, so a seeded
+    request gives the same tokens whatever else shares its batch. Without a seed the
+    stream is seeded from torch's global generator, so ``torch.manual_seed`` still makes
+    a whole run reproducible.
+    """
+    if params.greedy:
+        return None
+    if params.seed is None:
+        import torch
+
+        return random.Random(int(torch.randint(0, 2**62, ()).item()))
+    return random.Random(f"astrai-sampling-{params.seed}-{copy}")

@@ -1,0 +1,211 @@
+"""The built-in ``torch`` sampler: batched KV-cached generation with the live native model.
+
+Prompts of different lengths are left-padded into one batch; each request keeps its own
+temperature, filters, seed, stops and length. Finished rows leave the batch (and the KV
+cache) at once, so they stop costing compute. The reported log-probabilities are
+log_softmax(logits / T) of the chosen token before filtering: exactly what the trainer's
+``policy_forward`` computes for the same tokens.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import torch
+from torch import Tensor
+
+from astrai_core.model.masks import positions_from_attention_mask
+from astrai_core.sampling.filters import min_p_filter, top_k_filter, top_p_filter
+from astrai_core.sampling.params import Completion, SamplingParams
+from astrai_core.sampling.requests import Request, expand_requests
+
+TokenCallback = Callable[[int, int], None]  # (completion index, token id)
+
+
+class TorchSampler:
+    """``TorchSampler(model=..., tokenizer=None, max_batch_size=64)``; see the sampler contract."""
+
+    class Config(SamplingParams):
+        """The ``sampler:`` config section: default SamplingParams plus engine options."""
+
+        max_batch_size: int = 64
+
+    def __init__(self, model: torch.nn.Module, tokenizer: Any = None, max_batch_size: int = 64) -> None:
+        if max_batch_size < 1:
+            raise ValueError(f"max_batch_size must be >= 1, got {max_batch_size}")
+        self.model = model
+        self.tokenizer = tokenizer
+        self.max_batch_size = max_batch_size
+        self.policy_version = 0
+
+    # ---------------------------------------------------------------- weights
+    def update_weights(self, state_dict: dict[str, Tensor] | None = None) -> int:
+        """Take new policy weights (None: the live model was updated in place); returns the version."""
+        if state_dict is not None:
+            from astrai_core.model.checkpoint import load_state_dict_strict
+
+            with torch.no_grad():
+                load_state_dict_strict(self.model, state_dict, "update_weights(state_dict)")
+        self.policy_version += 1
+        return self.policy_version
+
+    # ---------------------------------------------------------------- generation
+    def generate(self, prompts: Sequence[Sequence[int]],
+                 params: SamplingParams | Sequence[SamplingParams],
+                 on_token: TokenCallback | None = None) -> list[Completion]:
+        """Completions for each prompt (``n`` per prompt, grouped in prompt order).
+
+        ``params`` is one SamplingParams for all prompts or one per prompt. ``on_token``
+        is called with (completion index, token id) as each token is produced.
+        """
+        requests = expand_requests(prompts, params)
+        if self.tokenizer is None and any(r.params.stop for r in requests):
+            raise ValueError("stop strings need a tokenizer: TorchSampler(model, tokenizer=...)")
+        # Similar lengths share a batch: less padding. Results do not depend on the grouping.
+        ordered = sorted(requests, key=lambda r: len(r.prompt_ids))
+        was_training = self.model.training
+        self.model.eval()
+        try:
+            with torch.inference_mode():
+                for start in range(0, len(ordered), self.max_batch_size):
+                    _DecodeBatch(self, ordered[start:start + self.max_batch_size], on_token).run()
+        finally:
+            self.model.train(was_training)
+        return [self._completion(r) for r in requests]
+
+    def _completion(self, request: Request) -> Completion:
+        text = None
+        if self.tokenizer is not None:
+            text = self.tokenizer.decode(request.token_ids, skip_special_tokens=True)
+            if request.stop_text_at is not None:
+                text = text[:request.stop_text_at]
+        return Completion(token_ids=request.token_ids, logprobs=request.logprobs,
+                          finish_reason=request.finish_reason or "length", text=text,
+                          prompt_index=request.prompt_index)
+
+
+class _DecodeBatch:
+    """One batch of requests decoded together; rows are dropped as they finish."""
+
+    def __init__(self, sampler: TorchSampler, requests: list[Request],
+                 on_token: TokenCallback | None) -> None:
+        self.model = sampler.model
+        self.tokenizer = sampler.tokenizer
+        self.on_token = on_token
+        self.rows = list(requests)  # the active requests, in batch-row order
+        self.device = next(self.model.parameters()).device
+        as_tensor = lambda values, dtype: torch.tensor(values, dtype=dtype, device=self.device)  # noqa: E731
+        params = [r.params for r in requests]
+        self.greedy = as_tensor([p.greedy for p in params], torch.bool)
+        # Greedy rows: T = 1 for their log-probs, and neutral filters.
+        self.temperature = as_tensor([p.temperature if not p.greedy else 1.0 for p in params], torch.float32)
+        self.top_k = as_tensor([p.top_k if not p.greedy else 0 for p in params], torch.long)
+        self.top_p = as_tensor([p.top_p if not p.greedy else 1.0 for p in params], torch.float32)
+        self.min_p = as_tensor([p.min_p if not p.greedy else 0.0 for p in params], torch.float32)
+
+    # ---------------------------------------------------------------- loop
+    def run(self) -> None:
+        prompt_len = max(len(r.prompt_ids) for r in self.rows)
+        max_new = max(r.params.max_new_tokens for r in self.rows)
+        input_ids, prompt_mask = self._left_pad(prompt_len)
+        cache = self._new_cache(len(self.rows), prompt_len + max_new)
+        padded = not bool(prompt_mask.all())
+        # The attention mask of the whole sequence, preallocated: generated tokens are real.
+        full_mask = torch.ones(len(self.rows), prompt_len + max_new, dtype=torch.long, device=self.device)
+        full_mask[:, :prompt_len] = prompt_mask
+        positions = positions_from_attention_mask(prompt_mask)
+        logits = self.model(input_ids, attention_mask=full_mask[:, :prompt_len] if padded else None,
+                            position_ids=positions, kv_cache=cache)["logits"][:, -1]
+        next_position = positions[:, -1:] + 1
+        while True:
+            tokens = self._choose(logits)
+            keep = self._record(tokens.tolist())
+            if not keep:
+                return
+            if len(keep) < len(tokens):
+                full_mask, next_position, tokens = self._drop_finished(keep, cache, full_mask,
+                                                                       next_position, tokens)
+            step_mask = full_mask[:, :cache.length + 1] if padded else None
+            logits = self.model(tokens[:, None], attention_mask=step_mask, position_ids=next_position,
+                                kv_cache=cache)["logits"][:, -1]
+            next_position = next_position + 1
+
+    def _left_pad(self, length: int) -> tuple[Tensor, Tensor]:
+        input_ids = torch.zeros(len(self.rows), length, dtype=torch.long)
+        mask = torch.zeros(len(self.rows), length, dtype=torch.long)
+        for row, request in enumerate(self.rows):
+            ids = request.prompt_ids
+            input_ids[row, length - len(ids):] = torch.tensor(ids)
+            mask[row, length - len(ids):] = 1
+        return input_ids.to(self.device), mask.to(self.device)
+
+    def _new_cache(self, batch_size: int, max_length: int):
+        from astrai_core.model import KVCache
+
+        weight = next(self.model.parameters())
+        return KVCache(self.model.config, batch_size, max_length, dtype=weight.dtype, device=self.device)
+
+    # ---------------------------------------------------------------- one step
+    def _choose(self, logits: Tensor) -> Tensor:
+        """Next token of every row, and its log-prob appended to each request."""
+        logits = logits.float()
+        scaled = logits / self.temperature[:, None]
+        tokens = logits.argmax(dim=-1)
+        if any(r.rng is not None for r in self.rows):
+            tokens = torch.where(self.greedy, tokens, self._sample(scaled))
+        # From the unfiltered scaled logits: what the trainer computes for the same token.
+        logprobs = (scaled.gather(-1, tokens[:, None]).squeeze(-1) - scaled.logsumexp(dim=-1)).tolist()
+        for request, logprob in zip(self.rows, logprobs, strict=True):
+            request.logprobs.append(logprob)
+        return tokens
+
+    def _sample(self, scaled: Tensor) -> Tensor:
+        """Inverse-CDF sampling with one uniform draw per row from the row's own stream."""
+        params = [r.params for r in self.rows]
+        filtered = scaled
+        if any(p.top_k > 0 for p in params):
+            filtered = top_k_filter(filtered, self.top_k)
+        if any(p.top_p < 1.0 for p in params):
+            filtered = top_p_filter(filtered, self.top_p)
+        if any(p.min_p > 0.0 for p in params):
+            filtered = min_p_filter(filtered, self.min_p)
+        cdf = filtered.softmax(dim=-1).cumsum(dim=-1)
+        uniform = torch.tensor([r.rng.random() if r.rng is not None else 0.0 for r in self.rows],
+                               dtype=cdf.dtype, device=cdf.device)
+        # The first token whose cumulative mass exceeds u: never one of probability 0.
+        chosen = torch.searchsorted(cdf, (uniform * cdf[:, -1])[:, None], right=True).squeeze(-1)
+        return chosen.clamp(max=cdf.shape[-1] - 1)
+
+    def _record(self, tokens: list[int]) -> list[int]:
+        """Append each row's token, mark finished requests; returns the rows still active."""
+        keep = []
+        for row, (request, token) in enumerate(zip(self.rows, tokens, strict=True)):
+            request.token_ids.append(token)
+            if self.on_token is not None:
+                self.on_token(request.index, token)
+            if token in request.params.stop_token_ids or self._hit_stop_string(request):
+                request.finish_reason = "stop"
+            elif len(request.token_ids) >= request.params.max_new_tokens:
+                request.finish_reason = "length"
+            else:
+                keep.append(row)
+        return keep
+
+    def _hit_stop_string(self, request: Request) -> bool:
+        if not request.params.stop:
+            return False
+        text = self.tokenizer.decode(request.token_ids, skip_special_tokens=True)
+        found = [at for at in (text.find(stop) for stop in request.params.stop) if at >= 0]
+        if found:
+            request.stop_text_at = min(found)
+        return bool(found)
+
+    def _drop_finished(self, keep: list[int], cache, full_mask: Tensor, next_position: Tensor,
+                       tokens: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+        rows = torch.tensor(keep, dtype=torch.long, device=self.device)
+        cache.select(rows)
+        self.rows = [self.rows[i] for i in keep]
+        for name in ("greedy", "temperature", "top_k", "top_p", "min_p"):
+            setattr(self, name, getattr(self, name).index_select(0, rows))
+        return full_mask.index_select(0, rows), next_position.index_select(0, rows), tokens.index_select(0, rows)

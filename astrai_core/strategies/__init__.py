@@ -1,0 +1,1 @@
+"""astrai-core's own strategies: `seq` (pretraining) and `sft` (supervised fine-tuning)."""

@@ -1,0 +1,75 @@
+"""Next-token prediction: the `seq` (pretraining text) and `sft` (chat) strategies."""
+
+from __future__ import annotations
+
+from typing import Any, ClassVar
+
+import torch
+import torch.nn.functional as F
+from pydantic import BaseModel, ConfigDict, Field
+
+from astrai_core.training.strategy import Strategy
+
+
+def next_token_loss(logits: torch.Tensor, input_ids: torch.Tensor,
+                    loss_mask: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Mean cross-entropy over target tokens, and their count.
+
+    ``loss_mask[b, t]`` marks token t as a target predicted from position t-1, so the
+    logits at t-1 are scored against ``input_ids[b, t]``.
+    """
+    targets = loss_mask[:, 1:]
+    predicting = logits[:, :-1][targets]
+    labels = input_ids[:, 1:][targets]
+    count = targets.sum()
+    loss = F.cross_entropy(predicting.float(), labels, reduction="sum") / count.clamp(min=1)
+    return loss, count
+
+
+def router_metrics(router_stats: list[dict[str, Any]]) -> dict[str, torch.Tensor]:
+    """MoE diagnostics averaged over layers (empty for dense models)."""
+    if not router_stats:
+        return {}
+    names = ("entropy", "dead_fraction", "load_imbalance")
+    return {f"moe/{name}": torch.stack([torch.as_tensor(layer[name], dtype=torch.float32)
+                                        for layer in router_stats]).mean()
+            for name in names}
+
+
+class LanguageModelingConfig(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    aux_loss_coef: float | None = Field(
+        None, ge=0, description="MoE load-balancing weight (default: the model's config)")
+
+
+class LanguageModeling(Strategy):
+    """Cross-entropy on the targets the data pipeline marks, plus the MoE auxiliary loss."""
+
+    Config: ClassVar[type[BaseModel]] = LanguageModelingConfig
+
+    def compute_loss(self, batch: dict[str, torch.Tensor]) -> tuple[torch.Tensor, dict[str, Any]]:
+        batch = {name: tensor.to(self.ctx.device) for name, tensor in batch.items()}
+        output = self.forward(batch)
+        loss, count = next_token_loss(output["logits"], batch["input_ids"], batch["loss_mask"])
+        metrics: dict[str, Any] = {"lm_loss": loss.detach(), "tokens": count}
+        model_config = self.ctx.model.config
+        if model_config.num_experts:
+            coef = self.config.aux_loss_coef
+            coef = model_config.router_aux_loss_coef if coef is None else coef
+            loss = loss + coef * output["aux_loss"]
+            metrics["moe/aux_loss"] = output["aux_loss"].detach()
+            metrics.update(router_metrics(output["router_stats"]))
+        return loss, metrics
+
+
+class Seq(LanguageModeling):
+    """Pretraining on raw text: every token is a target."""
+
+    data_formats = ("text",)
+
+
+class Sft(LanguageModeling):
+    """Supervised fine-tuning on chats: only assistant tokens are targets."""
+
+    data_formats = ("chat", "text")

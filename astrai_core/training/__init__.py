@@ -1,0 +1,1 @@
+"""The training engine: the loop, optimizers, checkpoints and the strategy base class."""

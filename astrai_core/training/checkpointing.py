@@ -1,0 +1,127 @@
+"""Training checkpoints: `<output_dir>/checkpoints/step_<N>/`.
+
+Each is a native model checkpoint (config.json, model.safetensors, tokenizer files —
+loadable by `load_pretrained`) plus what an exact resume needs: optimizer, scheduler,
+RNG states, the strategy's state (data position, critic...) and the step. Everything
+is written into a hidden staging directory that is renamed into place at the end, so
+a directory named `step_<N>` is always complete.
+
+Optimizer and RNG state go through ``torch.save`` and come back with
+``torch.load(weights_only=True)``, which refuses arbitrary pickled objects.
+"""
+
+from __future__ import annotations
+
+import json
+import random
+import re
+import shutil
+from pathlib import Path
+from typing import Any
+
+import torch
+from safetensors.torch import load_file, save_file
+from torch import nn
+
+from astrai_core.errors import CheckpointError
+from astrai_core.model.checkpoint import (
+    atomic_directory,
+    copy_tokenizer_files,
+    load_state_dict_strict,
+    read_safetensors,
+    weight_files,
+    write_config,
+    write_weights,
+)
+
+TRAINING_STATE = "training_state.pt"
+TRAINER_JSON = "trainer_state.json"
+_STEP_DIR = re.compile(r"^step_(\d+)$")
+
+
+def checkpoint_dir(output_dir: Path, step: int) -> Path:
+    return output_dir / "checkpoints" / f"step_{step}"
+
+
+def rng_state(backend: Any) -> dict[str, Any]:
+    """Every generator a run draws from: python, torch CPU, and the device's own."""
+    return {"python": random.getstate(), "torch": torch.get_rng_state(),
+            "device": backend.get_rng_state()}
+
+
+def restore_rng_state(state: dict[str, Any], backend: Any) -> None:
+    random.setstate(state["python"])
+    torch.set_rng_state(state["torch"])
+    backend.set_rng_state(state["device"])
+
+
+def save_checkpoint(target: Path, *, model: nn.Module, tokenizer_dir: Path,
+                    extra_modules: dict[str, nn.Module], training_state: dict[str, Any],
+                    summary: dict[str, Any]) -> Path:
+    """Write one complete checkpoint directory atomically."""
+    with atomic_directory(target) as staging:
+        write_config(model.config, staging)
+        write_weights(model.state_dict(), staging, max_shard_bytes=2 * 1024**3)
+        copy_tokenizer_files(tokenizer_dir, staging)
+        for name, module in extra_modules.items():
+            tensors = {k: v.detach().contiguous() for k, v in module.state_dict().items()}
+            save_file(tensors, str(staging / f"{name}.safetensors"))
+        torch.save(training_state, staging / TRAINING_STATE)
+        (staging / TRAINER_JSON).write_text(json.dumps(summary, indent=2) + "\n")
+    return target
+
+
+def list_checkpoints(output_dir: Path) -> list[tuple[int, Path]]:
+    """Complete checkpoints, oldest first (staging directories are ignored)."""
+    root = output_dir / "checkpoints"
+    if not root.is_dir():
+        return []
+    found = []
+    for path in root.iterdir():
+        match = _STEP_DIR.match(path.name)
+        if match and (path / TRAINING_STATE).is_file():
+            found.append((int(match.group(1)), path))
+    return sorted(found)
+
+
+def latest_checkpoint(output_dir: Path) -> Path:
+    """The newest complete checkpoint; a clear error when there is none."""
+    checkpoints = list_checkpoints(output_dir)
+    if not checkpoints:
+        raise CheckpointError(
+            f"--resume: no complete checkpoint in {output_dir / 'checkpoints'}; "
+            "run without --resume to start from the beginning"
+        )
+    return checkpoints[-1][1]
+
+
+def load_training_state(directory: Path) -> dict[str, Any]:
+    try:
+        return torch.load(directory / TRAINING_STATE, map_location="cpu", weights_only=True)
+    except Exception as exc:
+        raise CheckpointError(f"{directory / TRAINING_STATE}: cannot read training state "
+                              f"({type(exc).__name__}: {exc})") from None
+
+
+def load_model_weights(model: nn.Module, directory: Path) -> None:
+    """Load a checkpoint's policy weights into the live ``model`` (names and shapes checked)."""
+    state_dict: dict[str, torch.Tensor] = {}
+    for path in weight_files(directory):
+        state_dict.update(read_safetensors(path))
+    load_state_dict_strict(model, state_dict, str(directory))
+
+
+def load_extra_modules(directory: Path, modules: dict[str, nn.Module]) -> None:
+    for name, module in modules.items():
+        path = directory / f"{name}.safetensors"
+        if not path.is_file():
+            raise CheckpointError(f"{path} is missing: the checkpoint has no {name!r} weights")
+        module.load_state_dict(load_file(str(path)))
+
+
+def prune_checkpoints(output_dir: Path, keep_last: int | None) -> None:
+    """Delete all but the newest ``keep_last`` checkpoints."""
+    if keep_last is None:
+        return
+    for _, path in list_checkpoints(output_dir)[:-keep_last]:
+        shutil.rmtree(path, ignore_errors=True)

@@ -1,0 +1,42 @@
+"""The `trainer:` section of a run config."""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+
+class TrainerConfig(BaseModel):
+    """Optimisation, schedule, precision, logging, evaluation and checkpoint cadence."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    max_steps: int = Field(gt=0, description="optimizer steps to run")
+    lr: float = Field(1e-4, gt=0)
+    min_lr_ratio: float = Field(0.1, ge=0, le=1, description="final lr / peak lr (cosine, linear)")
+    warmup_steps: int = Field(0, ge=0)
+    schedule: Literal["cosine", "linear", "constant"] = "cosine"
+    optimizer: Literal["adamw", "muon"] = "adamw"
+    weight_decay: float = Field(0.0, ge=0)
+    betas: tuple[float, float] = (0.9, 0.95)
+    eps: float = Field(1e-8, gt=0)
+    muon_lr: float | None = Field(None, gt=0, description="Muon's lr (default: lr)")
+    muon_momentum: float = Field(0.95, ge=0, lt=1)
+    grad_accum_steps: int = Field(1, ge=1)
+    max_grad_norm: float | None = Field(1.0, gt=0, description="None disables clipping")
+    mixed_precision: Literal["no", "bf16", "fp16"] = "no"
+    seed: int = 0
+    log_every: int = Field(1, ge=1)
+    eval_every: int = Field(0, ge=0, description="0 = only at the end")
+    eval_at_start: bool = True
+    save_every: int = Field(0, ge=0, description="0 = only at the end")
+    keep_last: int | None = Field(None, ge=1, description="delete older checkpoints")
+    eval_max_new_tokens: int = Field(16, ge=1, description="generation length for eval/accuracy")
+    progress: bool = True
+
+    @model_validator(mode="after")
+    def _check(self) -> TrainerConfig:
+        if self.warmup_steps > self.max_steps:
+            raise ValueError("warmup_steps must not exceed max_steps")
+        return self

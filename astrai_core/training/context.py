@@ -1,0 +1,109 @@
+"""What a strategy can reach during a run: model, tokenizer, device, registry, data, rollouts."""
+
+from __future__ import annotations
+
+import copy
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import torch
+from torch import nn
+
+from astrai_core.config.schema import RunConfig
+from astrai_core.devices.base import DeviceBackend
+from astrai_core.registry import Registry
+from astrai_core.training.config import TrainerConfig
+
+if TYPE_CHECKING:
+    from astrai_core.training.strategy import Strategy
+
+
+@dataclass
+class TrainContext:
+    """Everything built from the run config that strategies share."""
+
+    run_config: RunConfig
+    trainer_config: TrainerConfig
+    registry: Registry
+    backend: DeviceBackend
+    device: torch.device
+    model: nn.Module
+    tokenizer: Any
+    tokenizer_dir: Path
+    base_dir: Path                       # the config file's directory: data paths resolve here
+    output_dir: Path
+    _cache: dict[str, Any] = field(default_factory=dict)
+
+    # -- data -----------------------------------------------------------------------
+    @property
+    def data_config(self) -> Any:
+        """The validated `data:` section."""
+        if "data_config" not in self._cache:
+            from astrai_core.data import DataConfig
+
+            self._cache["data_config"] = DataConfig.model_validate(self.run_config.data)
+        return self._cache["data_config"]
+
+    def train_loader(self, formats: tuple[str, ...]) -> Any:
+        """The resumable training loader over the configured sources (of these formats)."""
+        from astrai_core.data import build_train_loader
+
+        return build_train_loader(self.data_config, self.tokenizer, base_dir=self.base_dir,
+                                  formats=formats)
+
+    # -- models ---------------------------------------------------------------------
+    def frozen_copy(self, module: nn.Module | None = None) -> nn.Module:
+        """A frozen, eval-mode deep copy (a reference or old-policy model)."""
+        frozen = copy.deepcopy(module if module is not None else self.model)
+        frozen.eval()
+        for param in frozen.parameters():
+            param.requires_grad_(False)
+        return frozen
+
+    def autocast(self):
+        """The run's mixed-precision context on this device."""
+        dtypes = {"no": None, "bf16": torch.bfloat16, "fp16": torch.float16}
+        return self.backend.autocast(dtypes[self.trainer_config.mixed_precision])
+
+    # -- sampling and rewards ---------------------------------------------------------
+    def sampler_options(self) -> tuple[Any, dict[str, Any]]:
+        """(default SamplingParams, engine options) from the `sampler:` section."""
+        from astrai_core.config.components import component_params
+        from astrai_core.sampling.params import SamplingParams
+
+        section = self.run_config.sampler
+        name = section.name if section is not None else "torch"
+        params = component_params(self.registry, "sampler", name,
+                                  section.params if section is not None else {}, ("sampler",),
+                                  getattr(self.run_config, "_source", None))
+        sampling_fields = set(SamplingParams.model_fields)
+        sampling = SamplingParams(**{k: v for k, v in params.items() if k in sampling_fields})
+        engine = {k: v for k, v in params.items() if k not in sampling_fields}
+        return sampling, engine
+
+    def sampler(self) -> Any:
+        """The configured sampler (default `torch`) over the live policy, built once."""
+        if "sampler" not in self._cache:
+            section = self.run_config.sampler
+            name = section.name if section is not None else "torch"
+            sampler_class = self.registry.get("sampler", name).load()
+            _, engine = self.sampler_options()
+            self._cache["sampler"] = sampler_class(model=self.model, tokenizer=self.tokenizer,
+                                                   **engine)
+        return self._cache["sampler"]
+
+    def rewards(self) -> Any:
+        """The weighted reward functions of the `rewards:` section, built once."""
+        if "rewards" not in self._cache:
+            from astrai_core.rewards.reward_set import RewardSet
+
+            self._cache["rewards"] = RewardSet.from_config(self.run_config.rewards, self.registry)
+        return self._cache["rewards"]
+
+    # -- evaluation -----------------------------------------------------------------
+    def evaluate(self, strategy: Strategy) -> dict[str, float]:
+        """Default evaluation: held-out loss and, for prompt data, accuracy by generation."""
+        from astrai_core.training.evaluation import evaluate_run
+
+        return evaluate_run(self, strategy)

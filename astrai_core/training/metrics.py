@@ -1,0 +1,92 @@
+"""metrics.jsonl (one JSON object per logged step) and the terminal progress bar."""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+
+def to_number(value: Any) -> float | int:
+    """A metric value as a plain number (tensors are read once here, not per micro-batch)."""
+    if hasattr(value, "item"):
+        value = value.item()
+    return value
+
+
+class MetricsLog:
+    """Appends one line per logged step to ``<output_dir>/metrics.jsonl``."""
+
+    def __init__(self, output_dir: Path, resume_step: int | None) -> None:
+        self.path = output_dir / "metrics.jsonl"
+        output_dir.mkdir(parents=True, exist_ok=True)
+        if resume_step is None:
+            self.path.write_text("")
+        else:
+            self._truncate_after(resume_step)
+
+    def _truncate_after(self, step: int) -> None:
+        # A run that died after its last checkpoint logged steps that the resumed run
+        # will log again; keep only what the checkpoint had seen.
+        if not self.path.exists():
+            return
+        kept = [line for line in self.path.read_text().splitlines()
+                if line.strip() and json.loads(line)["step"] <= step]
+        staging = self.path.with_suffix(".jsonl.tmp")
+        staging.write_text("".join(line + "\n" for line in kept))
+        os.replace(staging, self.path)
+
+    def write(self, step: int, metrics: dict[str, Any]) -> None:
+        record = {"step": step}
+        for name, value in metrics.items():
+            number = to_number(value)
+            record[name] = None if isinstance(number, float) and not math.isfinite(number) else number
+        with self.path.open("a") as handle:
+            handle.write(json.dumps(record) + "\n")
+            handle.flush()
+
+
+class Progress:
+    """A rich progress bar with loss, tokens/s and ETA; silent when not on a terminal."""
+
+    def __init__(self, total: int, start: int, enabled: bool) -> None:
+        self._bar = None
+        if not (enabled and sys.stderr.isatty()):
+            return
+        from rich.console import Console
+        from rich.progress import (BarColumn, MofNCompleteColumn, Progress as RichProgress,
+                                   TextColumn, TimeRemainingColumn)
+
+        self._bar = RichProgress(
+            TextColumn("[bold]train"), BarColumn(), MofNCompleteColumn(),
+            TextColumn("{task.fields[status]}"), TimeRemainingColumn(),
+            console=Console(stderr=True), transient=False,
+        )
+        self._task = self._bar.add_task("train", total=total, completed=start, status="")
+        self._bar.start()
+
+    def update(self, step: int, loss: float, tokens_per_s: float) -> None:
+        if self._bar is not None:
+            self._bar.update(self._task, completed=step,
+                             status=f"loss {loss:.4f}  {tokens_per_s:,.0f} tok/s")
+
+    def close(self) -> None:
+        if self._bar is not None:
+            self._bar.stop()
+
+
+class Throughput:
+    """Tokens per second over the last optimizer step."""
+
+    def __init__(self) -> None:
+        self._start = time.perf_counter()
+
+    def lap(self, tokens: float) -> float:
+        now = time.perf_counter()
+        rate = tokens / max(now - self._start, 1e-9)
+        self._start = now
+        return rate

@@ -1,0 +1,95 @@
+"""Generate the arithmetic example's data: integer problems with verifiable answers.
+
+Run: ``python examples/arith/generate.py --out DIR --seed 0 --n-train 20000 --n-eval 500``.
+
+Problems are ``a+b`` and ``a-b`` with operands 0..99 (a difference may be negative) and
+``a*b`` with single-digit operands. The full problem space (20,100 problems) is shuffled
+with ``--seed``; the first ``--n-eval`` problems are held out for evaluation and never
+appear in the training files. Files written (JSONL, one object per line):
+
+- ``sft_train.jsonl``  chat SFT rows: ``{"messages": [user "12+35=", assistant "47"]}``
+- ``eval.jsonl``       held-out prompts: ``{"messages": [user "12+35="], "answer": "47"}``
+- ``rl_prompts.jsonl`` training-split prompts in the same shape as eval.jsonl, for RL
+
+SFT and RL prompts are drawn from the training split (they may overlap each other);
+``--n-train`` larger than the training split samples problems again (with repeats).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import random
+from pathlib import Path
+
+MAX_OPERAND = 99      # a+b, a-b operands: 0..MAX_OPERAND
+MAX_FACTOR = 9        # a*b operands: 0..MAX_FACTOR
+
+
+def all_problems() -> list[tuple[str, str]]:
+    """Every (question, answer) pair of the problem space, in a fixed order."""
+    problems = []
+    for a in range(MAX_OPERAND + 1):
+        for b in range(MAX_OPERAND + 1):
+            problems.append((f"{a}+{b}=", str(a + b)))
+            problems.append((f"{a}-{b}=", str(a - b)))
+    for a in range(MAX_FACTOR + 1):
+        for b in range(MAX_FACTOR + 1):
+            problems.append((f"{a}*{b}=", str(a * b)))
+    return problems
+
+
+def split(seed: int, n_eval: int) -> tuple[list[tuple[str, str]], list[tuple[str, str]]]:
+    """Shuffle the problem space with ``seed``; return (train pool, held-out eval)."""
+    problems = all_problems()
+    if not 0 < n_eval < len(problems):
+        raise SystemExit(f"--n-eval must be between 1 and {len(problems) - 1}")
+    random.Random(seed).shuffle(problems)
+    return problems[n_eval:], problems[:n_eval]
+
+
+def sample(pool: list[tuple[str, str]], n: int, rng: random.Random) -> list[tuple[str, str]]:
+    """``n`` problems from ``pool``: without repeats while the pool lasts, then again."""
+    out: list[tuple[str, str]] = []
+    while len(out) < n:
+        out.extend(rng.sample(pool, min(len(pool), n - len(out))))
+    return out
+
+
+def sft_row(question: str, answer: str) -> dict:
+    return {"messages": [{"role": "user", "content": question},
+                         {"role": "assistant", "content": answer}]}
+
+
+def prompt_row(question: str, answer: str) -> dict:
+    return {"messages": [{"role": "user", "content": question}], "answer": answer}
+
+
+def write_jsonl(path: Path, rows: list[dict]) -> None:
+    with path.open("w", encoding="utf-8") as f:
+        for row in rows:
+            f.write(json.dumps(row) + "\n")
+
+
+def generate(out: Path, seed: int, n_train: int, n_eval: int, n_rl: int) -> None:
+    train_pool, held_out = split(seed, n_eval)
+    rng = random.Random(seed + 1)
+    out.mkdir(parents=True, exist_ok=True)
+    write_jsonl(out / "sft_train.jsonl", [sft_row(q, a) for q, a in sample(train_pool, n_train, rng)])
+    write_jsonl(out / "eval.jsonl", [prompt_row(q, a) for q, a in held_out])
+    write_jsonl(out / "rl_prompts.jsonl", [prompt_row(q, a) for q, a in sample(train_pool, n_rl, rng)])
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description="Generate integer-arithmetic problems.")
+    parser.add_argument("--out", type=Path, required=True, help="output directory")
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--n-train", type=int, default=20000, help="SFT rows")
+    parser.add_argument("--n-eval", type=int, default=500, help="held-out problems")
+    parser.add_argument("--n-rl", type=int, default=5000, help="RL prompt rows")
+    args = parser.parse_args(argv)
+    generate(args.out, args.seed, args.n_train, args.n_eval, args.n_rl)
+
+
+if __name__ == "__main__":
+    main()
