@@ -12,8 +12,20 @@ from torch import nn
 
 from astrai_core.config.schema import RunConfig
 from astrai_core.devices.base import DeviceBackend
+from astrai_core.errors import ConfigError
 from astrai_core.registry import Registry
 from astrai_core.training.config import TrainerConfig
+
+class _RecordStream:
+    """Prompt records one by one from a loader that yields lists of them."""
+
+    def __init__(self, loader: Any) -> None:
+        self.loader = loader
+
+    def __iter__(self):
+        for batch in self.loader:
+            yield from batch
+
 
 if TYPE_CHECKING:
     from astrai_core.training.strategy import Strategy
@@ -100,6 +112,35 @@ class TrainContext:
 
             self._cache["rewards"] = RewardSet.from_config(self.run_config.rewards, self.registry)
         return self._cache["rewards"]
+
+    def advantage_estimator(self, default: str | None) -> Any:
+        """The `advantage:` section's estimator, or ``default`` (the strategy's choice)."""
+        from astrai_core.config.components import component_params
+
+        section = self.run_config.advantage
+        name = section.name if section is not None else default
+        if name is None:
+            raise ConfigError("advantage: this strategy needs an `advantage: {name: ...}` section")
+        params = component_params(self.registry, "advantage_estimator", name,
+                                  section.params if section is not None else {},
+                                  ("advantage",), getattr(self.run_config, "_source", None))
+        return self.registry.get("advantage_estimator", name).load()(**params)
+
+    def rollout_runner(self, *, group_size: int, steps_per_rollout: int) -> tuple[Any, Any]:
+        """(prompt loader, RolloutRunner) over the `prompt`-format training data."""
+        from astrai_core.rollout.runner import RolloutRunner
+
+        loader = self.train_loader(("prompt",))
+        records = _RecordStream(loader)
+        sampling, _ = self.sampler_options()
+        if not self.run_config.rewards:
+            raise ConfigError("rewards: an online strategy needs at least one reward function")
+        pad_id = getattr(self.tokenizer, "pad_token_id", None) or 0
+        runner = RolloutRunner(self.sampler(), self.tokenizer, self.rewards(), sampling,
+                               group_size=group_size, prompt_source=records,
+                               prompts_per_rollout=self.data_config.batch_size,
+                               rollout_interval=steps_per_rollout, pad_token_id=pad_id)
+        return loader, runner
 
     # -- evaluation -----------------------------------------------------------------
     def evaluate(self, strategy: Strategy) -> dict[str, float]:

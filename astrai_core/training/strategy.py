@@ -68,6 +68,10 @@ class Strategy:
     def after_optimizer_step(self, step: int) -> None:
         """Called once the policy's optimizer stepped (and the schedule advanced)."""
 
+    def step_metrics(self) -> dict[str, float]:
+        """Metrics logged once per optimizer step (e.g. statistics of the current rollout)."""
+        return {}
+
     def evaluate(self) -> dict[str, float]:
         """Evaluation metrics, each named ``eval/...``; default: the context's evaluation."""
         return self.ctx.evaluate(self)

@@ -130,7 +130,7 @@ class Trainer:
         self.optimizer.zero_grad(set_to_none=True)
         sums["grad_norm"] = grad_norm
         sums["lr"] = self.scheduler.get_last_lr()[0]
-        return dict(sums)
+        return {**sums, **self.strategy.step_metrics()}
 
     def _clip_gradients(self) -> float:
         max_norm = self.cfg.max_grad_norm if self.cfg.max_grad_norm is not None else float("inf")
