@@ -35,8 +35,8 @@ test: $(STAMP)
 	$(PY) -m pytest -q
 
 demo: $(STAMP)
-	$(VENV)/bin/astrai list-plugins --all
-	@echo "The training demo (examples/arith) arrives with the training engine; until then make demo lists the plugins."
+	$(VENV)/bin/astrai list-plugins
+	$(PY) examples/arith/demo.py
 
 clean:
 	rm -rf $(VENV) .pytest_cache

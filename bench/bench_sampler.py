@@ -18,9 +18,15 @@ import time
 
 import torch
 
-# ~4M parameters: a small model, where per-step overhead matters as it does in RL on CPU.
-SIZE = dict(vocab_size=4096, hidden_size=256, intermediate_size=704, num_hidden_layers=4,
-            num_attention_heads=8, num_key_value_heads=4, max_position_embeddings=1024)
+SIZE = dict(max_position_embeddings=1024)
+SIZES = {
+    # The arithmetic example's scale: per-step overhead dominates.
+    "tiny": dict(vocab_size=64, hidden_size=64, intermediate_size=176, num_hidden_layers=2,
+                 num_attention_heads=4, num_key_value_heads=2),
+    # ~5M parameters: the matrix products dominate.
+    "small": dict(vocab_size=4096, hidden_size=256, intermediate_size=704, num_hidden_layers=4,
+                  num_attention_heads=8, num_key_value_heads=4),
+}
 
 
 def build_models(model_type: str):
@@ -47,7 +53,7 @@ def make_prompts(batch: int, vocab: int) -> list[list[int]]:
     return [torch.randint(1, vocab, (n,), generator=generator).tolist() for n in lengths]
 
 
-def run_transformers(model, prompts, new_tokens: int, sample: bool) -> int:
+def run_transformers(model, prompts, new_tokens: int, sample: bool, eos: int | None = None) -> list[list[int]]:
     width = max(map(len, prompts))
     ids = torch.zeros(len(prompts), width, dtype=torch.long)
     mask = torch.zeros(len(prompts), width, dtype=torch.long)
@@ -55,34 +61,57 @@ def run_transformers(model, prompts, new_tokens: int, sample: bool) -> int:
         ids[row, width - len(prompt):] = torch.tensor(prompt)
         mask[row, width - len(prompt):] = 1
     options = dict(do_sample=True, temperature=1.0, top_k=50, top_p=0.9) if sample else dict(do_sample=False)
+    if eos is None:  # every row runs the full length
+        options["min_new_tokens"] = new_tokens
     with torch.inference_mode():
-        out = model.generate(ids, attention_mask=mask, max_new_tokens=new_tokens, min_new_tokens=new_tokens,
-                             eos_token_id=None, pad_token_id=0, **options)
-    return (out.shape[1] - width) * len(prompts)
+        out = model.generate(ids, attention_mask=mask, max_new_tokens=new_tokens, eos_token_id=eos,
+                             pad_token_id=0, **options)
+    return [_until(row, eos) for row in out[:, width:].tolist()]
 
 
-def run_astrai(sampler, prompts, new_tokens: int, sample: bool) -> int:
+def _until(tokens: list[int], eos: int | None) -> list[int]:
+    """The generated tokens up to and including the first EOS (transformers pads after it)."""
+    return tokens[:tokens.index(eos) + 1] if eos is not None and eos in tokens else tokens
+
+
+def run_astrai(sampler, prompts, new_tokens: int, sample: bool, eos: int | None = None) -> list[list[int]]:
     from astrai_core.sampling import SamplingParams
 
+    stops = (eos,) if eos is not None else ()
     params = (SamplingParams(max_new_tokens=new_tokens, temperature=1.0, top_k=50, top_p=0.9, seed=0)
-              if sample else SamplingParams(max_new_tokens=new_tokens, temperature=0.0))
-    return sum(len(c.token_ids) for c in sampler.generate(prompts, params))
+              if sample else SamplingParams(max_new_tokens=new_tokens, temperature=0.0, stop_token_ids=stops))
+    return [c.token_ids for c in sampler.generate(prompts, params)]
 
 
-def measure(fn, repeats: int) -> tuple[float, int]:
-    """Median seconds over ``repeats`` runs (after one warm-up) and tokens per run."""
-    tokens = fn()
-    times = []
+def pick_eos(greedy: list[list[int]]) -> int:
+    """A token whose first appearance in the greedy outputs falls mid-way for the median row,
+    so rows finish at different steps, as completions do in RL."""
+    length = len(greedy[0])
+    def median_stop(token: int) -> float:
+        return statistics.median(row.index(token) if token in row else length for row in greedy)
+    candidates = {t for row in greedy for t in row}
+    return min(candidates, key=lambda t: abs(median_stop(t) - length / 2))
+
+
+def measure(fns: dict, repeats: int) -> dict[str, tuple[float, list[list[int]]]]:
+    """Fastest seconds of each over ``repeats`` alternating runs (after a warm-up), and its output.
+
+    The minimum, not the mean: other processes on the machine only ever add time.
+    """
+    outputs = {name: fn() for name, fn in fns.items()}
+    times: dict[str, list[float]] = {name: [] for name in fns}
     for _ in range(repeats):
-        start = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - start)
-    return statistics.median(times), tokens
+        for name, fn in fns.items():
+            start = time.perf_counter()
+            fn()
+            times[name].append(time.perf_counter() - start)
+    return {name: (min(times[name]), outputs[name]) for name in fns}
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--model-type", default="qwen2", choices=("llama", "qwen2", "mistral"))
+    parser.add_argument("--size", default="small", choices=tuple(SIZES))
     parser.add_argument("--batch", type=int, default=16)
     parser.add_argument("--new-tokens", type=int, default=64)
     parser.add_argument("--repeats", type=int, default=3)
@@ -90,21 +119,29 @@ def main() -> None:
 
     from astrai_core.sampling import TorchSampler
 
+    SIZE.update(SIZES[args.size])
     hf_model, native = build_models(args.model_type)
     sampler = TorchSampler(model=native, max_batch_size=args.batch)
     prompts = make_prompts(args.batch, SIZE["vocab_size"])
-    print(f"model {args.model_type} {sum(p.numel() for p in native.parameters()) / 1e6:.1f}M params, "
-          f"batch {args.batch}, prompt lengths {min(map(len, prompts))}-{max(map(len, prompts))}, "
-          f"{args.new_tokens} new tokens, {torch.get_num_threads()} threads, CPU")
-    for mode, sample in (("greedy", False), ("sampling top-k 50, top-p 0.9", True)):
+    eos = pick_eos(run_astrai(sampler, prompts, args.new_tokens, sample=False))
+    print(f"model {args.model_type} ({args.size}) {sum(p.numel() for p in native.parameters()) / 1e6:.2f}M "
+          f"params, batch {args.batch}, prompt lengths {min(map(len, prompts))}-{max(map(len, prompts))}, "
+          f"up to {args.new_tokens} new tokens, {torch.get_num_threads()} threads, CPU")
+    scenarios = (("greedy, full length", False, None), ("sampling top-k/top-p, full length", True, None),
+                 (f"greedy, stop at token {eos}", False, eos))
+    for label, sample, stop in scenarios:
+        results = measure({
+            "transformers": lambda: run_transformers(hf_model, prompts, args.new_tokens, sample, stop),
+            "astrai": lambda: run_astrai(sampler, prompts, args.new_tokens, sample, stop)}, args.repeats)
         rates = {}
-        for name, fn in (("transformers generate", lambda: run_transformers(hf_model, prompts, args.new_tokens, sample)),
-                         ("astrai torch sampler", lambda: run_astrai(sampler, prompts, args.new_tokens, sample))):
-            seconds, tokens = measure(fn, args.repeats)
+        for name, (seconds, outputs) in results.items():
+            tokens = sum(map(len, outputs))
             rates[name] = tokens / seconds
-            print(f"  {mode:30s} {name:22s} {tokens / seconds:9.0f} tokens/s ({tokens} tokens, {seconds:.3f} s)")
-        ratio = rates["astrai torch sampler"] / rates["transformers generate"]
-        print(f"  {mode:30s} ratio astrai / transformers: {ratio:.2f}x")
+            print(f"  {label:36s} {name:13s} {rates[name]:9.0f} tokens/s ({tokens} tokens in {seconds:.3f} s)")
+        if not sample:  # same weights, greedy: the same tokens (hence the same lengths)
+            same = results["transformers"][1] == results["astrai"][1]
+            print(f"  {label:36s} identical greedy outputs: {same}")
+        print(f"  {label:36s} ratio astrai / transformers: {rates['astrai'] / rates['transformers']:.2f}x")
 
 
 if __name__ == "__main__":

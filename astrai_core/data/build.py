@@ -62,8 +62,8 @@ def build_train_loader(cfg: DataConfig, tokenizer: Any, *, base_dir: str | Path 
                        ) -> SequenceLoader | PreferenceLoader | PromptLoader:
     """The endless, resumable training loader.
 
-    ``base_dir``: resolve relative paths against it (the config file's directory); without
-    it, ``cfg`` paths are used as they are. ``formats``: the source formats the caller
+    ``base_dir``: resolve relative paths against it (`astrai train` passes the current
+    directory); without it, ``cfg`` paths are used as they are. ``formats``: the source formats the caller
     accepts (e.g. a strategy's); another format is a DataError naming the field.
     """
     cfg = _prepare(cfg, base_dir)

@@ -20,7 +20,7 @@ class SourceConfig(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     path: Path
-    """The JSONL file; a relative path is relative to the config file's directory."""
+    """The JSONL file; relative paths in a run config are relative to the current directory."""
     format: Format
     """``text`` ({"text"}), ``chat`` ({"messages"}), ``preference`` (prompt/messages +
     chosen + rejected) or ``prompt`` (prompt/messages + any other columns)."""
@@ -34,7 +34,7 @@ class EvalSourceConfig(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     path: Path
-    """The JSONL file; a relative path is relative to the config file's directory."""
+    """The JSONL file; relative paths in a run config are relative to the current directory."""
     format: Format
 
 
@@ -66,7 +66,7 @@ class DataConfig(BaseModel):
     """Seed of the shuffles and of the source mixing."""
     cache_dir: Path | None = None
     """Where tokenized sources are cached; default ``.cache/astrai/data`` under the
-    current directory. A relative path given here is relative to the config file."""
+    current directory. A relative path given here is relative to the current directory."""
     max_prompt_len: int = Field(256, ge=1)
     """Prompt format: prompts with more tokens are skipped (with a warning)."""
 
@@ -86,7 +86,8 @@ class DataConfig(BaseModel):
 
     def resolve_paths(self, base_dir: str | Path) -> DataConfig:
         """A copy with relative source, eval and cache paths made absolute under
-        ``base_dir`` (the config file's directory); the default cache dir under the cwd."""
+        ``base_dir`` (`astrai train` passes the current directory); the default cache
+        dir under the cwd."""
         base = Path(base_dir)
 
         def resolve(path: Path) -> Path:

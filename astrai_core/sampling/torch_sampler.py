@@ -103,6 +103,16 @@ class _DecodeBatch:
         self.top_k = as_tensor([p.top_k if not p.greedy else 0 for p in params], torch.long)
         self.top_p = as_tensor([p.top_p if not p.greedy else 1.0 for p in params], torch.float32)
         self.min_p = as_tensor([p.min_p if not p.greedy else 0.0 for p in params], torch.float32)
+        self._refresh_flags()
+
+    def _refresh_flags(self) -> None:
+        """Python-side facts about the active rows, so a step skips work no row needs."""
+        params = [r.params for r in self.rows]
+        self.any_sampled = any(not p.greedy for p in params)
+        self.unit_temperature = all(p.greedy or p.temperature == 1.0 for p in params)
+        self.any_top_k = any(p.top_k > 0 and not p.greedy for p in params)
+        self.any_top_p = any(p.top_p < 1.0 and not p.greedy for p in params)
+        self.any_min_p = any(p.min_p > 0.0 and not p.greedy for p in params)
 
     # ---------------------------------------------------------------- loop
     def run(self) -> None:
@@ -150,9 +160,9 @@ class _DecodeBatch:
     def _choose(self, logits: Tensor) -> Tensor:
         """Next token of every row, and its log-prob appended to each request."""
         logits = logits.float()
-        scaled = logits / self.temperature[:, None]
+        scaled = logits if self.unit_temperature else logits / self.temperature[:, None]
         tokens = logits.argmax(dim=-1)
-        if any(r.rng is not None for r in self.rows):
+        if self.any_sampled:
             tokens = torch.where(self.greedy, tokens, self._sample(scaled))
         # From the unfiltered scaled logits: what the trainer computes for the same token.
         logprobs = (scaled.gather(-1, tokens[:, None]).squeeze(-1) - scaled.logsumexp(dim=-1)).tolist()
@@ -162,13 +172,12 @@ class _DecodeBatch:
 
     def _sample(self, scaled: Tensor) -> Tensor:
         """Inverse-CDF sampling with one uniform draw per row from the row's own stream."""
-        params = [r.params for r in self.rows]
         filtered = scaled
-        if any(p.top_k > 0 for p in params):
+        if self.any_top_k:
             filtered = top_k_filter(filtered, self.top_k)
-        if any(p.top_p < 1.0 for p in params):
+        if self.any_top_p:
             filtered = top_p_filter(filtered, self.top_p)
-        if any(p.min_p > 0.0 for p in params):
+        if self.any_min_p:
             filtered = min_p_filter(filtered, self.min_p)
         cdf = filtered.softmax(dim=-1).cumsum(dim=-1)
         uniform = torch.tensor([r.rng.random() if r.rng is not None else 0.0 for r in self.rows],
@@ -208,4 +217,5 @@ class _DecodeBatch:
         self.rows = [self.rows[i] for i in keep]
         for name in ("greedy", "temperature", "top_k", "top_p", "min_p"):
             setattr(self, name, getattr(self, name).index_select(0, rows))
+        self._refresh_flags()
         return full_mask.index_select(0, rows), next_position.index_select(0, rows), tokens.index_select(0, rows)

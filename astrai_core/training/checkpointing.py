@@ -24,6 +24,7 @@ from safetensors.torch import load_file, save_file
 from torch import nn
 
 from astrai_core.errors import CheckpointError
+from astrai_core.importers.base import HF_SOURCE_FILE
 from astrai_core.model.checkpoint import (
     atomic_directory,
     copy_tokenizer_files,
@@ -57,12 +58,18 @@ def restore_rng_state(state: dict[str, Any], backend: Any) -> None:
 
 def save_checkpoint(target: Path, *, model: nn.Module, tokenizer_dir: Path,
                     extra_modules: dict[str, nn.Module], training_state: dict[str, Any],
-                    summary: dict[str, Any]) -> Path:
-    """Write one complete checkpoint directory atomically."""
+                    summary: dict[str, Any], initial_model_dir: Path | None = None) -> Path:
+    """Write one complete checkpoint directory atomically.
+
+    ``initial_model_dir``: the checkpoint the run started from; its record of the original
+    Hugging Face config (``hf_source.json``) travels along so `astrai export` stays exact.
+    """
     with atomic_directory(target) as staging:
         write_config(model.config, staging)
         write_weights(model.state_dict(), staging, max_shard_bytes=2 * 1024**3)
         copy_tokenizer_files(tokenizer_dir, staging)
+        if initial_model_dir is not None and (initial_model_dir / HF_SOURCE_FILE).is_file():
+            shutil.copy2(initial_model_dir / HF_SOURCE_FILE, staging / HF_SOURCE_FILE)
         for name, module in extra_modules.items():
             tensors = {k: v.detach().contiguous() for k, v in module.state_dict().items()}
             save_file(tensors, str(staging / f"{name}.safetensors"))

@@ -47,6 +47,12 @@ class TrainContext:
     output_dir: Path
     _cache: dict[str, Any] = field(default_factory=dict)
 
+    @property
+    def initial_model_dir(self) -> Path | None:
+        """The checkpoint the run started from (None for a from-scratch model)."""
+        path = self.run_config.model.path
+        return Path(path) if path is not None else None
+
     # -- data -----------------------------------------------------------------------
     @property
     def data_config(self) -> Any:

@@ -78,6 +78,9 @@ class OnlineStrategy(Strategy):
     def _new_rollout(self, rollout: RolloutBatch) -> RolloutBatch:
         from astrai_core.rollout.forward import policy_forward
 
+        missing = self._check_behaviour_logprobs(rollout)
+        if missing:  # recompute_old_logprobs is on: the trainer's forward provides them
+            rollout.old_logprobs = torch.zeros(rollout.response_ids.shape)
         rollout = rollout.to(self.ctx.device)
         temperature = self.runner.logprob_temperature
         with torch.no_grad():
@@ -85,10 +88,11 @@ class OnlineStrategy(Strategy):
             trainer_logprobs = policy_forward(self.ctx.model, rollout, temperature)["logprobs"]
             self.ctx.model.train()
         mask = rollout.response_mask
-        diff = (trainer_logprobs - rollout.old_logprobs).abs()[mask]
         stats = rollout_metrics(rollout)
-        stats["rollout/logprob_diff_max"] = diff.max().item() if diff.numel() else 0.0
-        stats["rollout/logprob_diff_mean"] = diff.mean().item() if diff.numel() else 0.0
+        if not missing:
+            diff = (trainer_logprobs - rollout.old_logprobs).abs()[mask]
+            stats["rollout/logprob_diff_max"] = diff.max().item() if diff.numel() else 0.0
+            stats["rollout/logprob_diff_mean"] = diff.mean().item() if diff.numel() else 0.0
         if self.config.recompute_old_logprobs:
             rollout.old_logprobs = torch.where(mask, trainer_logprobs, 0.0)
         with torch.no_grad():
@@ -106,6 +110,20 @@ class OnlineStrategy(Strategy):
         stats["rollout/advantage_std"] = valid.std().item() if valid.numel() > 1 else 0.0
         self.rollout_stats = stats
         return rollout
+
+    def _check_behaviour_logprobs(self, rollout: RolloutBatch) -> bool:
+        """True when the rollout lacks behaviour log-probs and the trainer may supply them."""
+        old = rollout.old_logprobs
+        if old is not None and tuple(old.shape) == tuple(rollout.response_ids.shape):
+            return False
+        if not self.config.recompute_old_logprobs:
+            section = self.ctx.run_config.sampler
+            sampler = section.name if section is not None else "torch"
+            raise ConfigError(
+                f"the rollout carries no behaviour log-probs (sampler {sampler!r} returned "
+                "none for its tokens), so the old policy is unknown; set "
+                "strategy.recompute_old_logprobs: true to compute them with the trainer's model")
+        return True
 
     # -- batches ----------------------------------------------------------------------
     def train_batches(self) -> Iterator[RolloutBatch]:
@@ -149,8 +167,11 @@ class OnlineStrategy(Strategy):
 
     # -- checkpointing ----------------------------------------------------------------
     def state_dict(self) -> dict[str, Any]:
-        return {"prompts": self.prompt_loader.state_dict()}
+        # rollouts_drawn seeds the sampling and the mini-batch order of the next rollout.
+        return {"prompts": self.prompt_loader.state_dict(),
+                "rollouts_drawn": self.runner.rollouts_drawn}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         if "prompts" in state:
             self.prompt_loader.load_state_dict(state["prompts"])
+        self.runner.rollouts_drawn = int(state.get("rollouts_drawn", 0))

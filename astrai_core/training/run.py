@@ -39,6 +39,7 @@ def train(config: RunConfig, *, resume: bool = False, overwrite: bool = False) -
     registry = load_plugins()
     trainer_config = _section(TrainerConfig, config.trainer, ("trainer",), source)
     strategy_class, strategy_config = _strategy(registry, config, source)
+    _check_advantage(registry, config, strategy_class, source)
     device_params = component_params(registry, "device_backend", config.device.name,
                                      config.device.params, ("device",), source) \
         if config.device.name != "auto" else {}
@@ -68,6 +69,28 @@ def _strategy(registry: Registry, config: RunConfig, source: Any) -> tuple[type[
                               ("strategy",), source)
     strategy_class = registry.get("strategy", config.strategy.name).load()
     return strategy_class, strategy_class.Config.model_validate(params)
+
+
+def _check_advantage(registry: Registry, config: RunConfig, strategy_class: type[Strategy],
+                     source: Any) -> None:
+    """An online strategy's estimator (its `advantage:` section or its default), checked now."""
+    if not strategy_class.online:
+        return
+    section = config.advantage
+    if section is not None:
+        component_params(registry, "advantage_estimator", section.name, section.params,
+                         ("advantage",), source)
+        return
+    default = getattr(strategy_class, "default_advantage", None)
+    if default is None:
+        raise ConfigError(f"advantage: strategy {config.strategy.name!r} needs an "
+                          "`advantage: {name: ...}` section")
+    if not registry.has("advantage_estimator", default):
+        where = f"{source.where(('strategy', 'name'))}: " if source is not None else ""
+        raise ConfigError(
+            f"{where}strategy.name: {config.strategy.name!r} needs the advantage estimator "
+            f"{default!r} (its default; an `advantage:` section can choose another): "
+            f"{registry.unknown_message('advantage_estimator', default)}")
 
 
 def _section(model: type, data: dict[str, Any], path: tuple, source: Any) -> Any:

@@ -16,7 +16,8 @@ Hooks a strategy may override, in the order the trainer calls them::
     after_optimizer_step(step)    e.g. resync an old-policy model, publish weights
     evaluate()                    -> {"eval/...": value}
     state_dict() / load_state_dict(state)   whatever exact resume needs
-    extra_modules()               modules to checkpoint besides the policy (a critic)
+    extra_modules()               modules trained by the trainer's optimizer, checkpointed
+    checkpoint_modules()          modules with their own optimizer, checkpointed (a critic)
 """
 
 from __future__ import annotations
@@ -79,6 +80,15 @@ class Strategy:
     # -- checkpointing --------------------------------------------------------------
     def extra_modules(self) -> dict[str, nn.Module]:
         """Trainable modules besides the policy, saved as ``<name>.safetensors``."""
+        return {}
+
+    def checkpoint_modules(self) -> dict[str, nn.Module]:
+        """Modules the strategy optimizes itself (a critic with its own optimizer and lr).
+
+        Saved as ``<name>.safetensors`` and restored on resume like :meth:`extra_modules`,
+        but kept out of the trainer's optimizer and gradient clipping; their optimizer
+        state belongs in :meth:`state_dict`.
+        """
         return {}
 
     def state_dict(self) -> dict[str, Any]:

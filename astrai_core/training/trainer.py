@@ -47,7 +47,7 @@ class Trainer:
         """Restore the newest complete checkpoint; returns its step."""
         directory = ckpt.latest_checkpoint(self.ctx.output_dir)
         ckpt.load_model_weights(self.ctx.model, directory)
-        ckpt.load_extra_modules(directory, self.strategy.extra_modules())
+        ckpt.load_extra_modules(directory, self._saved_modules())
         state = ckpt.load_training_state(directory)
         self.optimizer.load_state_dict(state["optimizer"])
         self.scheduler.load_state_dict(state["scheduler"])
@@ -69,10 +69,15 @@ class Trainer:
             "rng": ckpt.rng_state(self.ctx.backend),
         }
         ckpt.save_checkpoint(target, model=self.ctx.model, tokenizer_dir=self.ctx.tokenizer_dir,
-                             extra_modules=self.strategy.extra_modules(), training_state=state,
-                             summary={"step": self.step, "max_steps": self.cfg.max_steps})
+                             extra_modules=self._saved_modules(), training_state=state,
+                             summary={"step": self.step, "max_steps": self.cfg.max_steps},
+                             initial_model_dir=self.ctx.initial_model_dir)
         ckpt.prune_checkpoints(self.ctx.output_dir, self.cfg.keep_last)
         log.info("checkpoint saved", path=str(target))
+
+    def _saved_modules(self) -> dict[str, torch.nn.Module]:
+        """Every strategy module a checkpoint holds besides the policy."""
+        return {**self.strategy.extra_modules(), **self.strategy.checkpoint_modules()}
 
     # -- the loop -------------------------------------------------------------------
     def fit(self, resume: bool = False) -> dict[str, Any]:

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from astrai_core import AdvantageEstimatorSpec, hookimpl
+from astrai_core import AdvantageEstimatorSpec, StrategySpec, hookimpl
 
 
 @hookimpl
@@ -13,5 +13,17 @@ def astrai_advantage_estimators() -> list[AdvantageEstimatorSpec]:
             target="astrai_plugin_grpo.advantage:GRPOAdvantage",
             summary="group-normalized rewards: (r - group mean) / group std "
             "(scale: none = Dr. GRPO)",
+        )
+    ]
+
+
+@hookimpl
+def astrai_strategies() -> list[StrategySpec]:
+    return [
+        StrategySpec(
+            name="grpo",
+            target="astrai_plugin_grpo.strategy:GRPO",
+            summary="GRPO: token-level PPO-clip on group-normalized advantages, online or offline",
+            default_advantage="grpo",
         )
     ]

@@ -1,0 +1,77 @@
+"""Sequence log-probs of preference pairs, and pairs picked from an online rollout."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from torch import Tensor
+
+from astrai_core.rl.functional import token_logprobs
+from astrai_core.rollout.batch import RolloutBatch
+from astrai_core.rollout.forward import policy_forward
+from astrai_plugin_dpo.losses import sequence_logprobs
+
+SIDES = ("chosen", "rejected")
+
+
+def dataset_pair_logprobs(model: torch.nn.Module, batch: dict[str, Tensor]
+                          ) -> tuple[Tensor, Tensor, Any, Tensor]:
+    """(chosen [B], rejected [B], MoE aux loss, response token count) of a preference batch.
+
+    Both sides go through one forward. A sequence's log-prob is the sum of its response
+    tokens' log-probs (``loss_mask``); the prompt attends but carries no loss, and padding
+    is known from ``attention_mask`` alone.
+    """
+    def both(name: str) -> Tensor:
+        return torch.cat([batch[f"{side}_{name}"] for side in SIDES])
+
+    input_ids, attention_mask = both("input_ids"), both("attention_mask")
+    out = model(input_ids, attention_mask=attention_mask, position_ids=both("position_ids"))
+    # loss_mask[b, t]: token t is a target predicted from position t - 1.
+    targets = both("loss_mask")[:, 1:].bool() & attention_mask[:, 1:].bool()
+    logps = sequence_logprobs(token_logprobs(out["logits"][:, :-1], input_ids[:, 1:]), targets)
+    pairs = batch["chosen_input_ids"].shape[0]
+    return logps[:pairs], logps[pairs:], out.get("aux_loss"), targets.sum()
+
+
+def rollout_pair_logprobs(model: torch.nn.Module, pairs: RolloutBatch
+                          ) -> tuple[Tensor, Tensor, Any, Tensor]:
+    """The same for online pairs: rows ``[:n]`` chosen, ``[n:]`` rejected (see
+    :func:`select_pairs`); log-probs at temperature 1 (the policy's own distribution)."""
+    out = policy_forward(model, pairs, temperature=1.0)
+    logps = sequence_logprobs(out["logprobs"], pairs.response_mask)
+    half = len(pairs) // 2
+    return logps[:half], logps[half:], out.get("aux_loss"), pairs.response_mask.sum()
+
+
+def best_and_worst(rollout: RolloutBatch) -> tuple[list[int], list[int]]:
+    """Row indices of each group's highest- and lowest-reward completion.
+
+    Groups whose rewards all tie give no preference and are skipped; among tied best (or
+    worst) completions the first is taken.
+    """
+    chosen, rejected = [], []
+    group_ids = rollout.group_ids.tolist()
+    for group in dict.fromkeys(group_ids):
+        rows = torch.tensor([i for i, g in enumerate(group_ids) if g == group])
+        rewards = rollout.rewards[rows]
+        if rewards.max() == rewards.min():
+            continue
+        chosen.append(int(rows[rewards.argmax()]))
+        rejected.append(int(rows[rewards.argmin()]))
+    return chosen, rejected
+
+
+def pair_micro_batches(rollout: RolloutBatch, chosen: list[int], rejected: list[int],
+                       count: int) -> list[RolloutBatch]:
+    """``count`` batches of consecutive pairs (sizes differing by at most one; needs
+    ``len(chosen) >= count``), each ``[its chosen rows, its rejected rows]``."""
+    if len(chosen) < count:
+        raise ValueError(f"{len(chosen)} pairs cannot fill {count} micro-batches")
+    batches, start = [], 0
+    for index in range(count):
+        end = start + len(chosen) // count + (index < len(chosen) % count)
+        batches.append(rollout.select(chosen[start:end] + rejected[start:end]))
+        start = end
+    return batches
