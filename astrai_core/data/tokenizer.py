@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import hashlib
+import warnings
 from pathlib import Path
 from typing import Any
 
@@ -29,7 +30,11 @@ def load_tokenizer(directory: str | Path) -> Any:
     from transformers import AutoTokenizer
 
     try:
-        tokenizer = AutoTokenizer.from_pretrained(str(directory), trust_remote_code=False)
+        with warnings.catch_warnings():
+            # AutoTokenizer also parses config.json, which in a native checkpoint is an
+            # astrai config: transformers' complaints about its fields are not the user's.
+            warnings.simplefilter("ignore", FutureWarning)
+            tokenizer = AutoTokenizer.from_pretrained(str(directory), trust_remote_code=False)
     except (OSError, ValueError) as err:
         raise DataError(f"cannot load the tokenizer in {directory}: {err}") from None
     if len(tokenizer) == 0:

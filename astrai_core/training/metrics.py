@@ -80,13 +80,18 @@ class Progress:
 
 
 class Throughput:
-    """Tokens per second over the last optimizer step."""
+    """Wall time and tokens per second of the last optimizer step (generation included)."""
 
     def __init__(self) -> None:
         self._start = time.perf_counter()
 
-    def lap(self, tokens: float) -> float:
+    def restart(self) -> None:
+        """Start timing anew (so evaluation and saving are not charged to the next step)."""
+        self._start = time.perf_counter()
+
+    def lap(self, tokens: float) -> tuple[float, float]:
+        """(seconds since the previous lap, tokens per second over them)."""
         now = time.perf_counter()
-        rate = tokens / max(now - self._start, 1e-9)
+        seconds = max(now - self._start, 1e-9)
         self._start = now
-        return rate
+        return seconds, tokens / seconds

@@ -58,10 +58,22 @@ def train(config: RunConfig, *, resume: bool = False, overwrite: bool = False) -
                            backend=backend, device=device, model=model, tokenizer=tokenizer,
                            tokenizer_dir=tokenizer_dir, base_dir=Path.cwd(),
                            output_dir=output_dir)
+    _check_components(context)
     strategy = strategy_class(strategy_config, context)
     log.info("training", strategy=config.strategy.name, device=str(device),
              parameters=sum(p.numel() for p in model.parameters()), output_dir=str(output_dir))
     return Trainer(context, strategy).fit(resume=resume)
+
+
+def _check_components(context: TrainContext) -> None:
+    """Build the sections that are only used later, so their mistakes surface now."""
+    config = context.run_config
+    if config.rewards:
+        context.rewards()
+    if config.sampler is not None:
+        context.sampler_options()
+    if config.advantage is not None:
+        context.advantage_estimator(None)
 
 
 def _strategy(registry: Registry, config: RunConfig, source: Any) -> tuple[type[Strategy], Any]:

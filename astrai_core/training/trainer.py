@@ -96,7 +96,9 @@ class Trainer:
                 metrics = self._train_step(batches)
                 self.step += 1
                 self.strategy.after_optimizer_step(self.step)
-                metrics["throughput/tokens_per_s"] = throughput.lap(metrics.get("tokens", 0))
+                seconds, tokens_per_s = throughput.lap(metrics.get("tokens", 0))
+                metrics["time/step_seconds"] = seconds
+                metrics["throughput/tokens_per_s"] = tokens_per_s
                 if self._due(self.cfg.eval_every):
                     metrics.update(self._evaluate())
                 if self._due(self.cfg.save_every):
@@ -106,6 +108,7 @@ class Trainer:
                 progress.update(self.step, float(metrics["loss"]),
                                 metrics["throughput/tokens_per_s"])
                 last = metrics
+                throughput.restart()
         finally:
             progress.close()
         return last

@@ -1,0 +1,154 @@
+"""Time per GRPO step: astrai vs TRL's GRPOTrainer (HF generation, no vLLM), on CPU.
+
+Both train the same Llama-shaped model (built with transformers, imported into astrai),
+on the same prompts, with the same prompts per step, group size, completion length
+(forced: no early stop), learning rate and loss (token-mean PPO-clip, no KL), and the
+same reward function (TRL's calling convention, which astrai shares). A step is one
+rollout + one optimizer step. Prints the median step time of each and the ratio.
+
+    .venv/bin/python bench/bench_grpo_trl.py [--steps 6] [--prompts 8] [--group 8] [--tokens 16]
+
+TRL is a benchmark-only dependency: `make bench` installs bench/requirements.txt.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import torch
+import yaml
+
+REPO = Path(__file__).resolve().parents[1]
+TOKENIZER = REPO / "examples" / "arith" / "tokenizer"
+
+
+def digit_reward(prompts, completions, **columns):
+    """Fraction of digits in the completion: cheap, and the same for both trainers."""
+    return [sum(c.isdigit() for c in text) / max(len(text), 1) for text in completions]
+
+
+def make_model(directory: Path, size: str) -> None:
+    from transformers import AutoTokenizer, LlamaConfig, LlamaForCausalLM
+
+    tokenizer = AutoTokenizer.from_pretrained(str(TOKENIZER))
+    dims = {"small": (256, 4, 688), "tiny": (128, 2, 344)}[size]
+    config = LlamaConfig(vocab_size=len(tokenizer), hidden_size=dims[0], num_hidden_layers=dims[1],
+                         intermediate_size=dims[2], num_attention_heads=8, num_key_value_heads=4,
+                         max_position_embeddings=256, tie_word_embeddings=True,
+                         bos_token_id=None, eos_token_id=tokenizer.eos_token_id,
+                         pad_token_id=tokenizer.pad_token_id)
+    torch.manual_seed(0)
+    LlamaForCausalLM(config).save_pretrained(str(directory))
+    tokenizer.save_pretrained(str(directory))
+
+
+def prompts(count: int) -> list[str]:
+    import random
+
+    rng = random.Random(0)
+    return [f"<|user|>{rng.randint(0, 99)}+{rng.randint(0, 99)}=<|end|><|assistant|>"
+            for _ in range(count)]
+
+
+def time_trl(model_dir: Path, work: Path, args: argparse.Namespace) -> list[float]:
+    from datasets import Dataset
+    from transformers import AutoModelForCausalLM, AutoTokenizer, TrainerCallback
+    from trl import GRPOConfig, GRPOTrainer
+
+    stamps: list[float] = []
+
+    class Stamp(TrainerCallback):
+        def on_step_end(self, *unused, **kwargs):
+            stamps.append(time.perf_counter())
+
+    tokenizer = AutoTokenizer.from_pretrained(str(model_dir))
+    config = GRPOConfig(
+        output_dir=str(work / "trl"), use_cpu=True, report_to="none", logging_steps=1,
+        max_steps=args.steps, learning_rate=args.lr, lr_scheduler_type="constant",
+        warmup_steps=0, per_device_train_batch_size=args.prompts * args.group,
+        num_generations=args.group, max_completion_length=args.tokens, temperature=1.0,
+        beta=0.0, loss_type="dapo", epsilon=0.2, save_strategy="no", seed=0,
+        generation_kwargs={"min_new_tokens": args.tokens}, max_grad_norm=1.0,
+        dataloader_num_workers=0,
+    )
+    dataset = Dataset.from_list([{"prompt": p} for p in prompts(args.prompts * args.steps)])
+    trainer = GRPOTrainer(model=AutoModelForCausalLM.from_pretrained(str(model_dir)),
+                          reward_funcs=digit_reward, args=config, train_dataset=dataset,
+                          processing_class=tokenizer, callbacks=[Stamp()])
+    start = time.perf_counter()
+    trainer.train()
+    return [b - a for a, b in zip([start] + stamps[:-1], stamps)]
+
+
+def time_astrai(model_dir: Path, work: Path, args: argparse.Namespace) -> list[float]:
+    from astrai_core.config import load_config
+    from astrai_core.training.run import train
+
+    data = work / "prompts.jsonl"
+    data.write_text("".join(json.dumps({"prompt": p}) + "\n"
+                            for p in prompts(args.prompts * args.steps)))
+    native = work / "native"
+    from astrai_core.importers.select import importer_for_hf_dir
+    from astrai_core.plugins import load_plugins
+
+    importer_for_hf_dir(load_plugins(), model_dir).import_checkpoint(model_dir, native)
+    config = {
+        "output_dir": str(work / "astrai"),
+        "model": {"path": str(native)},
+        "data": {"sources": [{"path": str(data), "format": "prompt"}], "batch_size": args.prompts,
+                 "shuffle": False, "cache_dir": str(work / "cache")},
+        "strategy": {"name": "grpo", "group_size": args.group, "eps_low": 0.2, "eps_high": 0.2,
+                     "loss_aggregation": "token-mean"},
+        "rewards": [{"name": f"{Path(__file__).stem}:digit_reward"}],
+        "sampler": {"name": "torch", "temperature": 1.0, "max_new_tokens": args.tokens,
+                    "max_batch_size": args.prompts * args.group},
+        "device": {"name": "cpu"},
+        "trainer": {"max_steps": args.steps, "lr": args.lr, "schedule": "constant",
+                    "max_grad_norm": 1.0, "eval_at_start": False, "save_every": 0,
+                    "progress": False},
+    }
+    path = work / "astrai.yaml"
+    path.write_text(yaml.safe_dump(config))
+    sys.path.insert(0, str(Path(__file__).parent))  # the reward is `bench_grpo_trl:digit_reward`
+    train(load_config(path))
+    records = [json.loads(line) for line in (work / "astrai" / "metrics.jsonl").read_text()
+               .splitlines()]
+    return [r["time/step_seconds"] for r in records if "time/step_seconds" in r]
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--steps", type=int, default=6)
+    parser.add_argument("--prompts", type=int, default=8, help="prompts per step")
+    parser.add_argument("--group", type=int, default=8, help="completions per prompt")
+    parser.add_argument("--tokens", type=int, default=16, help="completion length")
+    parser.add_argument("--size", choices=("tiny", "small"), default="small")
+    parser.add_argument("--lr", type=float, default=1e-5)
+    parser.add_argument("--threads", type=int, default=None)
+    args = parser.parse_args()
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    with tempfile.TemporaryDirectory() as tmp:
+        work = Path(tmp)
+        model_dir = work / "hf"
+        make_model(model_dir, args.size)
+        astrai_steps = time_astrai(model_dir, work, args)
+        trl_steps = time_trl(model_dir, work, args)
+    # the first step of each pays one-off costs (allocation, first kernels)
+    astrai_median = statistics.median(astrai_steps[1:] or astrai_steps)
+    trl_median = statistics.median(trl_steps[1:] or trl_steps)
+    print(f"GRPO step, {args.size} model, {args.prompts} prompts x {args.group} completions x "
+          f"{args.tokens} tokens, {torch.get_num_threads()} threads, CPU")
+    print(f"  astrai: {astrai_median:.3f} s/step   (steps: {', '.join(f'{s:.2f}' for s in astrai_steps)})")
+    print(f"  TRL   : {trl_median:.3f} s/step   (steps: {', '.join(f'{s:.2f}' for s in trl_steps)})")
+    print(f"  astrai / TRL time ratio: {astrai_median / trl_median:.2f} (target <= 0.5)")
+
+
+if __name__ == "__main__":
+    main()
