@@ -1,0 +1,96 @@
+"""Starting a vLLM engine on an astrai policy.
+
+The policy is exported to a Hugging Face directory with its importer's
+``export_checkpoint`` (the same code as ``astrai export``), and ``vllm.LLM`` loads that
+directory with an explicit dtype: left to ``auto``, vLLM downcasts float32 checkpoints
+to bfloat16 without a word, and the sampler's log-probs would no longer match the
+trainer's. vLLM is imported here, never by the plugin's hook module.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from astrai_core.log import get_logger
+
+log = get_logger(__name__)
+
+DTYPE_NAMES = {torch.float32: "float32", torch.bfloat16: "bfloat16", torch.float16: "float16"}
+
+
+def export_policy(model: torch.nn.Module, native_dir: Path | None, work_dir: Path,
+                  model_type: str | None = None) -> Path:
+    """A Hugging Face directory holding ``model`` (written under ``work_dir``).
+
+    ``native_dir`` is the native checkpoint the model was loaded from, if any: its export
+    keeps the original ``config.json``. A live model is first saved as a native checkpoint.
+    """
+    from astrai_core.importers.select import export_model_type, load_importer
+    from astrai_core.model import save_pretrained
+    from astrai_core.plugins import load_plugins
+
+    if native_dir is None:
+        native_dir = save_pretrained(model, work_dir / "native")
+    model_type = model_type or export_model_type(native_dir)
+    importer = load_importer(load_plugins(), model_type=model_type)
+    return importer.export_checkpoint(native_dir, work_dir / "hf", model_type=model_type)
+
+
+def policy_dtype(model: torch.nn.Module) -> str:
+    """vLLM's name for the dtype of the policy's floating-point weights."""
+    dtypes = {p.dtype for p in model.parameters() if p.is_floating_point()}
+    if len(dtypes) != 1:
+        raise ValueError(f"the policy mixes weight dtypes {sorted(map(str, dtypes))}; pass the "
+                         "sampler's `dtype` option explicitly")
+    dtype = dtypes.pop()
+    if dtype not in DTYPE_NAMES:
+        raise ValueError(f"vLLM cannot run weights of dtype {dtype}")
+    return DTYPE_NAMES[dtype]
+
+
+def start_engine(hf_dir: Path, *, dtype: str, multiprocess: bool, cpu_kv_cache_gib: int | None,
+                 engine_args: dict[str, Any]) -> Any:
+    """A ``vllm.LLM`` over ``hf_dir`` that takes token ids and reports processed log-probs.
+
+    ``multiprocess=False`` keeps the engine core in this process (it starts in seconds
+    and takes weights as tensors); otherwise vLLM runs it in its own process.
+    """
+    import vllm.envs
+
+    settings = {"VLLM_ENABLE_V1_MULTIPROCESSING": "1" if multiprocess else "0"}
+    if cpu_kv_cache_gib is not None:
+        settings["VLLM_CPU_KVCACHE_SPACE"] = str(cpu_kv_cache_gib)
+    # vLLM caches its environment after the first engine starts; a second engine in
+    # this process must see the settings chosen for it.
+    getattr(vllm.envs, "disable_envs_cache", lambda: None)()
+    with _environment(settings):
+        from vllm import LLM
+
+        log.info("starting vLLM", model=str(hf_dir), dtype=dtype, multiprocess=multiprocess,
+                 **{k: v for k, v in engine_args.items() if v is not None})
+        return LLM(model=str(hf_dir), dtype=dtype,
+                   skip_tokenizer_init=True,          # token ids in, token ids out
+                   logprobs_mode="processed_logprobs",  # temperature-scaled (see sampler.py)
+                   generation_config="vllm",          # no sampling defaults from the checkpoint
+                   **{k: v for k, v in engine_args.items() if v is not None})
+
+
+@contextmanager
+def _environment(settings: dict[str, str]) -> Iterator[None]:
+    """Set environment variables for the engine's start, then restore them."""
+    previous = {key: os.environ.get(key) for key in settings}
+    os.environ.update(settings)
+    try:
+        yield
+    finally:
+        for key, value in previous.items():
+            if value is None:
+                os.environ.pop(key, None)
+            else:
+                os.environ[key] = value

@@ -1,0 +1,218 @@
+"""The ``vllm`` sampler: the sampler contract on a vLLM engine.
+
+``VllmSampler(model=..., tokenizer=None, **engine options)`` exports the policy to a
+Hugging Face directory and starts ``vllm.LLM`` on it (in this process by default).
+``generate`` maps astrai's SamplingParams onto vLLM's and returns the same
+:class:`~astrai_core.sampling.params.Completion` records as the torch sampler;
+``update_weights`` pushes the policy's weights into the running engine (no restart) and
+resets its prefix cache, whose KV blocks were computed with the old weights.
+
+Log-probs follow the contract (temperature-scaled, before top-k/top-p/min-p): vLLM's
+``processed_logprobs`` for unfiltered requests, the trainer's forward for filtered ones
+(see :mod:`astrai_plugin_vllm.logprobs`).
+"""
+
+from __future__ import annotations
+
+import os
+import tempfile
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any, Literal
+
+import torch
+from pydantic import Field
+
+from astrai_core.importers.base import PER_EXPERT
+from astrai_core.sampling.params import Completion, SamplingParams
+from astrai_core.sampling.requests import Request, expand_requests
+from astrai_plugin_vllm import engine as engine_lib
+from astrai_plugin_vllm import weights as weights_lib
+from astrai_plugin_vllm.logprobs import is_truncated, trainer_logprobs
+
+TokenCallback = Callable[[int, int], None]  # (completion index, token id)
+
+
+class VllmSampler:
+    """A vLLM engine behind the sampler contract; see the module docstring."""
+
+    class Config(SamplingParams):
+        """The ``sampler:`` section: default SamplingParams plus these engine options."""
+
+        dtype: Literal["float32", "bfloat16", "float16"] | None = Field(
+            None, description="engine dtype; default: the policy's (never vLLM's 'auto')")
+        gpu_memory_utilization: float = Field(0.9, gt=0.0, le=1.0)
+        tensor_parallel_size: int = Field(1, ge=1)
+        max_model_len: int | None = Field(None, ge=1, description="default: the model's")
+        max_num_seqs: int | None = Field(None, ge=1, description="sequences decoded together")
+        enforce_eager: bool = Field(False, description="no torch.compile / CUDA graphs")
+        engine_seed: int = Field(0, description="vLLM's own seed (requests carry their own)")
+        enable_prefix_caching: bool = True
+        multiprocess: bool = Field(False, description="run the engine core in its own process "
+                                   "(weights then travel as safetensors bytes)")
+        cpu_kv_cache_gib: int | None = Field(None, ge=1, description="KV cache size on CPU, "
+                                             "whole GiB (VLLM_CPU_KVCACHE_SPACE)")
+        model_type: str | None = Field(None, description="Hugging Face model_type to export as")
+        fix_cpu_moe_reload: bool | None = Field(
+            None, description="re-prepack CPU MoE experts after a weight push; None: where "
+            "the installed vLLM needs it (0.31-0.32 on CPU)")
+        engine_kwargs: dict[str, Any] = Field(default_factory=dict,
+                                              description="more vllm.LLM keyword arguments")
+
+    def __init__(self, model: torch.nn.Module | str | os.PathLike, tokenizer: Any = None, *,
+                 dtype: str | None = None, gpu_memory_utilization: float = 0.9,
+                 tensor_parallel_size: int = 1, max_model_len: int | None = None,
+                 max_num_seqs: int | None = None, enforce_eager: bool = False,
+                 engine_seed: int = 0, enable_prefix_caching: bool = True,
+                 multiprocess: bool = False, cpu_kv_cache_gib: int | None = None,
+                 model_type: str | None = None, fix_cpu_moe_reload: bool | None = None,
+                 engine_kwargs: dict[str, Any] | None = None) -> None:
+        native_dir = None
+        if isinstance(model, (str, os.PathLike)):
+            from astrai_core.model import load_pretrained
+
+            native_dir = Path(model)
+            model = load_pretrained(native_dir)
+        self.model = model            # the policy: log-prob recomputation and weight pushes
+        self.tokenizer = tokenizer
+        self.policy_version = 0
+        self.multiprocess = multiprocess
+        self._work_dir = tempfile.TemporaryDirectory(prefix="astrai-vllm-")
+        hf_dir = engine_lib.export_policy(model, native_dir, Path(self._work_dir.name), model_type)
+        self._importer = _importer_for(hf_dir)
+        engine_args = dict(gpu_memory_utilization=gpu_memory_utilization,
+                           tensor_parallel_size=tensor_parallel_size, max_model_len=max_model_len,
+                           max_num_seqs=max_num_seqs, enforce_eager=enforce_eager, seed=engine_seed,
+                           enable_prefix_caching=enable_prefix_caching,
+                           worker_extension_cls=weights_lib.EXTENSION, **(engine_kwargs or {}))
+        self.engine = engine_lib.start_engine(
+            hf_dir, dtype=dtype or engine_lib.policy_dtype(model), multiprocess=multiprocess,
+            cpu_kv_cache_gib=cpu_kv_cache_gib, engine_args=engine_args)
+        self.fix_cpu_moe_reload = (weights_lib.cpu_moe_reload_bug_present()
+                                   if fix_cpu_moe_reload is None else fix_cpu_moe_reload)
+
+    # ---------------------------------------------------------------- weights
+    def update_weights(self, state_dict: dict[str, torch.Tensor] | None = None) -> int:
+        """Push new weights into the running engine; returns the new policy version.
+
+        ``state_dict`` (native names, complete) is first loaded into the policy this
+        sampler holds; None means that policy was updated in place (the trainer's model).
+        """
+        if state_dict is not None:
+            from astrai_core.model.checkpoint import load_state_dict_strict
+
+            with torch.no_grad():
+                load_state_dict_strict(self.model, state_dict, "update_weights(state_dict)")
+        tensors = weights_lib.hf_weights(self._importer, self.model, PER_EXPERT)
+        payload = weights_lib.serialize(tensors) if self.multiprocess else tensors
+        self.engine.collective_rpc("astrai_reload_weights", args=(payload, self.fix_cpu_moe_reload))
+        self.engine.reset_prefix_cache()  # cached KV blocks hold the old weights' keys/values
+        self.policy_version += 1
+        return self.policy_version
+
+    # ---------------------------------------------------------------- generation
+    def generate(self, prompts: Sequence[Sequence[int]],
+                 params: SamplingParams | Sequence[SamplingParams],
+                 on_token: TokenCallback | None = None) -> list[Completion]:
+        """Completions for each prompt (``n`` per prompt, grouped in prompt order).
+
+        ``on_token`` is called with (completion index, token id) for every token once
+        the engine has produced the batch (vLLM's offline API does not stream).
+        """
+        from vllm.inputs import TokensPrompt
+
+        requests = expand_requests(prompts, params)
+        if self.tokenizer is None and any(r.params.stop for r in requests):
+            raise ValueError("stop strings need a tokenizer: VllmSampler(model, tokenizer=...)")
+        outputs = self.engine.generate([TokensPrompt(prompt_token_ids=r.prompt_ids) for r in requests],
+                                       [_vllm_params(r) for r in requests], use_tqdm=False)
+        for request, output in zip(requests, outputs, strict=True):
+            self._record(request, output.outputs[0])
+        self._recompute_truncated(requests)
+        if on_token is not None:
+            for request in requests:
+                for token in request.token_ids:
+                    on_token(request.index, token)
+        return [self._completion(r) for r in requests]
+
+    def _record(self, request: Request, sequence: Any) -> None:
+        if sequence.finish_reason not in ("stop", "length"):
+            raise RuntimeError(f"vLLM ended a request with finish_reason={sequence.finish_reason!r}")
+        request.token_ids = list(sequence.token_ids)
+        request.logprobs = [step[token].logprob for step, token in
+                            zip(sequence.logprobs, request.token_ids, strict=True)]
+        request.finish_reason = sequence.finish_reason
+        if request.params.stop:
+            self._cut_at_stop_string(request)
+
+    def _cut_at_stop_string(self, request: Request) -> None:
+        """End at the first token whose text completes a stop string, as the torch sampler does.
+
+        The engine has no tokenizer, so it ran on; the tokens up to that point are the
+        ones it would have produced had it stopped there.
+        """
+        for length in range(1, len(request.token_ids) + 1):
+            text = self.tokenizer.decode(request.token_ids[:length], skip_special_tokens=True)
+            found = [at for at in (text.find(stop) for stop in request.params.stop) if at >= 0]
+            if found:
+                request.stop_text_at = min(found)
+                del request.token_ids[length:], request.logprobs[length:]
+                request.finish_reason = "stop"
+                return
+
+    def _recompute_truncated(self, requests: list[Request]) -> None:
+        """Contract log-probs for filtered requests, from the trainer's forward (per temperature)."""
+        truncated = [r for r in requests if is_truncated(r.params) and r.token_ids]
+        for temperature in sorted({r.params.temperature for r in truncated}):
+            group = [r for r in truncated if r.params.temperature == temperature]
+            values = trainer_logprobs(self.model, [r.prompt_ids for r in group],
+                                      [r.token_ids for r in group], temperature)
+            for request, logprobs in zip(group, values, strict=True):
+                request.logprobs = logprobs
+
+    def _completion(self, request: Request) -> Completion:
+        text = None
+        if self.tokenizer is not None:
+            text = self.tokenizer.decode(request.token_ids, skip_special_tokens=True)
+            if request.stop_text_at is not None:
+                text = text[:request.stop_text_at]
+        return Completion(token_ids=request.token_ids, logprobs=request.logprobs,
+                          finish_reason=request.finish_reason or "length", text=text,
+                          prompt_index=request.prompt_index)
+
+    # ---------------------------------------------------------------- lifetime
+    def close(self) -> None:
+        """Stop the engine and remove the exported weights."""
+        engine = self.__dict__.pop("engine", None)
+        if engine is not None:
+            shutdown = getattr(getattr(engine, "llm_engine", None), "engine_core", None)
+            if shutdown is not None and hasattr(shutdown, "shutdown"):
+                shutdown.shutdown()
+            del engine
+        self._work_dir.cleanup()
+
+
+def _vllm_params(request: Request) -> Any:
+    """vLLM's SamplingParams for one completion (n=1: astrai expands n itself)."""
+    from vllm import SamplingParams as VllmSamplingParams
+
+    params = request.params
+    greedy = params.greedy
+    # The request's own stream gives its vLLM seed: seeded requests reproduce, unseeded
+    # ones follow torch's global generator (torch.manual_seed makes a run repeatable).
+    seed = request.rng.getrandbits(63) if request.rng is not None else None
+    return VllmSamplingParams(
+        n=1, max_tokens=params.max_new_tokens, temperature=params.temperature,
+        top_k=0 if greedy else params.top_k, top_p=1.0 if greedy else params.top_p,
+        min_p=0.0 if greedy else params.min_p, seed=seed,
+        stop_token_ids=list(params.stop_token_ids), ignore_eos=True, logprobs=0,
+        detokenize=False)
+
+
+def _importer_for(hf_dir: Path) -> Any:
+    """The importer of the exported directory's model_type (for the weight names)."""
+    from astrai_core.importers.hf_files import read_hf_config
+    from astrai_core.importers.select import load_importer
+    from astrai_core.plugins import load_plugins
+
+    return load_importer(load_plugins(), model_type=read_hf_config(hf_dir)["model_type"])

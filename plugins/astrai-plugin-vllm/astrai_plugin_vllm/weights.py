@@ -1,0 +1,79 @@
+"""Pushing new policy weights into a running vLLM engine.
+
+The weights travel under their Hugging Face names (the importer's tensor map) and go
+through vLLM's own ``reload_weights`` (layerwise reload): on CPU vLLM repacks linear
+weights after loading, so a parameter-by-parameter ``load_weights`` fails ("'Parameter'
+object has no attribute 'weight_loader'") and copying into parameters is silently
+ignored. The whole model is pushed every time: a partial fused group (q without k and
+v, gate without up) would leave uninitialised memory that poisons the KV cache.
+
+vLLM 0.31-0.32 on CPU prepacks MoE expert weights only on the first load; after a
+reload they stay in checkpoint layout and the experts compute garbage without any
+error. :func:`repack_cpu_moe_experts` redoes that prepack.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+EXTENSION = "astrai_plugin_vllm.weights.WeightSyncExtension"
+
+# (major, minor) releases whose CPU MoE experts are left unpacked after a reload.
+CPU_MOE_RELOAD_BUG = {(0, 31), (0, 32)}
+
+
+def hf_weights(importer: Any, model: torch.nn.Module, moe_layout: str) -> dict[str, torch.Tensor]:
+    """The policy's full state under Hugging Face names (what vLLM's loaders expect)."""
+    state = {name: tensor.detach() for name, tensor in model.state_dict().items()}
+    return importer.state_dict_to_hf(model.config, state, moe_layout)
+
+
+def serialize(weights: dict[str, torch.Tensor]) -> bytes:
+    """Safetensors bytes: tensors do not pickle across vLLM's engine processes."""
+    from safetensors.torch import save
+
+    return save({name: t.detach().cpu().contiguous() for name, t in weights.items()})
+
+
+class WeightSyncExtension:
+    """Mixed into vLLM's worker class (``worker_extension_cls``), so the weight push is a
+    named RPC that works in-process (tensors) and across processes (bytes)."""
+
+    def astrai_reload_weights(self, weights: dict[str, torch.Tensor] | bytes, repack_moe: bool) -> int:
+        """Reload every weight in place; returns how many MoE layers were repacked."""
+        if isinstance(weights, (bytes, bytearray, memoryview)):
+            from safetensors.torch import load
+
+            weights = load(bytes(weights))
+        self.reload_weights(weights_iterator=iter(weights.items()), is_checkpoint_format=True)
+        return repack_cpu_moe_experts(self.get_model()) if repack_moe else 0
+
+
+def repack_cpu_moe_experts(model: torch.nn.Module) -> int:
+    """Prepack the CPU MoE experts' weights again (after a reload); returns how many layers."""
+    from vllm._custom_ops import cpu_prepack_moe_weight
+    from vllm.model_executor.layers.fused_moe.experts.cpu_moe import CPUUnquantizedExperts
+
+    repacked = 0
+    for module in model.modules():
+        kernel = getattr(getattr(module, "quant_method", None), "moe_kernel", None)
+        experts = getattr(kernel, "fused_experts", None)
+        if not isinstance(experts, CPUUnquantizedExperts) or getattr(experts, "_use_zentorch", False):
+            continue
+        for name in ("w13_weight", "w2_weight"):
+            weight = getattr(module, name)
+            weight.data.copy_(cpu_prepack_moe_weight(weight.data, experts.isa))
+        repacked += 1
+    return repacked
+
+
+def cpu_moe_reload_bug_present() -> bool:
+    """True where vLLM leaves CPU MoE experts unpacked after a reload (0.31-0.32 on CPU)."""
+    import vllm
+    from packaging.version import Version
+    from vllm.platforms import current_platform
+
+    release = Version(vllm.__version__).release[:2]
+    return current_platform.is_cpu() and release in CPU_MOE_RELOAD_BUG
