@@ -115,7 +115,9 @@ class PPO(OnlineStrategy):
         entropy = aggregate_loss(policy["entropy"], mask, cfg.loss_aggregation)
         loss = policy_loss + cfg.vf_coef * value_loss - cfg.entropy_coef * entropy
         if cfg.kl_coef:
-            kl = kl_estimate(policy["logprobs"], batch.extras["ref_logprobs"], cfg.kl_estimator)
+            # Padding gets log-ratio 0, so no garbage there can overflow exp() (k3) into NaN grads.
+            ref = torch.where(mask, batch.extras["ref_logprobs"], policy["logprobs"].detach())
+            kl = kl_estimate(policy["logprobs"], ref, cfg.kl_estimator)
             kl_loss = aggregate_loss(kl, mask, cfg.loss_aggregation)
             loss = loss + cfg.kl_coef * kl_loss
             metrics["kl"] = kl_loss.detach()

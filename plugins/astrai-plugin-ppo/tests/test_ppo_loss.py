@@ -132,3 +132,22 @@ def test_padding_contributes_nothing_to_loss_or_gradients(ppo, tmp_path):
     assert grads.keys() == grads_again.keys()
     for name in grads:
         torch.testing.assert_close(grads_again[name], grads[name], atol=1e-6, rtol=1e-5)
+
+
+def test_moe_load_balancing_loss_of_policy_and_critic_is_added(ppo, tmp_path):
+    moe = {"num_experts": 4, "num_experts_per_tok": 2, "moe_intermediate_size": 16}
+    losses = {}
+    for coef in (0.0, 0.5):
+        run_dir = tmp_path / f"coef_{coef}"
+        run_dir.mkdir()
+        config = ppo.run_config(run_dir, {"aux_loss_coef": coef})
+        config["model"]["config"].update(moe)
+        strategy, context = ppo.make_strategy(run_dir, config)
+        batch = ppo.fixed_rollout(context.model.config.vocab_size)
+        batch.extras = {name: torch.zeros(batch.response_ids.shape)
+                        for name in ("advantages", "values", "returns")}
+        with torch.no_grad():
+            losses[coef], metrics = strategy.compute_loss(batch)
+    aux = metrics["moe/aux_loss"] + metrics["moe/critic_aux_loss"]
+    assert metrics["moe/aux_loss"] > 0 and metrics["moe/critic_aux_loss"] > 0
+    torch.testing.assert_close(losses[0.5] - losses[0.0], 0.5 * aux, atol=1e-6, rtol=1e-5)
