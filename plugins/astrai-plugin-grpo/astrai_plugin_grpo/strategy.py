@@ -52,6 +52,18 @@ class GRPOConfig(OnlineConfig):
     aux_loss_coef: float | None = Field(
         None, ge=0, description="MoE load-balancing weight (default: the model's config)")
 
+    @model_validator(mode="before")
+    @classmethod
+    def _symmetric_clip(cls, data: Any) -> Any:
+        """``clip_eps: e`` is shorthand for ``eps_low: e, eps_high: e``."""
+        if isinstance(data, dict) and "clip_eps" in data:
+            data = dict(data)
+            clip_eps = data.pop("clip_eps")
+            if "eps_low" in data or "eps_high" in data:
+                raise ValueError("give either clip_eps or eps_low/eps_high, not both")
+            data.update(eps_low=clip_eps, eps_high=clip_eps)
+        return data
+
     @model_validator(mode="after")
     def _consistent(self) -> GRPOConfig:
         if self.norm_length is not None and self.loss_aggregation != "seq-mean-token-sum-norm":

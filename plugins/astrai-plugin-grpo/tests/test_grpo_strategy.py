@@ -24,6 +24,16 @@ def _train(tmp_path, config):
     return [json.loads(line) for line in lines]
 
 
+def test_clip_eps_sets_both_clip_bounds():
+    from astrai_plugin_grpo.strategy import GRPOConfig
+
+    config = GRPOConfig.model_validate({"clip_eps": 0.3})
+    assert (config.eps_low, config.eps_high) == (0.3, 0.3)
+    assert GRPOConfig().eps_high == 0.2
+    with pytest.raises(ValueError, match="either clip_eps or eps_low"):
+        GRPOConfig.model_validate({"clip_eps": 0.3, "eps_high": 0.28})
+
+
 def test_strategy_loads_by_name():
     from astrai_plugin_grpo.strategy import GRPO
 
@@ -174,6 +184,21 @@ def _offline_rows(path):
     return path
 
 
+def _rewarded_minus_unrewarded(strategy, ctx) -> float:
+    """Mean response log-prob of the reward-1 rows minus that of the reward-0 rows."""
+    from astrai_core.data import build_train_loader
+    from astrai_core.rollout.forward import policy_forward
+    from astrai_plugin_grpo.offline import offline_rollout
+
+    loader = build_train_loader(ctx.data_config, ctx.tokenizer)
+    batch = offline_rollout(next(iter(loader)) + next(iter(loader)), ctx.tokenizer)
+    with torch.no_grad():
+        logps = policy_forward(ctx.model, batch)["logprobs"]
+    totals = logps.where(batch.response_mask, 0.0).sum(1)
+    rewarded = batch.rewards == 1
+    return (totals[rewarded].mean() - totals[~rewarded].mean()).item()
+
+
 def test_offline_old_model_equals_the_policy_after_each_step(tmp_path, grpo_helpers):
     data = _offline_rows(tmp_path / "offline.jsonl")
     config = grpo_helpers.run_config(tmp_path, data, {"name": "grpo", "mode": "offline"},
@@ -192,9 +217,13 @@ def test_offline_old_model_equals_the_policy_after_each_step(tmp_path, grpo_help
         assert strategy.old_model is not ctx.model
         checked.append(step)
     strategy.after_optimizer_step = check
+    preference_before = _rewarded_minus_unrewarded(strategy, ctx)
     last = trainer.fit()
     assert checked == [1, 2, 3]
     assert any(not torch.equal(start[k], v) for k, v in ctx.model.state_dict().items())
+    # The rewarded answers gained log-probability relative to the unrewarded ones.
+    preference_after = _rewarded_minus_unrewarded(strategy, ctx)
+    assert preference_after > preference_before + 0.5, (preference_before, preference_after)
     # The old log-probs were the policy's at the start of each step: the ratio is exactly 1.
     assert last["ratio_max"] == pytest.approx(1.0, abs=1e-6)
     assert last["data/reward_mean"] == pytest.approx(0.5)
