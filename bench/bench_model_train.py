@@ -63,7 +63,10 @@ def main() -> None:
     parser.add_argument("--seq", type=int, default=256)
     parser.add_argument("--warmup", type=int, default=2)
     parser.add_argument("--iters", type=int, default=5)
+    parser.add_argument("--threads", type=int, default=1,
+                        help="torch threads (1: robust on a machine shared with other jobs)")
     args = parser.parse_args()
+    torch.set_num_threads(args.threads)
 
     hf_model, native = build_models(args.model_type)
     ids = torch.randint(0, SIZE["vocab_size"], (args.batch, args.seq),

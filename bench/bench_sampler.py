@@ -115,7 +115,10 @@ def main() -> None:
     parser.add_argument("--batch", type=int, default=16)
     parser.add_argument("--new-tokens", type=int, default=64)
     parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--threads", type=int, default=1,
+                        help="torch threads (1: robust on a machine shared with other jobs)")
     args = parser.parse_args()
+    torch.set_num_threads(args.threads)
 
     from astrai_core.sampling import TorchSampler
 

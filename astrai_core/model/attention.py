@@ -11,7 +11,7 @@ from torch import nn
 from astrai_core.model.config import ModelConfig
 from astrai_core.model.masks import AttentionBias
 from astrai_core.model.norm import RMSNorm
-from astrai_core.model.rope import apply_rotary
+from astrai_core.model.rope import apply_rotary_factors
 
 if TYPE_CHECKING:
     from astrai_core.model.kv_cache import KVCache
@@ -42,9 +42,10 @@ class Attention(nn.Module):
 
     def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, bias: AttentionBias,
                 kv_cache: KVCache | None = None) -> torch.Tensor:
+        """cos, sin: :meth:`RotaryEmbedding.factors` of the positions ([B, 1, S, head_dim])."""
         batch, seq, _ = x.shape
-        query = apply_rotary(self._heads(x, self.q_proj, self.q_norm), cos, sin)
-        key = apply_rotary(self._heads(x, self.k_proj, self.k_norm), cos, sin)
+        query = apply_rotary_factors(self._heads(x, self.q_proj, self.q_norm), cos, sin)
+        key = apply_rotary_factors(self._heads(x, self.k_proj, self.k_norm), cos, sin)
         value = self._heads(x, self.v_proj, None)
         if kv_cache is not None:
             key, value = kv_cache.update(self.layer_index, key, value)

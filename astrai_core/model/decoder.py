@@ -90,26 +90,31 @@ class CausalLM(nn.Module):
         position_ids: torch.Tensor | None = None,
         kv_cache: KVCache | None = None,
         return_hidden_states: bool = False,
+        logits_to_keep: int = 0,
     ) -> dict[str, Any]:
         """input_ids [B, S] -> {"logits" [B, S, V] float32, "aux_loss" 0-d, "router_stats" list,
         "hidden_states" [B, S, H] (after the final norm) when asked}.
 
         attention_mask [B, past + S]: 1 = real token, 0 = padding. position_ids [B, S]:
         default arange from the cache length; without a cache, positions that do not follow
-        their predecessor by exactly 1 start a new packed document.
+        their predecessor by exactly 1 start a new packed document. logits_to_keep > 0:
+        logits only for the last that many positions ([B, logits_to_keep, V]; generation
+        needs only the last one); 0 keeps all.
         """
         batch, seq = input_ids.shape
         past = kv_cache.length if kv_cache is not None else 0
         if position_ids is not None and position_ids.dim() == 1:
             position_ids = position_ids.unsqueeze(0)
         packed_positions = position_ids if kv_cache is None else None
+        max_position = None
         if position_ids is None:
             position_ids = torch.arange(past, past + seq, device=input_ids.device).expand(batch, seq)
+            max_position = past + seq - 1
         x = self.embed(input_ids)
         bias = build_attention_bias(
             query_len=seq, past_len=past, attention_mask=attention_mask, position_ids=packed_positions,
             sliding_window=self.config.sliding_window, dtype=x.dtype, device=x.device)
-        cos, sin = self.rotary.cos_sin(position_ids, x.dtype)
+        cos, sin = self.rotary.factors(position_ids, x.dtype, max_position)
 
         routers: list[RouterOutput] = []
         for layer in self.layers:
@@ -121,7 +126,8 @@ class CausalLM(nn.Module):
 
         hidden = self.norm(x)
         head_weight = self.embed.weight if self.lm_head is None else self.lm_head.weight
-        out: dict[str, Any] = {"logits": F.linear(hidden, head_weight).float()}
+        head_input = hidden[:, -logits_to_keep:] if 0 < logits_to_keep < seq else hidden
+        out: dict[str, Any] = {"logits": F.linear(head_input, head_weight).float()}
         if return_hidden_states:
             out["hidden_states"] = hidden
         out.update(self._router_outputs(routers, attention_mask, seq, x.device))

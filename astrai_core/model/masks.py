@@ -56,11 +56,10 @@ def build_attention_bias(
             documents = None  # one document per row: plain causal
     window = sliding_window if sliding_window is not None and sliding_window < total_len else None
 
-    if not padded and documents is None and window is None:
-        if past_len == 0:
-            return AttentionBias(None, is_causal=True)
-        if query_len == 1:
-            return AttentionBias(None, is_causal=False)  # one new token sees the whole cache
+    if documents is None and window is None and query_len == 1 and past_len > 0:
+        return _single_query_bias(attention_mask if padded else None, dtype)
+    if not padded and documents is None and window is None and past_len == 0:
+        return AttentionBias(None, is_causal=True)
 
     query_pos = torch.arange(past_len, total_len, device=device)[:, None]
     key_pos = torch.arange(total_len, device=device)[None, :]
@@ -75,6 +74,20 @@ def build_attention_bias(
     allowed = allowed | (key_pos == query_pos)[None, None]
     bias = torch.zeros(allowed.shape, dtype=dtype, device=device)
     bias.masked_fill_(~allowed, torch.finfo(dtype).min)
+    return AttentionBias(bias, is_causal=False)
+
+
+def _single_query_bias(attention_mask: torch.Tensor | None, dtype: torch.dtype) -> AttentionBias:
+    """One new token (a decode step) sees every real cached token and itself: padding only.
+
+    The same mask as the general path, in a few operations, because it runs every step.
+    """
+    if attention_mask is None:
+        return AttentionBias(None, is_causal=False)  # one new token sees the whole cache
+    blocked = attention_mask[:, None, None, :] == 0
+    blocked[..., -1] = False  # its own position, always
+    bias = torch.zeros(blocked.shape, dtype=dtype, device=blocked.device)
+    bias.masked_fill_(blocked, torch.finfo(dtype).min)
     return AttentionBias(bias, is_causal=False)
 
 

@@ -109,13 +109,23 @@ def compute_inv_freq(config: ModelConfig, seq_len: int | None = None) -> tuple[t
 
 
 class RotaryEmbedding:
-    """Computes cos/sin once per forward; every layer reuses them."""
+    """cos/sin for integer positions, looked up in tables that grow on demand.
+
+    Table rows are computed with exactly the per-position formula (positions as float
+    times the inverse frequencies, then cos/sin), so a lookup equals computing them
+    afresh; only "dynamic" scaling, whose frequencies depend on the call's positions,
+    computes them per call.
+    """
+
+    _MIN_TABLE = 256
 
     def __init__(self, config: ModelConfig) -> None:
         self.config = config
         with torch.device("cpu"):  # also when the model is built on the meta device
             self.inv_freq, self.attention_scaling = compute_inv_freq(config)
         self._device_inv_freq: dict[torch.device, torch.Tensor] = {}
+        # (device, dtype) -> (cos, sin, signed sin) tables [rows, head_dim]
+        self._tables: dict[tuple[torch.device, torch.dtype], tuple[torch.Tensor, ...]] = {}
 
     def _inv_freq(self, position_ids: torch.Tensor) -> torch.Tensor:
         if self.config.rope_type == "dynamic":
@@ -131,13 +141,62 @@ class RotaryEmbedding:
             self._device_inv_freq[device] = self.inv_freq.to(device)
         return self._device_inv_freq[device]
 
-    def cos_sin(self, position_ids: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
-        """cos, sin of shape [B, S, head_dim] in ``dtype`` for integer positions [B, S]."""
+    def _compute(self, position_ids: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
         freqs = position_ids[..., None].float() * self._inv_freq(position_ids)
         emb = torch.cat((freqs, freqs), dim=-1)
         cos = emb.cos() * self.attention_scaling
         sin = emb.sin() * self.attention_scaling
         return cos.to(dtype), sin.to(dtype)
+
+    def _table(self, rows: int, device: torch.device, dtype: torch.dtype) -> tuple[torch.Tensor, ...]:
+        """cos, sin, signed sin of positions [0, n), n >= rows a power of two (at least 256)."""
+        table = self._tables.get((device, dtype))
+        if table is None or table[0].shape[0] < rows:
+            size = max(self._MIN_TABLE, 1 << (rows - 1).bit_length())
+            cos, sin = self._compute(torch.arange(size, device=device), dtype)
+            table = (cos, sin, signed_sin(sin))
+            self._tables[(device, dtype)] = table
+        return table
+
+    def _lookup(self, position_ids: torch.Tensor, dtype: torch.dtype, max_position: int | None,
+                which: tuple[int, int]) -> tuple[torch.Tensor, ...] | None:
+        """Two table columns' rows [B, S, head_dim] for the positions; None if the table can't serve them."""
+        if self.config.rope_type == "dynamic" or position_ids.numel() == 0:
+            return None
+        if max_position is None:
+            low, high = torch.aminmax(position_ids)
+            if int(low) < 0:  # not a table row
+                return None
+            max_position = int(high)
+        table = self._table(max_position + 1, position_ids.device, dtype)
+        flat = position_ids.reshape(-1)
+        shape = (*position_ids.shape, table[0].shape[-1])
+        return tuple(table[i].index_select(0, flat).view(shape) for i in which)
+
+    def cos_sin(self, position_ids: torch.Tensor, dtype: torch.dtype,
+                max_position: int | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+        """cos, sin of shape [B, S, head_dim] in ``dtype`` for integer positions [B, S].
+
+        ``max_position``: an upper bound of the positions when the caller knows one (saves
+        reading them back to size the table).
+        """
+        found = self._lookup(position_ids, dtype, max_position, (0, 1))
+        return found if found is not None else self._compute(position_ids, dtype)
+
+    def factors(self, position_ids: torch.Tensor, dtype: torch.dtype,
+                max_position: int | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+        """(cos, signed sin), each [B, 1, S, head_dim], for :func:`apply_rotary_factors`."""
+        found = self._lookup(position_ids, dtype, max_position, (0, 2))
+        if found is None:
+            cos, sin = self._compute(position_ids, dtype)
+            found = (cos, signed_sin(sin))
+        return found[0].unsqueeze(1), found[1].unsqueeze(1)
+
+
+def signed_sin(sin: torch.Tensor) -> torch.Tensor:
+    """sin with its first half negated: rotate_half(x) * sin == x.roll(half) * signed_sin exactly."""
+    half = sin.shape[-1] // 2
+    return torch.cat((-sin[..., :half], sin[..., half:]), dim=-1)
 
 
 def rotate_half(x: torch.Tensor) -> torch.Tensor:
@@ -149,3 +208,8 @@ def apply_rotary(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch
     """Rotate x [B, heads, S, head_dim] by cos/sin [B, S, head_dim]."""
     cos, sin = cos.unsqueeze(1), sin.unsqueeze(1)
     return x * cos + rotate_half(x) * sin
+
+
+def apply_rotary_factors(x: torch.Tensor, cos: torch.Tensor, signed: torch.Tensor) -> torch.Tensor:
+    """apply_rotary with :meth:`RotaryEmbedding.factors`: the same values in fewer operations."""
+    return x * cos + x.roll(x.shape[-1] // 2, -1) * signed

@@ -41,6 +41,54 @@ def top_p_filter(logits: Tensor, top_p: Tensor | float) -> Tensor:
     return logits.masked_fill(remove, float("-inf"))
 
 
+def top_k_top_p_filter(logits: Tensor, top_k: Tensor | int, top_p: Tensor | float) -> Tensor:
+    """``top_p_filter(top_k_filter(logits, top_k), top_p)`` without sorting the vocabulary.
+
+    After top-k a nucleus row holds at most k_max finite logits, and the k_max best
+    (from ``topk``, put in stable descending order) ARE the sorted row top-p needs. The
+    sorted row is rebuilt at full width with the -inf tail a full sort would give, so
+    its softmax is bitwise the one top-p computes; the cumulative sum, a sequential
+    scan, needs only its first k_max columns. The result is identical to the two filters,
+    except that among tokens of exactly equal logits on the nucleus boundary the stable
+    order decides (where the vocabulary sort's order among ties is unspecified). Falls
+    back to the two filters when a nucleus row has no top-k, or ties with its k-th value
+    carry its kept set past k_max.
+    """
+    k = _per_row(top_k, logits, torch.long).clamp(max=logits.shape[-1])
+    p = _per_row(top_p, logits, logits.dtype)
+    nucleus = p < 1.0
+    k_max = int(k.max())
+    if k_max <= 0 or not bool(nucleus.any()) or bool((nucleus & (k <= 0)).any()):
+        return top_p_filter(top_k_filter(logits, top_k), top_p)
+    width = min(k_max + 1, logits.shape[-1])  # one more: tells whether ties run past k_max
+    values, indices = _top_candidates(logits, width)
+    no_top_k = k <= 0
+    kth_value = values.gather(-1, (k - 1).clamp(min=0)).masked_fill(no_top_k, float("-inf"))
+    beyond = values[:, k_max:] >= kth_value if width > k_max else torch.zeros_like(nucleus)
+    if bool((beyond & nucleus).any()):
+        return top_p_filter(top_k_filter(logits, top_k), top_p)
+    values, indices = values[:, :k_max], indices[:, :k_max]
+    kept_values = values.masked_fill(values < kth_value, float("-inf"))
+    sorted_logits = torch.full_like(logits, float("-inf"))
+    sorted_logits[:, :k_max] = kept_values
+    sorted_probs = sorted_logits.softmax(dim=-1)[:, :k_max]
+    mass_before = sorted_probs.cumsum(dim=-1) - sorted_probs
+    final_values = kept_values.masked_fill((mass_before > p) & nucleus, float("-inf"))
+    if bool((no_top_k | beyond).any()):  # some row keeps tokens outside the candidates
+        filtered = logits.masked_fill(logits < kth_value, float("-inf"))
+    else:
+        filtered = torch.full_like(logits, float("-inf"))
+    return filtered.scatter_(-1, indices, final_values)
+
+
+def _top_candidates(logits: Tensor, count: int) -> tuple[Tensor, Tensor]:
+    """The ``count`` largest logits of each row and their indices, in stable descending order
+    (equal values by index)."""
+    indices = logits.topk(count, dim=-1).indices.sort(dim=-1).values
+    values, order = logits.gather(-1, indices).sort(dim=-1, descending=True, stable=True)
+    return values, indices.gather(-1, order)
+
+
 def min_p_filter(logits: Tensor, min_p: Tensor | float) -> Tensor:
     """Drop tokens whose probability is below ``min_p`` times the row's top probability."""
     scale = _per_row(min_p, logits, logits.dtype)
@@ -53,6 +101,4 @@ def min_p_filter(logits: Tensor, min_p: Tensor | float) -> Tensor:
 
 def apply_filters(logits: Tensor, top_k: Tensor, top_p: Tensor, min_p: Tensor) -> Tensor:
     """top-k, then top-p, then min-p (the order of transformers and vLLM); a new tensor."""
-    filtered = top_k_filter(logits, top_k)
-    filtered = top_p_filter(filtered, top_p)
-    return min_p_filter(filtered, min_p)
+    return min_p_filter(top_k_top_p_filter(logits, top_k, top_p), min_p)

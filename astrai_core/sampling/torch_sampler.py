@@ -9,6 +9,7 @@ log_softmax(logits / T) of the chosen token before filtering: exactly what the t
 
 from __future__ import annotations
 
+import inspect
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -16,7 +17,7 @@ import torch
 from torch import Tensor
 
 from astrai_core.model.masks import positions_from_attention_mask
-from astrai_core.sampling.filters import min_p_filter, top_k_filter, top_p_filter
+from astrai_core.sampling.filters import min_p_filter, top_k_filter, top_k_top_p_filter, top_p_filter
 from astrai_core.sampling.params import Completion, SamplingParams
 from astrai_core.sampling.requests import Request, expand_requests
 
@@ -126,7 +127,8 @@ class _DecodeBatch:
         full_mask[:, :prompt_len] = prompt_mask
         positions = positions_from_attention_mask(prompt_mask)
         logits = self.model(input_ids, attention_mask=full_mask[:, :prompt_len] if padded else None,
-                            position_ids=positions, kv_cache=cache)["logits"][:, -1]
+                            position_ids=positions, kv_cache=cache,
+                            **self._last_logits_only())["logits"][:, -1]
         next_position = positions[:, -1:] + 1
         while True:
             tokens = self._choose(logits)
@@ -140,6 +142,11 @@ class _DecodeBatch:
             logits = self.model(tokens[:, None], attention_mask=step_mask, position_ids=next_position,
                                 kv_cache=cache)["logits"][:, -1]
             next_position = next_position + 1
+
+    def _last_logits_only(self) -> dict[str, int]:
+        """Prefill needs only the last position's logits: ask for just those when the model can."""
+        parameters = inspect.signature(self.model.forward).parameters
+        return {"logits_to_keep": 1} if "logits_to_keep" in parameters else {}
 
     def _left_pad(self, length: int) -> tuple[Tensor, Tensor]:
         input_ids = torch.zeros(len(self.rows), length, dtype=torch.long)
@@ -173,9 +180,11 @@ class _DecodeBatch:
     def _sample(self, scaled: Tensor) -> Tensor:
         """Inverse-CDF sampling with one uniform draw per row from the row's own stream."""
         filtered = scaled
-        if self.any_top_k:
+        if self.any_top_k and self.any_top_p:
+            filtered = top_k_top_p_filter(filtered, self.top_k, self.top_p)
+        elif self.any_top_k:
             filtered = top_k_filter(filtered, self.top_k)
-        if self.any_top_p:
+        elif self.any_top_p:
             filtered = top_p_filter(filtered, self.top_p)
         if self.any_min_p:
             filtered = min_p_filter(filtered, self.min_p)

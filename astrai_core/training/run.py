@@ -35,6 +35,16 @@ DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch
 
 def train(config: RunConfig, *, resume: bool = False, overwrite: bool = False) -> dict[str, Any]:
     """Run ``config`` to completion; returns the last logged metrics."""
+    context, strategy = prepare_run(config, resume=resume, overwrite=overwrite)
+    return Trainer(context, strategy).fit(resume=resume)
+
+
+def prepare_run(config: RunConfig, *, resume: bool = False, overwrite: bool = False,
+                base_dir: Path | None = None) -> tuple[TrainContext, Strategy]:
+    """Check ``config`` whole, then build the context and the strategy (not yet set up).
+
+    ``base_dir`` resolves relative data paths (default: the current directory).
+    """
     source = getattr(config, "_source", None)
     registry = load_plugins()
     trainer_config = _section(TrainerConfig, config.trainer, ("trainer",), source)
@@ -56,13 +66,13 @@ def train(config: RunConfig, *, resume: bool = False, overwrite: bool = False) -
     model = build_model(config.model, tokenizer, source).to(device)
     context = TrainContext(run_config=config, trainer_config=trainer_config, registry=registry,
                            backend=backend, device=device, model=model, tokenizer=tokenizer,
-                           tokenizer_dir=tokenizer_dir, base_dir=Path.cwd(),
+                           tokenizer_dir=tokenizer_dir, base_dir=base_dir or Path.cwd(),
                            output_dir=output_dir)
     _check_components(context)
     strategy = strategy_class(strategy_config, context)
     log.info("training", strategy=config.strategy.name, device=str(device),
              parameters=sum(p.numel() for p in model.parameters()), output_dir=str(output_dir))
-    return Trainer(context, strategy).fit(resume=resume)
+    return context, strategy
 
 
 def _check_components(context: TrainContext) -> None:
