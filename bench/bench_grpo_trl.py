@@ -106,8 +106,9 @@ def time_astrai(model_dir: Path, work: Path, args: argparse.Namespace) -> list[f
         "strategy": {"name": "grpo", "group_size": args.group, "eps_low": 0.2, "eps_high": 0.2,
                      "loss_aggregation": "token-mean"},
         "rewards": [{"name": f"{Path(__file__).stem}:digit_reward"}],
+        # No stop token (the default is the EOS): every completion is args.tokens long, as TRL's.
         "sampler": {"name": "torch", "temperature": 1.0, "max_new_tokens": args.tokens,
-                    "max_batch_size": args.prompts * args.group},
+                    "stop_token_ids": [], "max_batch_size": args.prompts * args.group},
         "device": {"name": "cpu"},
         "trainer": {"max_steps": args.steps, "lr": args.lr, "schedule": "constant",
                     "max_grad_norm": 1.0, "eval_at_start": False, "save_every": 0,

@@ -25,7 +25,8 @@ class RolloutBatch:
     prompt_mask: Tensor                  # [N, P] bool
     response_ids: Tensor                 # [N, R] long, right-padded
     response_mask: Tensor                # [N, R] bool
-    old_logprobs: Tensor                 # [N, R] float32 behaviour log-probs, 0 on padding
+    old_logprobs: Tensor | None          # [N, R] float32 behaviour log-probs, 0 on padding;
+                                         # None when the sampler gave none for some row
     rewards: Tensor                      # [N] float32 weighted sum of the reward functions
     reward_components: dict[str, Tensor]  # {reward name: [N]} raw values
     group_ids: Tensor                    # [N] long: same id = same prompt
@@ -65,7 +66,7 @@ class RolloutBatch:
         picked = rows.tolist()
         take = lambda t: t.index_select(0, rows.to(t.device))  # noqa: E731
         return replace(
-            self, **{name: take(getattr(self, name)) for name in _ROW_TENSORS},
+            self, **{name: _apply(take, getattr(self, name)) for name in _ROW_TENSORS},
             reward_components={k: take(v) for k, v in self.reward_components.items()},
             extras={k: take(v) for k, v in self.extras.items()},
             **{name: [getattr(self, name)[i] for i in picked] if getattr(self, name) else []
@@ -81,7 +82,8 @@ class RolloutBatch:
     def to(self, device: torch.device | str) -> RolloutBatch:
         """A copy with every tensor on ``device``."""
         return replace(
-            self, **{name: getattr(self, name).to(device) for name in _ROW_TENSORS},
+            self, **{name: _apply(lambda t: t.to(device), getattr(self, name))
+                     for name in _ROW_TENSORS},
             reward_components={k: v.to(device) for k, v in self.reward_components.items()},
             extras={k: v.to(device) for k, v in self.extras.items()})
 
@@ -89,6 +91,11 @@ class RolloutBatch:
 _ROW_TENSORS = ("prompt_ids", "prompt_mask", "response_ids", "response_mask", "old_logprobs",
                 "rewards", "group_ids")
 _ROW_LISTS = ("prompts", "completions", "columns", "finish_reasons")
+
+
+def _apply(function: Any, tensor: Tensor | None) -> Tensor | None:
+    """``function(tensor)``, keeping an absent optional field (``old_logprobs``) absent."""
+    return None if tensor is None else function(tensor)
 
 
 def pad_rows(rows: Sequence[Sequence[Any]], *, left: bool, pad_value: Any, dtype: torch.dtype,

@@ -28,7 +28,10 @@ def rollout_metrics(batch: RolloutBatch, prefix: str = "rollout/") -> dict[str, 
 
 @torch.no_grad()
 def logprob_diff(model: torch.nn.Module, batch: RolloutBatch, temperature: float = 1.0) -> dict[str, float]:
-    """Max and mean |sampler log-prob - trainer log-prob| over the valid response tokens."""
+    """Max and mean |sampler log-prob - trainer log-prob| over the valid response tokens
+    ({} when the batch carries no sampler log-probs)."""
+    if batch.old_logprobs is None:
+        return {}
     was_training = model.training
     model.eval()
     try:

@@ -120,8 +120,7 @@ class RolloutRunner:
                                            pad_value=self.pad_token_id, dtype=torch.long)
         response_ids, response_mask = pad_rows([c.token_ids for c in completions], left=False,
                                                pad_value=self.pad_token_id, dtype=torch.long)
-        old_logprobs, _ = pad_rows([c.logprobs for c in completions], left=False, pad_value=0.0,
-                                   dtype=torch.float32)
+        old_logprobs = _behaviour_logprobs(completions)
         return RolloutBatch(
             prompt_ids=prompt_ids, prompt_mask=prompt_mask, response_ids=response_ids,
             response_mask=response_mask, old_logprobs=old_logprobs,
@@ -135,3 +134,16 @@ class RolloutRunner:
         if self.tokenizer is None:
             return ""
         return self.tokenizer.decode(list(token_ids), skip_special_tokens=True)
+
+
+def _behaviour_logprobs(completions: Sequence[Completion]) -> torch.Tensor | None:
+    """[N, R] sampler log-probs, 0 on padding; None unless every completion has one per token.
+
+    A partial set is never padded with zeros: a 0 would read as probability 1 and bias
+    every importance ratio, so the strategy must recompute them (or stop with an error).
+    """
+    rows = [c.logprobs for c in completions]
+    if any(row is None or len(row) != len(c.token_ids) for row, c in zip(rows, completions)):
+        return None
+    values, _ = pad_rows(rows, left=False, pad_value=0.0, dtype=torch.float32)
+    return values

@@ -86,19 +86,26 @@ class TrainContext:
 
     # -- sampling and rewards ---------------------------------------------------------
     def sampler_options(self) -> tuple[Any, dict[str, Any]]:
-        """(default SamplingParams, engine options) from the `sampler:` section."""
+        """(default SamplingParams, engine options) from the `sampler:` section.
+
+        Without an explicit ``stop_token_ids`` a completion stops at the tokenizer's EOS,
+        as in evaluation; ``stop_token_ids: []`` means no stop token.
+        """
         from astrai_core.config.components import component_params
         from astrai_core.sampling.params import SamplingParams
 
         section = self.run_config.sampler
         name = section.name if section is not None else "torch"
-        params = component_params(self.registry, "sampler", name,
-                                  section.params if section is not None else {}, ("sampler",),
+        user_params = section.params if section is not None else {}
+        params = component_params(self.registry, "sampler", name, user_params, ("sampler",),
                                   getattr(self.run_config, "_source", None))
         sampling_fields = set(SamplingParams.model_fields)
-        sampling = SamplingParams(**{k: v for k, v in params.items() if k in sampling_fields})
+        sampling = {k: v for k, v in params.items() if k in sampling_fields}
+        eos = getattr(self.tokenizer, "eos_token_id", None)
+        if "stop_token_ids" not in user_params and eos is not None:
+            sampling["stop_token_ids"] = (eos,)
         engine = {k: v for k, v in params.items() if k not in sampling_fields}
-        return sampling, engine
+        return SamplingParams(**sampling), engine
 
     def sampler(self) -> Any:
         """The configured sampler (default `torch`) over the live policy, built once."""

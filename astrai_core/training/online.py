@@ -78,9 +78,8 @@ class OnlineStrategy(Strategy):
     def _new_rollout(self, rollout: RolloutBatch) -> RolloutBatch:
         from astrai_core.rollout.forward import policy_forward
 
+        # Missing with recompute_old_logprobs on: the trainer's forward below provides them.
         missing = self._check_behaviour_logprobs(rollout)
-        if missing:  # recompute_old_logprobs is on: the trainer's forward provides them
-            rollout.old_logprobs = torch.zeros(rollout.response_ids.shape)
         rollout = rollout.to(self.ctx.device)
         temperature = self.runner.logprob_temperature
         with torch.no_grad():

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 import subprocess
 import sys
 from pathlib import Path
@@ -10,21 +9,20 @@ from pathlib import Path
 import pytest
 import yaml
 
-REPO = Path(__file__).resolve().parents[2]
-TOKENIZER = REPO / "examples" / "arith" / "tokenizer"
+from astrai_core.testing import ARITH_TOKENIZER, REPO_ROOT, TINY_MODEL
+
+GENERATE = REPO_ROOT / "examples" / "arith" / "generate.py"
 
 
 def tiny_config(tmp_path: Path, **trainer: object) -> dict:
     data_dir = tmp_path / "data"
     if not data_dir.exists():
-        subprocess.run([sys.executable, str(REPO / "examples" / "arith" / "generate.py"), "--out",
+        subprocess.run([sys.executable, str(GENERATE), "--out",
                         str(data_dir), "--seed", "0", "--n-train", "400", "--n-eval", "16",
                         "--n-rl", "16"], check=True, capture_output=True)
     return {
         "output_dir": str(tmp_path / "run"),
-        "model": {"tokenizer": str(TOKENIZER),
-                  "config": {"hidden_size": 32, "intermediate_size": 64, "num_layers": 2,
-                             "num_heads": 4, "num_kv_heads": 2, "max_position_embeddings": 64}},
+        "model": {"tokenizer": str(ARITH_TOKENIZER), "config": dict(TINY_MODEL)},
         "data": {"sources": [{"path": str(data_dir / "sft_train.jsonl"), "format": "chat"}],
                  "seq_len": 64, "batch_size": 4, "cache_dir": str(tmp_path / "cache")},
         "strategy": {"name": "sft"},
@@ -43,10 +41,6 @@ def write_config(tmp_path: Path, config: dict, name: str = "run.yaml") -> Path:
 def astrai(*args: str, cwd: Path | None = None, timeout: float = 600) -> subprocess.CompletedProcess:
     return subprocess.run([sys.executable, "-m", "astrai_core.cli.main", *args], capture_output=True,
                           text=True, timeout=timeout, cwd=cwd)
-
-
-def read_metrics(run_dir: Path) -> list[dict]:
-    return [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
 
 
 @pytest.fixture

@@ -12,7 +12,8 @@ import time
 import torch
 from safetensors.torch import load_file
 
-from tests.training.conftest import astrai, read_metrics, tiny_config, write_config
+from astrai_core.testing import read_metrics
+from tests.training.conftest import astrai, tiny_config, write_config
 
 
 def _weights(run_dir, step):

@@ -13,6 +13,8 @@ from astrai_core.config.loader import load_config
 from astrai_core.errors import ConfigError
 from astrai_core.plugins import load_plugins
 from astrai_core.rollout.batch import RolloutBatch
+from astrai_core.testing import (build_strategy, read_metrics, tiny_run_config,
+                                 write_arith_prompts)
 from astrai_core.training.run import train
 from astrai_core.training.trainer import Trainer
 from astrai_plugin_dpo.pairs import best_and_worst, dataset_pair_logprobs, pair_micro_batches
@@ -24,12 +26,11 @@ def test_strategy_loads_by_name():
     assert load_plugins().get("strategy", "dpo").load() is DPO
 
 
-def _offline(tmp_path, dpo_helpers, **strategy):
-    data = dpo_helpers.write_pairs(tmp_path / "pairs.jsonl")
-    config = dpo_helpers.run_config(tmp_path, data, "preference", {"name": "dpo", **strategy},
-                                    max_steps=8)
+def _offline(tmp_path, pairs_file, **strategy):
+    config = tiny_run_config(tmp_path, pairs_file, {"name": "dpo", **strategy},
+                             data_format="preference", max_steps=8)
     config["data"]["shuffle"] = False
-    return dpo_helpers.make_strategy(tmp_path, config)
+    return build_strategy(config, tmp_path)
 
 
 def _direct_response_logprob(model, ids, attention, loss_mask):
@@ -41,11 +42,11 @@ def _direct_response_logprob(model, ids, attention, loss_mask):
     return logps[loss_mask[1:]].sum()
 
 
-def test_sequence_logprobs_cover_response_tokens_only(tmp_path, dpo_helpers):
-    strategy, ctx = _offline(tmp_path, dpo_helpers)
+def test_sequence_logprobs_cover_response_tokens_only(tmp_path, pairs_file):
+    strategy, ctx = _offline(tmp_path, pairs_file)
     strategy.setup()
     batch = next(strategy.train_batches())
-    pairs = [json.loads(line) for line in (tmp_path / "pairs.jsonl").read_text().splitlines()]
+    pairs = [json.loads(line) for line in pairs_file.read_text().splitlines()]
     # The response and its <|end|> are the targets; the prompt and the template are not.
     for side in ("chosen", "rejected"):
         counts = batch[f"{side}_loss_mask"].sum(1).tolist()
@@ -70,9 +71,9 @@ def test_sequence_logprobs_cover_response_tokens_only(tmp_path, dpo_helpers):
 
 
 @pytest.mark.parametrize("loss_type", ["sigmoid", "ipo", "hinge"])
-def test_loss_equals_the_formula(tmp_path, dpo_helpers, loss_type):
+def test_loss_equals_the_formula(tmp_path, pairs_file, loss_type):
     beta = 0.5
-    strategy, ctx = _offline(tmp_path, dpo_helpers, beta=beta, loss_type=loss_type)
+    strategy, ctx = _offline(tmp_path, pairs_file, beta=beta, loss_type=loss_type)
     strategy.setup()
     with torch.no_grad():  # make the reference differ from the policy
         for param in strategy.reference.parameters():
@@ -94,8 +95,8 @@ def test_loss_equals_the_formula(tmp_path, dpo_helpers, loss_type):
     assert metrics["reward_accuracy"].item() == pytest.approx((h > 0).double().mean().item())
 
 
-def test_offline_dpo_raises_the_margin(tmp_path, dpo_helpers):
-    strategy, ctx = _offline(tmp_path, dpo_helpers)
+def test_offline_dpo_raises_the_margin(tmp_path, pairs_file):
+    strategy, ctx = _offline(tmp_path, pairs_file)
     trainer = Trainer(ctx, strategy)
     trainer.fit()
     lines = (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()
@@ -130,27 +131,24 @@ def test_online_pairs_are_best_and_worst_of_each_group():
     assert second.response_ids[:, 0].tolist() == [6, 7]
 
 
-def test_online_dpo_raises_the_reward(tmp_path, dpo_helpers):
+def test_online_dpo_raises_the_reward(tmp_path):
     # Reward: the completion contains a digit (~45% for the random tiny model).
-    data = dpo_helpers.write_prompts(tmp_path / "prompts.jsonl")
-    config = dpo_helpers.run_config(tmp_path, data, "prompt",
-                                    {"name": "dpo", "mode": "online", "beta": 0.5},
-                                    max_steps=8, lr=2e-2)
+    data = write_arith_prompts(tmp_path / "prompts.jsonl")
+    config = tiny_run_config(tmp_path, data, {"name": "dpo", "mode": "online", "beta": 0.5},
+                             max_steps=8, lr=2e-2)
     path = tmp_path / "run.yaml"
     path.write_text(yaml.safe_dump(config))
     train(load_config(path))
-    lines = (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()
-    metrics = [m for m in map(json.loads, lines) if "rollout/reward_mean" in m]
+    metrics = [m for m in read_metrics(tmp_path / "run") if "rollout/reward_mean" in m]
     assert len(metrics) == 8 and all(m["rollout/pairs"] >= 1 for m in metrics)
     first = metrics[0]["rollout/reward_mean"]
     last = sum(m["rollout/reward_mean"] for m in metrics[-3:]) / 3
     assert last > first + 0.2, (first, last)
 
 
-def test_label_smoothing_needs_the_sigmoid_loss(tmp_path, dpo_helpers):
-    data = dpo_helpers.write_pairs(tmp_path / "pairs.jsonl")
-    config = dpo_helpers.run_config(tmp_path, data, "preference", {
-        "name": "dpo", "loss_type": "ipo", "label_smoothing": 0.1})
+def test_label_smoothing_needs_the_sigmoid_loss(tmp_path, pairs_file):
+    config = tiny_run_config(tmp_path, pairs_file, {
+        "name": "dpo", "loss_type": "ipo", "label_smoothing": 0.1}, data_format="preference")
     path = tmp_path / "run.yaml"
     path.write_text(yaml.safe_dump(config))
     with pytest.raises(ConfigError, match=r"strategy.*label_smoothing applies to loss_type"):

@@ -12,6 +12,8 @@ from astrai_core.config.loader import load_config
 from astrai_core.errors import ConfigError
 from astrai_core.plugins import load_plugins
 from astrai_core.rollout.batch import RolloutBatch
+from astrai_core.testing import (build_strategy, read_metrics, tiny_run_config,
+                                 write_arith_prompts)
 from astrai_core.training.run import train
 from astrai_core.training.trainer import Trainer
 
@@ -20,8 +22,7 @@ def _train(tmp_path, config):
     path = tmp_path / "run.yaml"
     path.write_text(yaml.safe_dump(config))
     train(load_config(path), overwrite=True)
-    lines = (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()
-    return [json.loads(line) for line in lines]
+    return read_metrics(tmp_path / "run")
 
 
 def test_clip_eps_sets_both_clip_bounds():
@@ -42,10 +43,10 @@ def test_strategy_loads_by_name():
     assert spec.default_advantage == "grpo" and GRPO.default_advantage == "grpo"
 
 
-def test_online_grpo_raises_the_reward(tmp_path, grpo_helpers, prompts):
+def test_online_grpo_raises_the_reward(tmp_path, prompts):
     # Reward: the completion contains a digit (~45% for the random tiny model).
-    config = grpo_helpers.run_config(tmp_path, prompts, {"name": "grpo", "group_size": 8},
-                                     max_steps=8, lr=2e-2)
+    config = tiny_run_config(tmp_path, prompts, {"name": "grpo", "group_size": 8},
+                             max_steps=8, lr=2e-2)
     config["data"]["batch_size"] = 4
     metrics = [m for m in _train(tmp_path, config) if "rollout/reward_mean" in m]
     assert [m["step"] for m in metrics] == list(range(1, 9))
@@ -92,13 +93,13 @@ def _direct_logprobs(model, batch: RolloutBatch, temperature: float) -> torch.Te
 
 
 @pytest.mark.parametrize("aggregation", ["token-mean", "seq-mean-token-mean"])
-def test_loss_equals_the_formula(tmp_path, grpo_helpers, prompts, aggregation):
+def test_loss_equals_the_formula(tmp_path, prompts, aggregation):
     eps_low, eps_high, kl_coef, temperature = 0.2, 0.28, 0.3, 0.7
-    config = grpo_helpers.run_config(tmp_path, prompts, {
+    config = tiny_run_config(tmp_path, prompts, {
         "name": "grpo", "eps_low": eps_low, "eps_high": eps_high, "kl_coef": kl_coef,
         "kl_estimator": "k3", "loss_aggregation": aggregation})
     config["sampler"]["temperature"] = temperature
-    strategy, ctx = grpo_helpers.make_strategy(tmp_path, config)
+    strategy, ctx = build_strategy(config, tmp_path)
     strategy.setup()
     with torch.no_grad():  # make the reference differ from the policy
         for param in strategy.reference.parameters():
@@ -140,21 +141,21 @@ def _strip_logprobs(sampler):
     sampler.generate = without_logprobs
 
 
-def test_missing_behaviour_logprobs_is_a_clear_error(tmp_path, grpo_helpers, prompts):
-    config = grpo_helpers.run_config(tmp_path, prompts, {"name": "grpo", "group_size": 2})
-    strategy, _ = grpo_helpers.make_strategy(tmp_path, config)
+def test_missing_behaviour_logprobs_is_a_clear_error(tmp_path, prompts):
+    config = tiny_run_config(tmp_path, prompts, {"name": "grpo", "group_size": 2})
+    strategy, _ = build_strategy(config, tmp_path)
     strategy.setup()
     _strip_logprobs(strategy.runner.sampler)
     with pytest.raises(ConfigError, match="no behaviour log-probs.*recompute_old_logprobs"):
         next(strategy.train_batches())
 
 
-def test_missing_logprobs_are_recomputed_when_configured(tmp_path, grpo_helpers, prompts):
+def test_missing_logprobs_are_recomputed_when_configured(tmp_path, prompts):
     from astrai_core.rollout.forward import policy_forward
 
-    config = grpo_helpers.run_config(tmp_path, prompts, {
+    config = tiny_run_config(tmp_path, prompts, {
         "name": "grpo", "group_size": 2, "recompute_old_logprobs": True})
-    strategy, ctx = grpo_helpers.make_strategy(tmp_path, config)
+    strategy, ctx = build_strategy(config, tmp_path)
     strategy.setup()
     _strip_logprobs(strategy.runner.sampler)
     micro = next(strategy.train_batches())
@@ -164,9 +165,9 @@ def test_missing_logprobs_are_recomputed_when_configured(tmp_path, grpo_helpers,
     torch.testing.assert_close(micro.old_logprobs[mask], expected[mask])
 
 
-def test_unknown_loss_aggregation_names_the_field(tmp_path, grpo_helpers, prompts):
-    config = grpo_helpers.run_config(tmp_path, prompts,
-                                     {"name": "grpo", "loss_aggregation": "seq-sum"})
+def test_unknown_loss_aggregation_names_the_field(tmp_path, prompts):
+    config = tiny_run_config(tmp_path, prompts,
+                             {"name": "grpo", "loss_aggregation": "seq-sum"})
     path = tmp_path / "run.yaml"
     path.write_text(yaml.safe_dump(config))
     with pytest.raises(ConfigError, match=r"strategy\.loss_aggregation"):
@@ -199,12 +200,12 @@ def _rewarded_minus_unrewarded(strategy, ctx) -> float:
     return (totals[rewarded].mean() - totals[~rewarded].mean()).item()
 
 
-def test_offline_old_model_equals_the_policy_after_each_step(tmp_path, grpo_helpers):
+def test_offline_old_model_equals_the_policy_after_each_step(tmp_path):
     data = _offline_rows(tmp_path / "offline.jsonl")
-    config = grpo_helpers.run_config(tmp_path, data, {"name": "grpo", "mode": "offline"},
-                                     max_steps=3, grad_accum_steps=2)
+    config = tiny_run_config(tmp_path, data, {"name": "grpo", "mode": "offline"},
+                             max_steps=3, grad_accum_steps=2)
     config["data"].update(shuffle=False, batch_size=4)
-    strategy, ctx = grpo_helpers.make_strategy(tmp_path, config)
+    strategy, ctx = build_strategy(config, tmp_path)
     trainer = Trainer(ctx, strategy)
     start = {k: v.clone() for k, v in ctx.model.state_dict().items()}
     checked = []
@@ -229,13 +230,13 @@ def test_offline_old_model_equals_the_policy_after_each_step(tmp_path, grpo_help
     assert last["data/reward_mean"] == pytest.approx(0.5)
 
 
-def test_offline_rows_need_a_numeric_reward(tmp_path, grpo_helpers):
+def test_offline_rows_need_a_numeric_reward(tmp_path):
     from astrai_core.errors import DataError
 
-    data = grpo_helpers.write_prompts(tmp_path / "bad.jsonl", count=8, response="4",
-                                      reward="high")
-    config = grpo_helpers.run_config(tmp_path, data, {"name": "grpo", "mode": "offline"})
-    strategy, _ = grpo_helpers.make_strategy(tmp_path, config)
+    data = write_arith_prompts(tmp_path / "bad.jsonl", count=8, response="4",
+                               reward="high")
+    config = tiny_run_config(tmp_path, data, {"name": "grpo", "mode": "offline"})
+    strategy, _ = build_strategy(config, tmp_path)
     strategy.setup()
     with pytest.raises(DataError, match="numeric column 'reward'"):
         next(strategy.train_batches())

@@ -3,7 +3,6 @@ resumes exactly from a checkpoint."""
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 import pytest
@@ -11,6 +10,7 @@ import torch
 from safetensors.torch import load_file
 
 from astrai_core.config.schema import RunConfig
+from astrai_core.testing import read_metrics
 from astrai_core.training.run import train
 
 REWARD_PLUGIN = '''
@@ -38,20 +38,16 @@ def digits_reward(tmp_path, monkeypatch):
     monkeypatch.setenv("ASTRAI_PLUGINS", "ppo_test_digits")
 
 
-def _metrics(run_dir: Path) -> list[dict]:
-    return [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
-
-
 def test_a_few_ppo_steps_raise_the_mean_reward(ppo, tmp_path, digits_reward):
     config = ppo.run_config(tmp_path, {"group_size": 4, "epochs": 2, "mini_batches": 1,
                                        "critic_lr": 1e-2}, max_steps=12)
     config["rewards"] = [{"name": "count_digits"}]
     config["data"]["batch_size"] = 8
-    config["sampler"].pop("stop_token_ids")  # always 4 tokens: room for 4 digits
+    config["sampler"]["stop_token_ids"] = []  # always 4 tokens: room for 4 digits
     config["advantage"] = {"name": "gae", "gamma": 1.0, "lambda": 1.0}
     train(RunConfig.model_validate(config))
     # Each rollout serves epochs x mini_batches = 2 steps: take one record per rollout.
-    rewards = [m["rollout/reward_mean"] for m in _metrics(tmp_path / "run")][::2]
+    rewards = [m["rollout/reward_mean"] for m in read_metrics(tmp_path / "run")][::2]
     assert len(rewards) == 6
     first, last = sum(rewards[:2]) / 2, sum(rewards[-2:]) / 2
     assert last > first + 0.5, rewards

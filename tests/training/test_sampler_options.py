@@ -1,0 +1,51 @@
+"""Training rollouts stop at the tokenizer's EOS unless the `sampler:` section says otherwise."""
+
+from __future__ import annotations
+
+import dataclasses
+from types import SimpleNamespace
+
+import pytest
+
+from astrai_core.testing import ARITH_EOS, build_strategy, tiny_run_config, write_arith_prompts
+
+DEFAULT = object()  # the section leaves stop_token_ids out
+
+
+def _context(tmp_path, stop_token_ids, sampler_section: bool = True):
+    prompts = write_arith_prompts(tmp_path / "prompts.jsonl", count=8)
+    config = tiny_run_config(tmp_path, prompts, {"name": "grpo", "group_size": 2})
+    if not sampler_section:
+        del config["sampler"]
+    elif stop_token_ids is DEFAULT:
+        del config["sampler"]["stop_token_ids"]
+    else:
+        config["sampler"]["stop_token_ids"] = stop_token_ids
+    return build_strategy(config, tmp_path)
+
+
+@pytest.mark.parametrize("stop_token_ids,expected", [
+    (DEFAULT, (ARITH_EOS,)),      # like evaluation: stop at <|end|>
+    ([], ()),                     # explicitly none: always max_new_tokens
+    ([7, 9], (7, 9)),             # explicit ids replace the EOS
+], ids=["unset", "empty", "explicit"])
+def test_stop_token_ids_default_to_the_eos(tmp_path, stop_token_ids, expected):
+    strategy, context = _context(tmp_path, stop_token_ids)
+    assert context.tokenizer.eos_token_id == ARITH_EOS
+    sampling, engine = context.sampler_options()
+    assert sampling.stop_token_ids == expected
+    assert "stop_token_ids" not in engine
+    assert sampling.max_new_tokens == 3 and sampling.seed == 0  # the rest of the section
+    strategy.setup()  # the rollouts use these options
+    assert strategy.runner.sampling_params.stop_token_ids == expected
+
+
+def test_without_a_sampler_section_rollouts_stop_at_the_eos(tmp_path):
+    _, context = _context(tmp_path, DEFAULT, sampler_section=False)
+    assert context.sampler_options()[0].stop_token_ids == (ARITH_EOS,)
+
+
+def test_a_tokenizer_without_eos_means_no_default_stop(tmp_path):
+    _, context = _context(tmp_path, DEFAULT)
+    no_eos = dataclasses.replace(context, tokenizer=SimpleNamespace(eos_token_id=None))
+    assert no_eos.sampler_options()[0].stop_token_ids == ()
