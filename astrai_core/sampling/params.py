@@ -47,11 +47,12 @@ class Completion:
     ``logprobs[i]`` is log_softmax(logits / temperature)[token_ids[i]] before any
     top-k/top-p/min-p filtering (temperature 1 for greedy requests). A stop token is the
     last entry of ``token_ids``; ``text`` (when the sampler has a tokenizer) is decoded
-    without special tokens and cut before a matched stop string.
+    without special tokens and cut before a matched stop string. An engine that cannot
+    report log-probs returns ``None`` (strategies then need ``recompute_old_logprobs``).
     """
 
     token_ids: list[int]
-    logprobs: list[float]
+    logprobs: list[float] | None
     finish_reason: FinishReason
     text: str | None = None
     prompt_index: int = 0     # which prompt of the generate() call this continues
