@@ -69,6 +69,12 @@ class RolloutRunner:
         with self._lock:
             return self.sampler.update_weights(state_dict)
 
+    def publish_from(self, model: torch.nn.Module) -> int:
+        """Publish ``model``'s weights: a sampler that generates with this very model only
+        bumps its version; an engine with its own copy receives the tensors."""
+        shares_model = getattr(self.sampler, "model", None) is model
+        return self.publish(None if shares_model else model.state_dict())
+
     def validation_rollout(self, prompts: Sequence[Any], sampling_params: SamplingParams | None = None,
                            group_size: int | None = None) -> RolloutBatch:
         """A one-off rollout of ``prompts``; the training rollout and its cadence are untouched."""

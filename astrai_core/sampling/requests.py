@@ -5,8 +5,9 @@ from __future__ import annotations
 import random
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
-from astrai_core.sampling.params import SamplingParams
+from astrai_core.sampling.params import Completion, SamplingParams
 
 
 @dataclass
@@ -22,6 +23,17 @@ class Request:
     logprobs: list[float] = field(default_factory=list)
     finish_reason: str | None = None
     stop_text_at: int | None = None  # where a matched stop string starts in the decoded text
+
+    def completion(self, tokenizer: Any = None) -> Completion:
+        """The finished request as the sampler contract's record (text when a tokenizer is known)."""
+        text = None
+        if tokenizer is not None:
+            text = tokenizer.decode(self.token_ids, skip_special_tokens=True)
+            if self.stop_text_at is not None:
+                text = text[:self.stop_text_at]
+        return Completion(token_ids=self.token_ids, logprobs=self.logprobs,
+                          finish_reason=self.finish_reason or "length", text=text,
+                          prompt_index=self.prompt_index)
 
 
 def expand_requests(prompts: Sequence[Sequence[int]],

@@ -73,17 +73,7 @@ class TorchSampler:
                     _DecodeBatch(self, ordered[start:start + self.max_batch_size], on_token).run()
         finally:
             self.model.train(was_training)
-        return [self._completion(r) for r in requests]
-
-    def _completion(self, request: Request) -> Completion:
-        text = None
-        if self.tokenizer is not None:
-            text = self.tokenizer.decode(request.token_ids, skip_special_tokens=True)
-            if request.stop_text_at is not None:
-                text = text[:request.stop_text_at]
-        return Completion(token_ids=request.token_ids, logprobs=request.logprobs,
-                          finish_reason=request.finish_reason or "length", text=text,
-                          prompt_index=request.prompt_index)
+        return [r.completion(self.tokenizer) for r in requests]
 
 
 class _DecodeBatch:

@@ -53,13 +53,8 @@ class LanguageModeling(Strategy):
         output = self.forward(batch)
         loss, count = next_token_loss(output["logits"], batch["input_ids"], batch["loss_mask"])
         metrics: dict[str, Any] = {"lm_loss": loss.detach(), "tokens": count}
-        model_config = self.ctx.model.config
-        if model_config.num_experts:
-            coef = self.config.aux_loss_coef
-            coef = model_config.router_aux_loss_coef if coef is None else coef
-            loss = loss + coef * output["aux_loss"]
-            metrics["moe/aux_loss"] = output["aux_loss"].detach()
-            metrics.update(router_metrics(output["router_stats"]))
+        loss = self.add_aux_loss(loss, output["aux_loss"], metrics)
+        metrics.update(router_metrics(output["router_stats"]))
         return loss, metrics
 
 

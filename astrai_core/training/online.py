@@ -155,10 +155,7 @@ class OnlineStrategy(Strategy):
         return steps
 
     def after_optimizer_step(self, step: int) -> None:
-        # The torch sampler generates with the live policy, so publishing only bumps the
-        # version; engines with their own copy of the weights receive them here.
-        shares_model = getattr(self.runner.sampler, "model", None) is self.ctx.model
-        self.runner.publish(None if shares_model else self.ctx.model.state_dict())
+        self.runner.publish_from(self.ctx.model)
 
     def step_metrics(self) -> dict[str, float]:
         """Rollout statistics to log with every optimizer step."""

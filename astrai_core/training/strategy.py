@@ -99,6 +99,18 @@ class Strategy:
             self.loader.load_state_dict(state["data"])
 
     # -- helpers for subclasses -----------------------------------------------------
+    def add_aux_loss(self, loss: torch.Tensor, aux_loss: torch.Tensor | None,
+                     metrics: dict[str, Any], name: str = "moe/aux_loss") -> torch.Tensor:
+        """``loss`` plus the MoE load-balancing loss, weighted by the strategy's
+        ``aux_loss_coef`` (default: the model config's); unchanged for dense models."""
+        model_config = self.ctx.model.config
+        if not model_config.num_experts or aux_loss is None:
+            return loss
+        coef = getattr(self.config, "aux_loss_coef", None)
+        coef = model_config.router_aux_loss_coef if coef is None else coef
+        metrics[name] = aux_loss.detach()
+        return loss + coef * aux_loss
+
     def forward(self, batch: dict[str, torch.Tensor], **kwargs: Any) -> dict[str, Any]:
         """The policy's forward over a token batch (packed documents included)."""
         return self.ctx.model(batch["input_ids"], attention_mask=batch.get("attention_mask"),

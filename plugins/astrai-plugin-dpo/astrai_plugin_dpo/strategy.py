@@ -117,21 +117,12 @@ class DPO(Strategy):
         metrics.update(chosen_reward=chosen_rewards.mean(), rejected_reward=rejected_rewards.mean(),
                        chosen_logp=chosen.detach().mean(), rejected_logp=rejected.detach().mean(),
                        tokens=tokens)
-        model_config = self.ctx.model.config
-        if model_config.num_experts:
-            coef = cfg.aux_loss_coef
-            coef = model_config.router_aux_loss_coef if coef is None else coef
-            loss = loss + coef * aux_loss
-            metrics["moe/aux_loss"] = aux_loss.detach()
-        return loss, metrics
+        return self.add_aux_loss(loss, aux_loss, metrics), metrics
 
     # -- after each step ----------------------------------------------------------------
     def after_optimizer_step(self, step: int) -> None:
         if self.runner is not None:
-            # The torch sampler samples with the live policy: publishing only bumps the
-            # version; engines with their own copy of the weights receive them here.
-            shares_model = getattr(self.runner.sampler, "model", None) is self.ctx.model
-            self.runner.publish(None if shares_model else self.ctx.model.state_dict())
+            self.runner.publish_from(self.ctx.model)
 
     def step_metrics(self) -> dict[str, float]:
         return dict(self.rollout_stats)

@@ -118,12 +118,7 @@ class GRPO(OnlineStrategy):
             out["logprobs"], batch.old_logprobs, batch.extras["advantages"], mask,
             self.loss_settings, ref_logprobs=batch.extras.get("ref_logprobs"),
             entropy=out["entropy"])
-        model_config = self.ctx.model.config
-        if model_config.num_experts:
-            coef = self.config.aux_loss_coef
-            coef = model_config.router_aux_loss_coef if coef is None else coef
-            loss = loss + coef * out["aux_loss"]
-            metrics["moe/aux_loss"] = out["aux_loss"].detach()
+        loss = self.add_aux_loss(loss, out["aux_loss"], metrics)
         metrics["tokens"] = mask.sum()
         return loss, metrics
 

@@ -121,23 +121,12 @@ class PPO(OnlineStrategy):
             kl_loss = aggregate_loss(kl, mask, cfg.loss_aggregation)
             loss = loss + cfg.kl_coef * kl_loss
             metrics["kl"] = kl_loss.detach()
-        loss = loss + self._moe_aux_loss(policy["aux_loss"], critic["aux_loss"], metrics)
+        loss = self.add_aux_loss(loss, policy["aux_loss"], metrics)
+        loss = self.add_aux_loss(loss, critic["aux_loss"], metrics, name="moe/critic_aux_loss")
         metrics.update(value_metrics)
         metrics.update(self._loss_metrics(batch, policy_loss, value_loss, entropy,
                                           critic["values"]))
         return loss, metrics
-
-    def _moe_aux_loss(self, policy_aux: Tensor | None, critic_aux: Tensor | None,
-                      metrics: dict[str, Any]) -> Tensor | float:
-        """Load-balancing loss of the policy and the critic when the model is MoE."""
-        model_config = self.ctx.model.config
-        if not model_config.num_experts:
-            return 0.0
-        coef = self.config.aux_loss_coef
-        coef = model_config.router_aux_loss_coef if coef is None else coef
-        metrics["moe/aux_loss"] = policy_aux.detach()
-        metrics["moe/critic_aux_loss"] = critic_aux.detach()
-        return coef * (policy_aux + critic_aux)
 
     @staticmethod
     def _loss_metrics(batch: RolloutBatch, policy_loss: Tensor, value_loss: Tensor,

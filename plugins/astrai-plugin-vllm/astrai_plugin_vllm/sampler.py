@@ -133,7 +133,7 @@ class VllmSampler:
             for request in requests:
                 for token in request.token_ids:
                     on_token(request.index, token)
-        return [self._completion(r) for r in requests]
+        return [r.completion(self.tokenizer) for r in requests]
 
     def _record(self, request: Request, sequence: Any) -> None:
         if sequence.finish_reason not in ("stop", "length"):
@@ -169,16 +169,6 @@ class VllmSampler:
                                       [r.token_ids for r in group], temperature)
             for request, logprobs in zip(group, values, strict=True):
                 request.logprobs = logprobs
-
-    def _completion(self, request: Request) -> Completion:
-        text = None
-        if self.tokenizer is not None:
-            text = self.tokenizer.decode(request.token_ids, skip_special_tokens=True)
-            if request.stop_text_at is not None:
-                text = text[:request.stop_text_at]
-        return Completion(token_ids=request.token_ids, logprobs=request.logprobs,
-                          finish_reason=request.finish_reason or "length", text=text,
-                          prompt_index=request.prompt_index)
 
     # ---------------------------------------------------------------- lifetime
     def close(self) -> None:
