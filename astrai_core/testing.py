@@ -21,6 +21,8 @@ from __future__ import annotations
 
 import json
 import random
+import subprocess
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -91,3 +93,24 @@ def read_metrics(run_dir: Path) -> list[dict[str, Any]]:
     """The records of ``run_dir/metrics.jsonl``, in order."""
     lines = (Path(run_dir) / "metrics.jsonl").read_text().splitlines()
     return [json.loads(line) for line in lines]
+
+
+# `astrai ARGS` in a fresh interpreter; the last stderr line says whether torch was imported.
+_CLI_PROBE = """
+import sys
+from astrai_core.cli.main import main
+try:
+    main(sys.argv[1:])
+except SystemExit as exit:
+    code = exit.code
+print("TORCH_IMPORTED" if "torch" in sys.modules else "TORCH_NOT_IMPORTED", file=sys.stderr)
+sys.exit(code)
+"""
+
+
+def run_astrai(*args: str, cwd: Path | None = None,
+               timeout: float = 600) -> subprocess.CompletedProcess:
+    """Run the CLI in a subprocess, as a user would; stderr ends with ``TORCH_IMPORTED`` or
+    ``TORCH_NOT_IMPORTED`` (so a test can check that a command stays light)."""
+    return subprocess.run([sys.executable, "-c", _CLI_PROBE, *args], capture_output=True,
+                          text=True, timeout=timeout, cwd=cwd)

@@ -5,23 +5,13 @@ from __future__ import annotations
 import importlib.util
 import json
 import subprocess
-import sys
 
-PROBE = """
-import sys
-from astrai_core.cli.main import main
-try:
-    main(sys.argv[1:])
-except SystemExit as exit:
-    code = exit.code
-print("TORCH_IMPORTED" if "torch" in sys.modules else "TORCH_NOT_IMPORTED", file=sys.stderr)
-sys.exit(code)
-"""
+from astrai_core.testing import run_astrai
+
 
 
 def _run(*args: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-c", PROBE, *args], capture_output=True, text=True,
-                          timeout=120)
+    return run_astrai(*args, timeout=120)
 
 
 def test_list_plugins_json_contract_without_importing_torch():

@@ -14,24 +14,15 @@ from pathlib import Path
 
 import pytest
 
+from astrai_core.testing import run_astrai
+
 HAS_VLLM = importlib.util.find_spec("vllm") is not None
 REPO = Path(__file__).resolve().parents[3]
 HINT = "vLLM is not installed: pip install vllm"
-PROBE = """
-import sys
-from astrai_core.cli.main import main
-try:
-    main(sys.argv[1:])
-except SystemExit as exit:
-    code = exit.code
-print("TORCH_IMPORTED" if "torch" in sys.modules else "TORCH_NOT_IMPORTED", file=sys.stderr)
-sys.exit(code)
-"""
 
 
 def _astrai(*args: str, cwd: Path | None = None) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-c", PROBE, *args], capture_output=True, text=True,
-                          timeout=300, cwd=cwd)
+    return run_astrai(*args, cwd=cwd, timeout=300)
 
 
 def test_list_plugins_reports_vllm_without_importing_torch():
