@@ -18,6 +18,8 @@ import time
 
 import torch
 
+from astrai_core.rollout.batch import pad_rows
+
 SIZE = dict(max_position_embeddings=1024)
 SIZES = {
     # The arithmetic example's scale: per-step overhead dominates.
@@ -54,19 +56,15 @@ def make_prompts(batch: int, vocab: int) -> list[list[int]]:
 
 
 def run_transformers(model, prompts, new_tokens: int, sample: bool, eos: int | None = None) -> list[list[int]]:
-    width = max(map(len, prompts))
-    ids = torch.zeros(len(prompts), width, dtype=torch.long)
-    mask = torch.zeros(len(prompts), width, dtype=torch.long)
-    for row, prompt in enumerate(prompts):
-        ids[row, width - len(prompt):] = torch.tensor(prompt)
-        mask[row, width - len(prompt):] = 1
+    ids, mask = pad_rows(prompts, left=True, pad_value=0, dtype=torch.long)
+    mask = mask.long()
     options = dict(do_sample=True, temperature=1.0, top_k=50, top_p=0.9) if sample else dict(do_sample=False)
     if eos is None:  # every row runs the full length
         options["min_new_tokens"] = new_tokens
     with torch.inference_mode():
         out = model.generate(ids, attention_mask=mask, max_new_tokens=new_tokens, eos_token_id=eos,
                              pad_token_id=0, **options)
-    return [_until(row, eos) for row in out[:, width:].tolist()]
+    return [_until(row, eos) for row in out[:, ids.shape[1]:].tolist()]
 
 
 def _until(tokens: list[int], eos: int | None) -> list[int]:

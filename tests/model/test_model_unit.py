@@ -11,6 +11,7 @@ import torch
 
 from astrai_core.model import CausalLM, KVCache, ModelConfig, positions_from_attention_mask
 from astrai_core.model.moe import RouterOutput, load_balancing_loss, router_statistics
+from astrai_core.rollout.batch import pad_rows
 
 DENSE = dict(vocab_size=96, hidden_size=32, intermediate_size=48, num_layers=2, num_heads=4,
              num_kv_heads=2, qk_norm=True, attention_bias=True, rope_theta=1000.0)
@@ -29,13 +30,8 @@ def make_model(**config) -> CausalLM:
 
 
 def left_padded(prompts: list[list[int]]) -> tuple[torch.Tensor, torch.Tensor]:
-    width = max(map(len, prompts))
-    ids = torch.zeros(len(prompts), width, dtype=torch.long)
-    mask = torch.zeros(len(prompts), width, dtype=torch.long)
-    for row, prompt in enumerate(prompts):
-        ids[row, width - len(prompt):] = torch.tensor(prompt)
-        mask[row, width - len(prompt):] = 1
-    return ids, mask
+    ids, mask = pad_rows(prompts, left=True, pad_value=0, dtype=torch.long)
+    return ids, mask.long()
 
 
 @torch.no_grad()
