@@ -69,6 +69,21 @@ class RolloutRunner:
         with self._lock:
             return self.sampler.update_weights(state_dict)
 
+    # ---------------------------------------------------------------- resume
+    def state_dict(self) -> dict[str, Any]:
+        """Where the prompt source stands and how many rollouts were drawn (which seeds
+        the sampling of the next one): what an exact resume needs."""
+        state: dict[str, Any] = {"rollouts_drawn": self.rollouts_drawn}
+        if hasattr(self._source, "state_dict"):
+            state["prompts"] = self._source.state_dict()
+        return state
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        if "prompts" in state:
+            self._source.load_state_dict(state["prompts"])
+            self._prompts = iter(self._source)
+        self.rollouts_drawn = int(state.get("rollouts_drawn", 0))
+
     def publish_from(self, model: torch.nn.Module) -> int:
         """Publish ``model``'s weights: a sampler that generates with this very model only
         bumps its version; an engine with its own copy receives the tensors."""

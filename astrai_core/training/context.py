@@ -26,6 +26,12 @@ class _RecordStream:
         for batch in self.loader:
             yield from batch
 
+    def state_dict(self) -> dict[str, Any]:
+        return self.loader.state_dict()
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.loader.load_state_dict(state)
+
 
 if TYPE_CHECKING:
     from astrai_core.training.strategy import Strategy
@@ -139,8 +145,9 @@ class TrainContext:
                                   ("advantage",), getattr(self.run_config, "_source", None))
         return self.registry.get("advantage_estimator", name).load()(**params)
 
-    def rollout_runner(self, *, group_size: int, steps_per_rollout: int) -> tuple[Any, Any]:
-        """(prompt loader, RolloutRunner) over the `prompt`-format training data."""
+    def rollout_runner(self, *, group_size: int, steps_per_rollout: int) -> Any:
+        """The RolloutRunner over the `prompt`-format training data (its state_dict holds
+        the prompt position for resume)."""
         from astrai_core.rollout.runner import RolloutRunner
 
         loader = self.train_loader(("prompt",))
@@ -153,7 +160,7 @@ class TrainContext:
                                group_size=group_size, prompt_source=records,
                                prompts_per_rollout=self.data_config.batch_size,
                                rollout_interval=steps_per_rollout, pad_token_id=pad_id)
-        return loader, runner
+        return runner
 
     # -- evaluation -----------------------------------------------------------------
     def evaluate(self, strategy: Strategy) -> dict[str, float]:

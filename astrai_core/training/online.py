@@ -55,7 +55,7 @@ class OnlineStrategy(Strategy):
 
     def setup(self) -> None:
         self.estimator = self.ctx.advantage_estimator(self.default_advantage)
-        self.prompt_loader, self.runner = self.ctx.rollout_runner(
+        self.runner = self.ctx.rollout_runner(
             group_size=self.config.group_size,
             steps_per_rollout=self.config.epochs * self.config.mini_batches)
         self.rollout_stats: dict[str, float] = {}
@@ -163,11 +163,8 @@ class OnlineStrategy(Strategy):
 
     # -- checkpointing ----------------------------------------------------------------
     def state_dict(self) -> dict[str, Any]:
-        # rollouts_drawn seeds the sampling and the mini-batch order of the next rollout.
-        return {"prompts": self.prompt_loader.state_dict(),
-                "rollouts_drawn": self.runner.rollouts_drawn}
+        # rollouts_drawn also seeds the mini-batch order of the next rollout.
+        return {"rollout": self.runner.state_dict()}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        if "prompts" in state:
-            self.prompt_loader.load_state_dict(state["prompts"])
-        self.runner.rollouts_drawn = int(state.get("rollouts_drawn", 0))
+        self.runner.load_state_dict(state.get("rollout", {}))

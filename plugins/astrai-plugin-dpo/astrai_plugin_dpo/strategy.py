@@ -69,7 +69,7 @@ class DPO(Strategy):
             super().setup()
             self.runner = None
         else:
-            self.prompt_loader, self.runner = self.ctx.rollout_runner(
+            self.runner = self.ctx.rollout_runner(
                 group_size=self.config.group_size, steps_per_rollout=1)
 
     # -- batches ----------------------------------------------------------------------
@@ -131,14 +131,10 @@ class DPO(Strategy):
     def state_dict(self) -> dict[str, Any]:
         if self.runner is None:
             return super().state_dict()
-        # rollouts_drawn seeds the sampling of the next rollout.
-        return {"prompts": self.prompt_loader.state_dict(),
-                "rollouts_drawn": self.runner.rollouts_drawn}
+        return {"rollout": self.runner.state_dict()}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         if self.runner is None:
             super().load_state_dict(state)
             return
-        if "prompts" in state:
-            self.prompt_loader.load_state_dict(state["prompts"])
-        self.runner.rollouts_drawn = int(state.get("rollouts_drawn", 0))
+        self.runner.load_state_dict(state.get("rollout", {}))
