@@ -34,3 +34,16 @@ class UnknownComponentError(PluginError, KeyError):
 
 class PluginConflictError(PluginError):
     """Two distributions provide the same name for the same kind."""
+
+
+class FieldError(ConfigError):
+    """A config mistake found after the file was read, located by its field path.
+
+    The run plan turns it into ``file:line: dotted.path: message`` (one formatter for
+    every config error), so code that finds a problem only names the field.
+    """
+
+    def __init__(self, path: tuple, message: str) -> None:
+        super().__init__(f"{'.'.join(map(str, path))}: {message}")
+        self.path = tuple(path)
+        self.message = message

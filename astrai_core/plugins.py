@@ -26,6 +26,7 @@ CORE_DISTRIBUTION = "astrai-core"
 BUILTIN_MODULE = "astrai_core.builtins"
 
 _in_process: list[Any] = []
+_cached: tuple[tuple, Registry] | None = None
 
 
 def register(obj: Any) -> Any:
@@ -41,6 +42,20 @@ def register(obj: Any) -> Any:
 def unregister(obj: Any) -> None:
     """Undo :func:`register`."""
     _in_process[:] = [existing for existing in _in_process if existing is not obj]
+
+
+def process_registry() -> Registry:
+    """The registry this process shares: discovered once, again only when what decides
+    discovery changes (``ASTRAI_PLUGINS``, ``ASTRAI_DISABLE_PLUGINS``, :func:`register`).
+
+    Commands and the run wiring use it and pass it down; components never rediscover.
+    """
+    global _cached
+    key = (os.environ.get("ASTRAI_PLUGINS", ""), os.environ.get("ASTRAI_DISABLE_PLUGINS", ""),
+           tuple(id(obj) for obj in _in_process))
+    if _cached is None or _cached[0] != key:
+        _cached = (key, load_plugins())
+    return _cached[1]
 
 
 def core_version() -> str:
@@ -103,6 +118,7 @@ def _load_module(manager: pluggy.PluginManager, registry: Registry, info: Plugin
         if manager.is_registered(plugin):
             raise RuntimeError(f"{_plugin_label(plugin)} is already loaded by another plugin")
         manager.register(plugin, name=info.distribution)
+        _check_hook_names(manager, plugin)
         specs = list(_collect_specs(manager, plugin))
     except Exception as exc:  # isolation: one broken plugin never breaks the others
         info.status, info.error = "error", f"{type(exc).__name__}: {exc}"
@@ -111,6 +127,21 @@ def _load_module(manager: pluggy.PluginManager, registry: Registry, info: Plugin
         registry.add(spec, info)
         if info.status != "ok":
             return
+
+
+def _check_hook_names(manager: pluggy.PluginManager, plugin: Any) -> None:
+    """A hookimpl whose name matches no astrai hook (``astrai_strategys``) is an error
+    naming the hook, not a plugin that silently provides nothing."""
+    try:
+        manager.check_pending()
+    except pluggy.PluginValidationError:
+        unknown = sorted(name for name, caller in vars(manager.hook).items()
+                         if getattr(caller, "spec", True) is None
+                         and any(impl.plugin is plugin for impl in caller.get_hookimpls()))
+        manager.unregister(plugin)
+        known = ", ".join(hookspecs.HOOK_FOR_KIND.values())
+        raise RuntimeError(f"unknown hook {', '.join(unknown)}; astrai's hooks are: "
+                           f"{known}") from None
 
 
 def _collect_specs(manager: pluggy.PluginManager, plugin: Any) -> list[Spec]:
@@ -186,4 +217,4 @@ def _plugin_label(plugin: Any) -> str:
     return getattr(plugin, "__name__", None) or repr(plugin)
 
 
-__all__ = ["core_version", "load_plugins", "register", "unregister"]
+__all__ = ["core_version", "load_plugins", "process_registry", "register", "unregister"]

@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from astrai_core.errors import PluginConflictError, UnknownComponentError
+from astrai_core.errors import PluginConflictError, PluginError, UnknownComponentError
 from astrai_core.known_plugins import SHIPPED
 from astrai_core.specs import KINDS, Spec
 
@@ -102,6 +102,15 @@ class Registry:
         except KeyError:
             raise UnknownComponentError(self.unknown_message(kind, name)) from None
 
+    def load(self, kind: str, name: str) -> Any:
+        """The target of ``kind``/``name``, loaded; a failure names the plugin that gave it."""
+        spec = self.get(kind, name)
+        try:
+            return spec.load()
+        except PluginError as exc:
+            plugin = self._providers[(kind, name)]
+            raise PluginError(f"plugin {plugin.name!r} ({plugin.distribution}): {exc}") from None
+
     def has(self, kind: str, name: str) -> bool:
         return name in self._specs.get(kind, {})
 
@@ -119,6 +128,13 @@ class Registry:
         message = f"unknown {kind.replace('_', ' ')} {name!r}; available: {available}."
         distribution = SHIPPED.get((kind, name))
         if distribution is None:
+            # Plugins from outside this repository that failed: the name may be theirs.
+            shipped = set(SHIPPED.values())
+            broken = [p for p in self.plugins
+                      if p.status == "error" and p.distribution not in shipped]
+            if broken:
+                message += " Plugins that failed to load: " + "; ".join(
+                    f"{p.name} ({p.error})" for p in broken)
             return message
         installed = next((p for p in self.plugins if p.distribution == distribution), None)
         if installed is not None and installed.status != "ok":

@@ -61,8 +61,24 @@ class Spec(BaseModel):
         return value.strip()
 
     def load(self) -> Any:
-        """Import and return the target."""
-        return import_target(self.target)
+        """Import and return the target, checked against its kind's Protocol.
+
+        Raises PluginError naming the target when it does not import, lacks its
+        attribute, or lacks a member the core calls (see :mod:`astrai_core.protocols`).
+        """
+        from astrai_core.errors import PluginError
+        from astrai_core.protocols import missing_members
+
+        label = f"{self.kind.replace('_', ' ')} {self.name!r}: target {self.target!r}"
+        try:
+            target = import_target(self.target)
+        except Exception as exc:  # ImportError, AttributeError, or the module's own failure
+            raise PluginError(f"{label} cannot be loaded ({type(exc).__name__}: {exc})") from exc
+        missing = missing_members(self.kind, target)
+        if missing:
+            raise PluginError(f"{label} lacks {', '.join(missing)} (see astrai_core.protocols; "
+                              "extend the base classes of astrai_core.api)")
+        return target
 
 
 class StrategySpec(Spec):
@@ -71,7 +87,8 @@ class StrategySpec(Spec):
     kind: ClassVar[str] = "strategy"
     default_advantage: str | None = Field(
         default=None,
-        description="advantage estimator used when the config has no `advantage` section",
+        description="advantage estimator an online strategy uses when the config has no "
+        "`advantage` section (the run plan reads it)",
     )
 
 

@@ -8,8 +8,8 @@ strategy exactly the way ``astrai train`` does with :func:`build_strategy`::
     def test_my_strategy(tmp_path):
         prompts = write_arith_prompts(tmp_path / "prompts.jsonl")
         config = tiny_run_config(tmp_path, prompts, {"name": "my_strategy"}, max_steps=2)
-        strategy, context = build_strategy(config, tmp_path, setup=True)
-        loss, metrics = strategy.compute_loss(next(strategy.train_batches()))
+        strategy, run = build_strategy(config, tmp_path)
+        loss, metrics = strategy.compute_loss(strategy.batch_source().next_step()[0])
 
 The model is a 2-layer, 32-wide decoder built from scratch (seeded by ``trainer.seed``, 0
 by default) over the arithmetic example's tokenizer, so a step takes milliseconds on CPU.
@@ -74,19 +74,14 @@ def tiny_run_config(tmp_path: Path, data_path: Path, strategy: dict[str, Any], *
     }
 
 
-def build_strategy(config: dict[str, Any], base_dir: Path, *, setup: bool = False
-                   ) -> tuple[Any, Any]:
-    """(strategy, TrainContext) built from ``config`` exactly as ``astrai train`` builds them.
-
-    ``base_dir`` resolves relative data paths; ``setup=True`` also calls ``strategy.setup()``.
-    """
+def build_strategy(config: dict[str, Any], base_dir: Path) -> tuple[Any, Any]:
+    """(strategy, RunComponents) built from ``config`` exactly as ``astrai train`` builds
+    them; ``base_dir`` resolves relative data paths."""
     from astrai_core.config.schema import RunConfig
     from astrai_core.training.run import prepare_run
 
-    context, strategy = prepare_run(RunConfig.model_validate(config), base_dir=Path(base_dir))
-    if setup:
-        strategy.setup()
-    return strategy, context
+    run, strategy = prepare_run(RunConfig.model_validate(config), base_dir=Path(base_dir))
+    return strategy, run
 
 
 def read_metrics(run_dir: Path) -> list[dict[str, Any]]:

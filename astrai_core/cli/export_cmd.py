@@ -19,10 +19,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from astrai_core.importers.select import export_model_type, load_importer
-    from astrai_core.plugins import load_plugins
+    from astrai_core.plugins import process_registry
 
     model_type = args.model_type or export_model_type(args.src)
-    importer = load_importer(load_plugins(), name=args.importer, model_type=model_type)
+    importer = load_importer(process_registry(), name=args.importer, model_type=model_type)
     destination = importer.export_checkpoint(args.src, args.dst, model_type=model_type)
     print(f"exported {args.src} -> {destination} (model_type {model_type})")
     return 0

@@ -46,14 +46,14 @@ def _load(model_dir: Path, device_name: str):
     from astrai_core.devices.select import resolve_device
     from astrai_core.errors import CheckpointError, DataError
     from astrai_core.model import load_pretrained
-    from astrai_core.plugins import load_plugins
+    from astrai_core.plugins import process_registry
 
     model = load_pretrained(model_dir)  # CheckpointError names the problem
     try:
         tokenizer = load_tokenizer(model_dir)
     except DataError as err:
         raise CheckpointError(f"{model_dir} has no usable tokenizer: {err}") from None
-    device = resolve_device(load_plugins(), device_name).device()
+    device = resolve_device(process_registry(), device_name).device()
     return model.to(device), tokenizer
 
 

@@ -16,9 +16,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from astrai_core.importers.select import importer_for_hf_dir
-    from astrai_core.plugins import load_plugins
+    from astrai_core.plugins import process_registry
 
-    importer = importer_for_hf_dir(load_plugins(), args.src, args.importer)
+    importer = importer_for_hf_dir(process_registry(), args.src, args.importer)
     destination = importer.import_checkpoint(args.src, args.dst)
     print(f"imported {args.src} -> {destination} (importer {importer.name})")
     return 0

@@ -14,9 +14,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from astrai_core.plugins import load_plugins
+    from astrai_core.plugins import process_registry
 
-    registry = load_plugins()
+    registry = process_registry()
     plugins = [p for p in registry.plugins if args.all or not p.builtin]
     if args.json:
         print(json.dumps([p.to_json() for p in plugins], indent=2))

@@ -16,13 +16,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from astrai_core.config import load_config
+    from astrai_core.config import read_config
     from astrai_core.errors import ConfigError
 
-    config = load_config(args.config, args.overrides)
     if args.resume and args.overwrite:
         raise ConfigError("--resume and --overwrite contradict each other; choose one")
+    loaded = read_config(args.config, args.overrides)
     from astrai_core.training.run import train
 
-    train(config, resume=args.resume, overwrite=args.overwrite)
+    train(loaded.config, source=loaded.source, resume=args.resume, overwrite=args.overwrite)
     return 0

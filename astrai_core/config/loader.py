@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -66,7 +67,15 @@ def apply_overrides(data: dict[str, Any], overrides: Sequence[tuple[FieldPath, A
             raise ConfigError(f"--set {_dotted(path)}: cannot set this key")
 
 
-def load_config(path: str | Path, overrides: Sequence[str] = ()) -> RunConfig:
+@dataclass(frozen=True)
+class ConfigFile:
+    """A validated run config and the YAML it came from (for ``file:line`` in later errors)."""
+
+    config: RunConfig
+    source: YamlSource
+
+
+def read_config(path: str | Path, overrides: Sequence[str] = ()) -> ConfigFile:
     """Read, override and validate a run config; any problem is one ConfigError."""
     source = YamlSource.from_file(path)
     if not isinstance(source.data, dict):
@@ -75,10 +84,12 @@ def load_config(path: str | Path, overrides: Sequence[str] = ()) -> RunConfig:
     apply_overrides(source.data, parsed)
     for field_path, _ in parsed:
         source.lines[field_path] = 0  # 0 marks "from --set", see _where
-    config = validate_model(RunConfig, source.data, source, ())
-    config._source = source  # type: ignore[attr-defined]  # for later component checks
-    config._base_dir = Path(path).resolve().parent  # type: ignore[attr-defined]
-    return config
+    return ConfigFile(validate_model(RunConfig, source.data, source, ()), source)
+
+
+def load_config(path: str | Path, overrides: Sequence[str] = ()) -> RunConfig:
+    """The validated :class:`RunConfig` of :func:`read_config`."""
+    return read_config(path, overrides).config
 
 
 def validate_model(model: type[BaseModel], data: Any, source: YamlSource | None,
@@ -92,7 +103,7 @@ def validate_model(model: type[BaseModel], data: Any, source: YamlSource | None,
 
 def format_validation_error(exc: ValidationError, source: YamlSource | None,
                             prefix: FieldPath = ()) -> str:
-    """One line per problem: ``file:line: field.path: message``."""
+    """``file:line: field.path: message``; several problems share the line, "; "-joined."""
     problems = []
     for error in exc.errors():
         field_path = prefix + tuple(part for part in error["loc"] if not _is_union_tag(part))
@@ -102,10 +113,13 @@ def format_validation_error(exc: ValidationError, source: YamlSource | None,
             message = "unknown field"
         elif error["type"] == "missing":
             message = "field required"
-        label = _dotted(field_path) or "config"
-        problems.append(f"{where}{label}: {message}")
-    return "invalid config:\n  " + "\n  ".join(problems) if len(problems) > 1 else (
-        "invalid config: " + problems[0])
+        problems.append(field_message(source, field_path, message))
+    return "; ".join(problems)
+
+
+def field_message(source: YamlSource | None, field_path: FieldPath, message: str) -> str:
+    """The one shape of every config error: ``file:line: dotted.path: message``."""
+    return f"{_where(source, field_path)}{_dotted(field_path) or 'config'}: {message}"
 
 
 def _where(source: YamlSource | None, field_path: FieldPath) -> str:

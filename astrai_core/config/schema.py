@@ -1,8 +1,9 @@
 """The shape of a run config (DESIGN.md, "Run configuration").
 
-Pluggable sections (`strategy`, `advantage`, `rewards`, `sampler`, `device`) select a
-component by `name`; their other keys belong to that component and are validated
-against its own `Config` model once the registry is loaded (see components.py).
+Every section is typed here, torch-free: `model`, `data` and `trainer` are checked when
+the file is read. Pluggable sections (`strategy`, `advantage`, `rewards`, `sampler`,
+`device`) select a component by `name`; their other keys belong to that component and
+are validated against its own `Config` model by the run plan (plan.py).
 """
 
 from __future__ import annotations
@@ -10,6 +11,9 @@ from __future__ import annotations
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+from astrai_core.config.trainer import TrainerConfig
+from astrai_core.data.config import DataConfig
 
 
 class Section(BaseModel):
@@ -63,10 +67,10 @@ class RunConfig(Section):
 
     output_dir: str
     model: ModelSection
-    data: dict[str, Any] = Field(default_factory=dict)
+    data: DataConfig
     strategy: ComponentSection
     advantage: ComponentSection | None = None
     rewards: list[RewardSection] = Field(default_factory=list)
     sampler: ComponentSection | None = None
     device: ComponentSection = Field(default_factory=lambda: ComponentSection(name="auto"))
-    trainer: dict[str, Any] = Field(default_factory=dict)
+    trainer: TrainerConfig

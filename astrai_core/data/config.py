@@ -26,6 +26,9 @@ class SourceConfig(BaseModel):
     chosen + rejected) or ``prompt`` (prompt/messages + any other columns)."""
     weight: float = Field(1.0, gt=0)
     """Relative sampling weight when several sources are mixed (per example drawn)."""
+    columns: list[str] | None = None
+    """Optional: the columns every row carries besides the prompt (``prompt`` format). When
+    given, the run plan checks before any work that each reward finds the columns it needs."""
 
 
 class EvalSourceConfig(BaseModel):

@@ -6,8 +6,7 @@ from astrai_core.rewards.reward_set import (
     RewardSet,
     RewardTerm,
     build_reward,
-    resolve_reward,
 )
 
 __all__ = ["FormatRegex", "LengthPenalty", "RewardError", "RewardSet", "RewardTerm", "build_reward",
-           "exact_match", "final_number", "resolve_reward"]
+           "exact_match", "final_number"]

@@ -43,6 +43,9 @@ def exact_match(prompts: list[str], completions: list[str], answer: list[Any] | 
     return rewards
 
 
+exact_match.required_columns = ("answer",)  # checked by the run plan against data columns
+
+
 class _Options(BaseModel):
     model_config = ConfigDict(extra="forbid")
 

@@ -24,7 +24,6 @@ from dataclasses import dataclass
 from typing import Any
 
 from astrai_core.errors import AstraiError, ConfigError
-from astrai_core.specs import import_target
 
 RewardFn = Callable[..., Sequence[float]]
 
@@ -42,40 +41,17 @@ class RewardTerm:
     weight: float = 1.0
 
 
-def resolve_reward(name: str, registry: Any = None) -> Any:
-    """The target named by a config entry: ``module:function`` or a registered name."""
-    if ":" in name:
-        try:
-            return import_target(name)
-        except (ImportError, AttributeError) as err:
-            raise ConfigError(f"reward {name!r} cannot be imported: {err}") from None
-    if registry is None:
-        from astrai_core.plugins import load_plugins
-
-        registry = load_plugins()
-    return registry.get("reward_function", name).load()
-
-
-def reward_label(name: str) -> str:
-    """The metric label of a config name: ``mypkg.rewards:my_fn`` -> ``my_fn``."""
-    return name.rpartition(":")[2].rpartition(".")[2]
-
-
-def build_reward(name: str, params: Mapping[str, Any] | None = None, registry: Any = None) -> RewardFn:
+def build_reward(name: str, params: Mapping[str, Any] | None = None,
+                 registry: Any = None) -> RewardFn:
     """A callable reward from a config entry's name and options (see the module docstring)."""
-    target = resolve_reward(name, registry)
-    params = dict(params or {})
-    if inspect.isclass(target):
-        try:
-            return target(**params)
-        except (TypeError, ValueError) as err:  # pydantic's ValidationError is a ValueError
-            raise ConfigError(f"reward {name!r}: bad options {params}: {err}") from None
-    if not callable(target):
-        raise ConfigError(f"reward {name!r} is not callable")
-    if params:
-        raise ConfigError(f"reward {name!r} is a function and takes no options (got "
-                          f"{', '.join(sorted(params))}); write a class to take options")
-    return target
+    return _resolver(registry).reward(name, 1.0, dict(params or {}), ("rewards", name)).fn
+
+
+def _resolver(registry: Any) -> Any:
+    from astrai_core.config.plan import Resolver
+    from astrai_core.plugins import process_registry
+
+    return Resolver(registry if registry is not None else process_registry())
 
 
 class RewardSet:
@@ -85,16 +61,20 @@ class RewardSet:
         self.terms = _unique_names(list(terms))
 
     @classmethod
-    def from_config(cls, entries: Sequence[Any], registry: Any = None) -> RewardSet:
-        """From config entries: dicts or RewardSection objects with name, weight and options."""
-        terms = []
-        for entry in entries:
-            data = dict(entry) if isinstance(entry, Mapping) else {
-                "name": entry.name, "weight": entry.weight, **entry.params}
+    def from_config(cls, entries: Sequence[Mapping[str, Any]], registry: Any = None) -> RewardSet:
+        """From config entries (dicts with name, weight and options), resolved like a run's."""
+        resolver = _resolver(registry)
+        choices = []
+        for index, entry in enumerate(entries):
+            data = dict(entry)
             name, weight = data.pop("name"), float(data.pop("weight", 1.0))
-            terms.append(RewardTerm(name=reward_label(name), fn=build_reward(name, data, registry),
-                                    weight=weight))
-        return cls(terms)
+            choices.append(resolver.reward(name, weight, data, ("rewards", index)))
+        return cls.from_choices(choices)
+
+    @classmethod
+    def from_choices(cls, choices: Sequence[Any]) -> RewardSet:
+        """From a run plan's resolved rewards."""
+        return cls([RewardTerm(name=c.label, fn=c.fn, weight=c.weight) for c in choices])
 
     @property
     def names(self) -> list[str]:

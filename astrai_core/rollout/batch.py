@@ -35,8 +35,13 @@ class RolloutBatch:
     completions: list[str] = field(default_factory=list)
     columns: list[dict[str, Any]] = field(default_factory=list)
     finish_reasons: list[str] = field(default_factory=list)
-    # Per-sequence tensors a strategy attaches (advantages, ref_logprobs, values, ...):
-    # leading dimension N; they follow select/split/to like the fields above.
+    # Filled per rollout before training ([N, R] float32, 0 on padding):
+    advantages: Tensor | None = None     # from the advantage estimator
+    returns: Tensor | None = None        # the estimator's value targets (GAE), or None
+    values: Tensor | None = None         # the critic's V(s_t) when the rollout was drawn
+    ref_logprobs: Tensor | None = None   # the frozen reference's log-probs (KL terms)
+    # Further per-sequence tensors a plugin attaches: leading dimension N; they follow
+    # select/split/to like the fields above.
     extras: dict[str, Tensor] = field(default_factory=dict)
 
     def __len__(self) -> int:
@@ -79,6 +84,24 @@ class RolloutBatch:
         return [self.select(range(start, min(start + micro_batch_size, len(self))))
                 for start in range(0, len(self), micro_batch_size)]
 
+    def tensors(self) -> dict[str, Tensor]:
+        """Every tensor field by a flat name, for safetensors (the text lists are left out)."""
+        flat = {name: getattr(self, name) for name in _ROW_TENSORS
+                if getattr(self, name) is not None}
+        flat.update({f"reward_components.{k}": v for k, v in self.reward_components.items()})
+        flat.update({f"extras.{k}": v for k, v in self.extras.items()})
+        return {name: tensor.detach().cpu().contiguous() for name, tensor in flat.items()}
+
+    @classmethod
+    def from_tensors(cls, flat: dict[str, Tensor], policy_version: int = 0) -> RolloutBatch:
+        """The inverse of :meth:`tensors` (with empty text lists)."""
+        def group(prefix: str) -> dict[str, Tensor]:
+            return {k[len(prefix):]: v for k, v in flat.items() if k.startswith(prefix)}
+
+        fields = {name: flat.get(name) for name in _ROW_TENSORS}
+        return cls(**fields, reward_components=group("reward_components."),
+                   extras=group("extras."), policy_version=policy_version)
+
     def to(self, device: torch.device | str) -> RolloutBatch:
         """A copy with every tensor on ``device``."""
         return replace(
@@ -89,7 +112,7 @@ class RolloutBatch:
 
 
 _ROW_TENSORS = ("prompt_ids", "prompt_mask", "response_ids", "response_mask", "old_logprobs",
-                "rewards", "group_ids")
+                "rewards", "group_ids", "advantages", "returns", "values", "ref_logprobs")
 _ROW_LISTS = ("prompts", "completions", "columns", "finish_reasons")
 
 

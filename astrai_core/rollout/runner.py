@@ -1,10 +1,12 @@
-"""The rollout runner: turns a strategy online.
+"""The rollout runner: draws rollouts for an online strategy.
 
-Each rollout takes ``prompts_per_rollout`` prompt records, samples ``group_size``
-completions per prompt with the sampler, scores them with the weighted rewards and
-returns a :class:`RolloutBatch`. Weights reach the sampler only through :meth:`publish`,
-at an optimizer-step boundary; a lock makes a rollout and a publish exclusive, so a
-rollout never mixes policy versions.
+Each :meth:`RolloutRunner.draw` takes ``prompts_per_rollout`` prompt records, samples
+``group_size`` completions per prompt with the sampler, scores them with the weighted
+rewards and returns a :class:`RolloutBatch`. How often a rollout is drawn and how it is
+cut into optimizer steps is the rollout source's business (training/sources.py), not the
+runner's. Weights reach the sampler only through :meth:`publish`, at an optimizer-step
+boundary; a lock makes a rollout and a publish exclusive, so a rollout never mixes
+policy versions.
 """
 
 from __future__ import annotations
@@ -22,58 +24,70 @@ from astrai_core.rollout.records import PromptRecord, as_prompt_record
 from astrai_core.sampling.params import Completion, SamplingParams
 
 
-class RolloutRunner:
-    """Draws rollouts for the trainer; see the module docstring.
+class RecordStream:
+    """Prompt records one by one from a loader that yields lists of them (resumable)."""
 
-    ``rollout_interval`` k: :meth:`next_rollout` serves the same rollout for k calls
-    (optimizer steps) before drawing a new one.
-    """
+    def __init__(self, loader: Any) -> None:
+        self.loader = loader
+
+    def __iter__(self) -> Iterator[Any]:
+        for batch in self.loader:
+            yield from batch
+
+    def state_dict(self) -> dict[str, Any]:
+        return self.loader.state_dict()
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.loader.load_state_dict(state)
+
+
+class RolloutRunner:
+    """Draws rollouts for the trainer; see the module docstring."""
 
     def __init__(self, sampler: Any, tokenizer: Any, rewards: RewardSet, sampling_params: SamplingParams,
                  group_size: int, prompt_source: Iterable[Any], prompts_per_rollout: int = 8,
-                 rollout_interval: int = 1, pad_token_id: int = 0) -> None:
-        if group_size < 1 or prompts_per_rollout < 1 or rollout_interval < 1:
-            raise ValueError("group_size, prompts_per_rollout and rollout_interval must be >= 1")
+                 pad_token_id: int = 0) -> None:
+        if group_size < 1 or prompts_per_rollout < 1:
+            raise ValueError("group_size and prompts_per_rollout must be >= 1")
         self.sampler = sampler
         self.tokenizer = tokenizer
         self.rewards = rewards
         self.sampling_params = sampling_params
         self.group_size = group_size
         self.prompts_per_rollout = prompts_per_rollout
-        self.rollout_interval = rollout_interval
         self.pad_token_id = pad_token_id
         self._source = prompt_source
         self._prompts: Iterator[Any] = iter(prompt_source)
         self._lock = threading.Lock()
-        self._current: RolloutBatch | None = None
-        self._served = 0
         self.rollouts_drawn = 0
+        self.policy_version = 0  # publishes so far: stamps each rollout, survives a resume
 
     @property
     def logprob_temperature(self) -> float:
         """The temperature of the behaviour log-probs (1 for greedy sampling)."""
         return self.sampling_params.temperature or 1.0
 
-    # ---------------------------------------------------------------- training cadence
-    def next_rollout(self) -> RolloutBatch:
-        """The rollout for this optimizer step: a new one every ``rollout_interval`` calls."""
-        if self._current is None or self._served >= self.rollout_interval:
-            self._current = self.rollout(self._next_prompts())
-            self.rollouts_drawn += 1
-            self._served = 0
-        self._served += 1
-        return self._current
+    # ---------------------------------------------------------------- training rollouts
+    def draw(self) -> RolloutBatch:
+        """The next training rollout, from the next ``prompts_per_rollout`` prompts."""
+        rollout = self.rollout(self._next_prompts())
+        self.rollouts_drawn += 1
+        return rollout
 
     def publish(self, state_dict: dict[str, torch.Tensor] | None = None) -> int:
-        """Hand new policy weights to the sampler (None: the live model changed in place)."""
+        """Hand new policy weights to the sampler (None: the live model changed in place);
+        returns the new policy version."""
         with self._lock:
-            return self.sampler.update_weights(state_dict)
+            self.sampler.update_weights(state_dict)
+            self.policy_version += 1
+            return self.policy_version
 
     # ---------------------------------------------------------------- resume
     def state_dict(self) -> dict[str, Any]:
-        """Where the prompt source stands and how many rollouts were drawn (which seeds
-        the sampling of the next one): what an exact resume needs."""
-        state: dict[str, Any] = {"rollouts_drawn": self.rollouts_drawn}
+        """Where the prompt source stands, how many rollouts were drawn (which seeds the
+        sampling of the next one) and the policy version: what an exact resume needs."""
+        state: dict[str, Any] = {"rollouts_drawn": self.rollouts_drawn,
+                                 "policy_version": self.policy_version}
         if hasattr(self._source, "state_dict"):
             state["prompts"] = self._source.state_dict()
         return state
@@ -83,16 +97,26 @@ class RolloutRunner:
             self._source.load_state_dict(state["prompts"])
             self._prompts = iter(self._source)
         self.rollouts_drawn = int(state.get("rollouts_drawn", 0))
+        self.policy_version = int(state.get("policy_version", 0))
 
     def publish_from(self, model: torch.nn.Module) -> int:
-        """Publish ``model``'s weights: a sampler that generates with this very model only
-        bumps its version; an engine with its own copy receives the tensors."""
-        shares_model = getattr(self.sampler, "model", None) is model
-        return self.publish(None if shares_model else model.state_dict())
+        """Publish ``model``'s weights as a new policy version (see :meth:`publish`)."""
+        return self.publish(self._weights_for_sampler(model))
+
+    def sync_from(self, model: torch.nn.Module) -> None:
+        """Give the sampler ``model``'s weights without a new version (after a resume)."""
+        weights = self._weights_for_sampler(model)
+        if weights is not None:
+            with self._lock:
+                self.sampler.update_weights(weights)
+
+    def _weights_for_sampler(self, model: torch.nn.Module) -> dict[str, torch.Tensor] | None:
+        """None for a sampler that generates with this very model; else the tensors."""
+        return None if getattr(self.sampler, "model", None) is model else model.state_dict()
 
     def validation_rollout(self, prompts: Sequence[Any], sampling_params: SamplingParams | None = None,
                            group_size: int | None = None) -> RolloutBatch:
-        """A one-off rollout of ``prompts``; the training rollout and its cadence are untouched."""
+        """A one-off rollout of ``prompts``; the training prompts and seeds are untouched."""
         return self.rollout([as_prompt_record(p) for p in prompts], sampling_params, group_size)
 
     # ---------------------------------------------------------------- one rollout
@@ -102,7 +126,7 @@ class RolloutRunner:
         params = self._per_prompt_params(sampling_params or self.sampling_params, len(records),
                                          group_size or self.group_size)
         with self._lock:  # no publish while sampling: one policy version per rollout
-            version = self.sampler.policy_version
+            version = self.policy_version
             completions = self.sampler.generate([r.prompt_ids for r in records], params)
         return self._build(records, completions, version)
 

@@ -49,7 +49,7 @@ class LanguageModeling(Strategy):
     Config: ClassVar[type[BaseModel]] = LanguageModelingConfig
 
     def compute_loss(self, batch: dict[str, torch.Tensor]) -> tuple[torch.Tensor, dict[str, Any]]:
-        batch = {name: tensor.to(self.ctx.device) for name, tensor in batch.items()}
+        batch = self.to_device(batch)
         output = self.forward(batch)
         loss, count = next_token_loss(output["logits"], batch["input_ids"], batch["loss_mask"])
         metrics: dict[str, Any] = {"lm_loss": loss.detach(), "tokens": count}

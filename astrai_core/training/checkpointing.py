@@ -36,6 +36,7 @@ from astrai_core.model.checkpoint import (
 )
 
 TRAINING_STATE = "training_state.pt"
+STATE_TENSORS = "state_tensors.safetensors"  # tensors of the training state (a rollout)
 TRAINER_JSON = "trainer_state.json"
 _STEP_DIR = re.compile(r"^step_(\d+)$")
 
@@ -58,11 +59,14 @@ def restore_rng_state(state: dict[str, Any], backend: Any) -> None:
 
 def save_checkpoint(target: Path, *, model: nn.Module, tokenizer_dir: Path,
                     extra_modules: dict[str, nn.Module], training_state: dict[str, Any],
-                    summary: dict[str, Any], initial_model_dir: Path | None = None) -> Path:
+                    summary: dict[str, Any], initial_model_dir: Path | None = None,
+                    state_tensors: dict[str, torch.Tensor] | None = None) -> Path:
     """Write one complete checkpoint directory atomically.
 
     ``initial_model_dir``: the checkpoint the run started from; its record of the original
     Hugging Face config (``hf_source.json``) travels along so `astrai export` stays exact.
+    ``state_tensors``: tensors of the training state (the rollout being served), written
+    through safetensors rather than inside ``training_state.pt``.
     """
     with atomic_directory(target) as staging:
         write_config(model.config, staging)
@@ -73,6 +77,9 @@ def save_checkpoint(target: Path, *, model: nn.Module, tokenizer_dir: Path,
         for name, module in extra_modules.items():
             tensors = {k: v.detach().contiguous() for k, v in module.state_dict().items()}
             save_file(tensors, str(staging / f"{name}.safetensors"))
+        if state_tensors:
+            save_file({k: v.detach().cpu().contiguous() for k, v in state_tensors.items()},
+                      str(staging / STATE_TENSORS))
         torch.save(training_state, staging / TRAINING_STATE)
         (staging / TRAINER_JSON).write_text(json.dumps(summary, indent=2) + "\n")
     return target
@@ -108,6 +115,12 @@ def load_training_state(directory: Path) -> dict[str, Any]:
     except Exception as exc:
         raise CheckpointError(f"{directory / TRAINING_STATE}: cannot read training state "
                               f"({type(exc).__name__}: {exc})") from None
+
+
+def load_state_tensors(directory: Path) -> dict[str, torch.Tensor] | None:
+    """The training state's tensors, or None when the checkpoint has none."""
+    path = directory / STATE_TENSORS
+    return load_file(str(path)) if path.is_file() else None
 
 
 def load_model_weights(model: nn.Module, directory: Path) -> None:

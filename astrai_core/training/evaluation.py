@@ -1,43 +1,42 @@
-"""Periodic evaluation: held-out loss, or accuracy by generation for prompt data."""
+"""Periodic evaluation, run by the trainer: held-out loss, or accuracy by generation.
+
+The strategy takes no part beyond its ``compute_loss``, which the trainer passes in: a
+prompt-format eval set is scored by greedy generation with the run's sampler and
+rewards; any other is scored by the strategy's loss, weighted by tokens.
+"""
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from collections.abc import Callable
+from typing import Any
 
 import torch
 
-if TYPE_CHECKING:
-    from astrai_core.training.context import TrainContext
-    from astrai_core.training.strategy import Strategy
+from astrai_core.rollout.evaluate import evaluate_generation
+from astrai_core.training.components import RunComponents
+
+LossFn = Callable[[Any], tuple[torch.Tensor, dict[str, Any]]]
 
 
-def evaluate_run(ctx: TrainContext, strategy: Strategy) -> dict[str, float]:
+def evaluate(run: RunComponents, compute_loss: LossFn) -> dict[str, float]:
     """`eval/...` metrics over `data.eval`; nothing when the run has no eval source."""
-    from astrai_core.data import build_eval_loader
-
-    loader = build_eval_loader(ctx.data_config, ctx.tokenizer, base_dir=ctx.base_dir)
+    loader = run.eval_loader
     if loader is None:
         return {}
     if loader.kind == "prompt":
-        return _generation_metrics(ctx, [record for batch in loader for record in batch])
-    return _loss_metrics(ctx, strategy, loader)
+        records = [record for batch in loader for record in batch]
+        return evaluate_generation(run.sampler, run.tokenizer, records, run.rewards,
+                                   max_new_tokens=run.trainer.eval_max_new_tokens,
+                                   batch_size=run.data.eval_batch_size or run.data.batch_size)
+    return _loss_metrics(run, compute_loss, loader)
 
 
-def _generation_metrics(ctx: TrainContext, records: list[Any]) -> dict[str, float]:
-    from astrai_core.rollout.evaluate import evaluate_generation
-
-    return evaluate_generation(ctx.sampler(), ctx.tokenizer, records, ctx.rewards(),
-                               max_new_tokens=ctx.trainer_config.eval_max_new_tokens,
-                               batch_size=ctx.data_config.eval_batch_size
-                               or ctx.data_config.batch_size)
-
-
-def _loss_metrics(ctx: TrainContext, strategy: Strategy, loader: Any) -> dict[str, float]:
+def _loss_metrics(run: RunComponents, compute_loss: LossFn, loader: Any) -> dict[str, float]:
     """Token-weighted mean of the strategy's loss over one pass of the eval data."""
     total, weight = 0.0, 0.0
-    with torch.no_grad(), ctx.autocast():
+    with torch.no_grad(), run.autocast():
         for batch in loader:
-            loss, metrics = strategy.compute_loss(batch)
+            loss, metrics = compute_loss(batch)
             tokens = float(metrics.get("tokens", 1))
             total += loss.item() * tokens
             weight += tokens

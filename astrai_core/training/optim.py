@@ -8,7 +8,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from astrai_core.training.config import TrainerConfig
+from astrai_core.config.trainer import TrainerConfig
 
 
 class OptimizerGroup(torch.optim.Optimizer):

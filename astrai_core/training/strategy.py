@@ -1,35 +1,38 @@
 """The strategy base class: every training algorithm (seq, sft, dpo, grpo, ppo) extends it.
 
-The trainer owns the loop (accumulation, clipping, optimizer, schedule, checkpoints,
-metrics); a strategy owns the loss and where its batches come from:
+The trainer owns the loop: it builds every optimizer and schedule, accumulates, clips,
+steps, evaluates, publishes weights to the sampler and checkpoints. A strategy owns the
+loss and says what it needs. In the order they are used:
 
-* offline strategies read dataset batches (`data_formats` says which kinds of rows);
-* online strategies (RL) set ``online = True`` and get their batches from a rollout
-  runner built by :meth:`TrainContext.rollout_runner`.
-
-Hooks a strategy may override, in the order the trainer calls them::
-
-    setup()                       once, before the first step (reference model, critic...)
-    train_batches()               iterator of micro-batches; the trainer pulls
-                                  `grad_accum_steps` of them per optimizer step
+    needs(config)                 classmethod: data formats, rollouts, advantage, values
+                                  (read by the run plan before anything is built)
+    check_run(config, run_config) classmethod: its own cross-section checks (FieldError)
+    __init__(config, run)         build what the loss needs (reference, critic) from the
+                                  run's components (:class:`RunComponents`)
+    trained_modules()             modules trained beside the policy (a critic)
+    frozen_modules()              modules kept frozen beside it (a reference)
+    batch_source()                where each optimizer step's micro-batches come from
     compute_loss(batch)           -> (loss, metrics) for one micro-batch
-    after_optimizer_step(step)    e.g. resync an old-policy model, publish weights
-    evaluate()                    -> {"eval/...": value}
-    state_dict() / load_state_dict(state)   whatever exact resume needs
-    extra_modules()               modules trained by the trainer's optimizer, checkpointed
-    checkpoint_modules()          modules with their own optimizer, checkpointed (a critic)
+    after_optimizer_step(step)    anything after the optimizers stepped
+    step_metrics()                metrics logged once per optimizer step
+    state_dict() / load_state_dict(state)   the strategy's own resume state, if any
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-from typing import Any, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar
 
 import torch
 from pydantic import BaseModel, ConfigDict
 from torch import nn
 
-from astrai_core.training.context import TrainContext
+from astrai_core.training.modules import TrainedModule
+from astrai_core.training.needs import StrategyNeeds
+from astrai_core.training.sources import BatchSource, LoaderSource
+
+if TYPE_CHECKING:
+    from astrai_core.config.schema import RunConfig
+    from astrai_core.training.components import RunComponents
 
 
 class EmptyConfig(BaseModel):
@@ -43,67 +46,58 @@ class Strategy:
 
     Config: ClassVar[type[BaseModel]] = EmptyConfig
     data_formats: ClassVar[tuple[str, ...]] = ()   # dataset formats it reads offline
-    online: ClassVar[bool] = False
 
-    def __init__(self, config: BaseModel, context: TrainContext) -> None:
+    @classmethod
+    def needs(cls, config: BaseModel) -> StrategyNeeds:
+        """What a run with these options must provide (default: offline ``data_formats``)."""
+        return StrategyNeeds(data_formats=cls.data_formats)
+
+    @classmethod
+    def check_run(cls, config: BaseModel, run_config: RunConfig) -> None:
+        """Cross-section checks of this strategy; raise FieldError naming the field."""
+
+    def __init__(self, config: BaseModel, run: RunComponents) -> None:
         self.config = config
-        self.ctx = context
-        self.loader: Any = None
+        self.run = run
 
-    # -- lifecycle ------------------------------------------------------------------
-    def setup(self) -> None:
-        """Build what the loss needs; offline strategies get their training loader here."""
-        if not self.online:
-            self.loader = self.ctx.train_loader(self.data_formats)
+    # -- what the trainer drives ------------------------------------------------------
+    def trained_modules(self) -> dict[str, TrainedModule]:
+        """Modules trained beside the policy, by checkpoint name (``critic``)."""
+        return {}
 
-    def train_batches(self) -> Iterator[dict[str, torch.Tensor]]:
-        """Micro-batches, forever; the trainer decides how many to take."""
-        if self.loader is None:
-            raise NotImplementedError(f"{type(self).__name__} must override train_batches()")
-        return iter(self.loader)
+    def frozen_modules(self) -> dict[str, nn.Module]:
+        """Modules kept frozen beside the policy (``reference``); rebuilt, not saved."""
+        return {}
+
+    def batch_source(self) -> BatchSource:
+        """Offline strategies: ``grad_accum_steps`` training-loader batches per step."""
+        return LoaderSource(self.run.train_loader, self.run.trainer.grad_accum_steps)
 
     def compute_loss(self, batch: Any) -> tuple[torch.Tensor, dict[str, Any]]:
         """Loss of one micro-batch and metrics to log (``tokens`` counts throughput)."""
         raise NotImplementedError
 
     def after_optimizer_step(self, step: int) -> None:
-        """Called once the policy's optimizer stepped (and the schedule advanced)."""
+        """Called once every optimizer stepped (and the schedules advanced)."""
 
     def step_metrics(self) -> dict[str, float]:
-        """Metrics logged once per optimizer step (e.g. statistics of the current rollout)."""
-        return {}
-
-    def evaluate(self) -> dict[str, float]:
-        """Evaluation metrics, each named ``eval/...``; default: the context's evaluation."""
-        return self.ctx.evaluate(self)
-
-    # -- checkpointing --------------------------------------------------------------
-    def extra_modules(self) -> dict[str, nn.Module]:
-        """Trainable modules besides the policy, saved as ``<name>.safetensors``."""
-        return {}
-
-    def checkpoint_modules(self) -> dict[str, nn.Module]:
-        """Modules the strategy optimizes itself (a critic with its own optimizer and lr).
-
-        Saved as ``<name>.safetensors`` and restored on resume like :meth:`extra_modules`,
-        but kept out of the trainer's optimizer and gradient clipping; their optimizer
-        state belongs in :meth:`state_dict`.
-        """
+        """Metrics logged once per optimizer step."""
         return {}
 
     def state_dict(self) -> dict[str, Any]:
-        return {"data": self.loader.state_dict()} if self.loader is not None else {}
+        """Resume state beyond modules, optimizers and the batch source (which the
+        trainer saves itself)."""
+        return {}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        if self.loader is not None and "data" in state:
-            self.loader.load_state_dict(state["data"])
+        """Restore :meth:`state_dict`; called after every module's weights are back."""
 
     # -- helpers for subclasses -----------------------------------------------------
     def add_aux_loss(self, loss: torch.Tensor, aux_loss: torch.Tensor | None,
                      metrics: dict[str, Any], name: str = "moe/aux_loss") -> torch.Tensor:
         """``loss`` plus the MoE load-balancing loss, weighted by the strategy's
         ``aux_loss_coef`` (default: the model config's); unchanged for dense models."""
-        model_config = self.ctx.model.config
+        model_config = self.run.model.config
         if not model_config.num_experts or aux_loss is None:
             return loss
         coef = getattr(self.config, "aux_loss_coef", None)
@@ -113,5 +107,9 @@ class Strategy:
 
     def forward(self, batch: dict[str, torch.Tensor], **kwargs: Any) -> dict[str, Any]:
         """The policy's forward over a token batch (packed documents included)."""
-        return self.ctx.model(batch["input_ids"], attention_mask=batch.get("attention_mask"),
+        return self.run.model(batch["input_ids"], attention_mask=batch.get("attention_mask"),
                               position_ids=batch.get("position_ids"), **kwargs)
+
+    def to_device(self, batch: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+        """A dataset batch's tensors on the run's device."""
+        return {name: tensor.to(self.run.device) for name, tensor in batch.items()}

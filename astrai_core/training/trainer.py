@@ -1,22 +1,35 @@
-"""The training loop: accumulation, clipping, optimizer + schedule, eval, metrics, checkpoints."""
+"""The training loop: it owns every optimizer, schedule, clip, step, evaluation and checkpoint.
+
+The policy and each module a strategy declares with :meth:`Strategy.trained_modules` (a
+PPO critic) get their own optimizer and lr schedule, built here from the ``trainer:``
+section plus the module's overrides, clipped separately, stepped together after one
+backward, and saved and restored together. Frozen modules (a reference) are put in eval
+mode without gradients. After every optimizer step the new weights are published to the
+run's rollout runner, at the step boundary.
+"""
 
 from __future__ import annotations
 
 from collections import defaultdict
-from collections.abc import Iterator
+from dataclasses import dataclass
 from typing import Any
 
 import torch
+from torch import nn
 
+from astrai_core.config.trainer import TrainerConfig
 from astrai_core.errors import AstraiError
 from astrai_core.log import get_logger
 from astrai_core.training import checkpointing as ckpt
-from astrai_core.training.context import TrainContext
+from astrai_core.training.components import RunComponents
+from astrai_core.training.evaluation import evaluate
 from astrai_core.training.metrics import MetricsLog, Progress, Throughput, to_number
 from astrai_core.training.optim import build_optimizer, build_scheduler
+from astrai_core.training.sources import TENSORS
 from astrai_core.training.strategy import Strategy
 
 log = get_logger("astrai.trainer")
+POLICY = "policy"
 
 
 class TrainingDiverged(AstraiError):
@@ -25,86 +38,133 @@ class TrainingDiverged(AstraiError):
     exit_code = 3
 
 
+@dataclass
+class OptimizedModule:
+    """One trained module with its optimizer, schedule and clipping limit."""
+
+    name: str
+    module: nn.Module
+    optimizer: torch.optim.Optimizer
+    scheduler: torch.optim.lr_scheduler.LambdaLR
+    max_grad_norm: float | None
+
+    @classmethod
+    def build(cls, name: str, module: nn.Module, config: TrainerConfig,
+              max_grad_norm: float | None) -> OptimizedModule:
+        optimizer = build_optimizer(list(module.named_parameters()), config)
+        return cls(name, module, optimizer, build_scheduler(optimizer, config), max_grad_norm)
+
+    def clip(self) -> float:
+        """Clip the gradients to ``max_grad_norm``; returns their norm before clipping."""
+        limit = self.max_grad_norm if self.max_grad_norm is not None else float("inf")
+        grads = [p for p in self.module.parameters() if p.requires_grad and p.grad is not None]
+        norm = torch.nn.utils.clip_grad_norm_(grads, limit) if grads else torch.tensor(0.0)
+        return norm.item()
+
+    def step(self) -> None:
+        self.optimizer.step()
+        self.scheduler.step()
+        self.optimizer.zero_grad(set_to_none=True)
+
+    def metric(self, what: str) -> str:
+        """``grad_norm`` for the policy, ``critic/grad_norm`` for the others."""
+        return what if self.name == POLICY else f"{self.name}/{what}"
+
+
 class Trainer:
     """Runs ``strategy`` for ``trainer.max_steps`` optimizer steps."""
 
-    def __init__(self, context: TrainContext, strategy: Strategy) -> None:
-        self.ctx = context
-        self.cfg = context.trainer_config
+    def __init__(self, run: RunComponents, strategy: Strategy) -> None:
+        self.run = run
+        self.cfg = run.trainer
         self.strategy = strategy
-        self.strategy.setup()
-        self.params = [p for p in context.model.parameters() if p.requires_grad]
-        named = list(context.model.named_parameters())
-        for prefix, module in strategy.extra_modules().items():
-            named += [(f"{prefix}.{n}", p) for n, p in module.named_parameters()]
-        self.optimizer = build_optimizer(named, self.cfg)
-        self.clip_params = [p for _, p in named if p.requires_grad]
-        self.scheduler = build_scheduler(self.optimizer, self.cfg)
+        for module in strategy.frozen_modules().values():
+            module.eval().requires_grad_(False)
+        self.modules = [OptimizedModule.build(POLICY, run.model, self.cfg, self.cfg.max_grad_norm)]
+        for name, trained in strategy.trained_modules().items():
+            config = self.cfg.model_copy(update=trained.overrides)
+            limit = trained.grad_norm_limit(self.cfg.max_grad_norm)
+            self.modules.append(OptimizedModule.build(name, trained.module, config, limit))
+        self.source = strategy.batch_source()
         self.step = 0
 
     # -- resume ---------------------------------------------------------------------
     def resume(self) -> int:
         """Restore the newest complete checkpoint; returns its step."""
-        directory = ckpt.latest_checkpoint(self.ctx.output_dir)
-        ckpt.load_model_weights(self.ctx.model, directory)
+        directory = ckpt.latest_checkpoint(self.run.output_dir)
+        ckpt.load_model_weights(self.run.model, directory)
         ckpt.load_extra_modules(directory, self._saved_modules())
         state = ckpt.load_training_state(directory)
-        self.optimizer.load_state_dict(state["optimizer"])
-        self.scheduler.load_state_dict(state["scheduler"])
+        for trained in self.modules:
+            trained.optimizer.load_state_dict(state["optimizers"][trained.name])
+            trained.scheduler.load_state_dict(state["schedulers"][trained.name])
+        batches = dict(state["batches"])
+        tensors = ckpt.load_state_tensors(directory)
+        if tensors is not None:
+            batches[TENSORS] = tensors
+        self.source.load_state_dict(batches)
         self.strategy.load_state_dict(state["strategy"])
-        ckpt.restore_rng_state(state["rng"], self.ctx.backend)
+        if self.run.rollouts is not None:
+            self.run.rollouts.sync_from(self.run.model)
+        ckpt.restore_rng_state(state["rng"], self.run.backend)
         self.step = int(state["step"])
         log.info("resumed", checkpoint=str(directory), step=self.step)
         return self.step
 
     def save(self) -> None:
-        target = ckpt.checkpoint_dir(self.ctx.output_dir, self.step)
+        target = ckpt.checkpoint_dir(self.run.output_dir, self.step)
         if target.exists():  # the final step can coincide with a periodic save
             return
+        batches = self.source.state_dict()
+        tensors = batches.pop(TENSORS, None)
         state = {
             "step": self.step,
-            "optimizer": self.optimizer.state_dict(),
-            "scheduler": self.scheduler.state_dict(),
+            "optimizers": {m.name: m.optimizer.state_dict() for m in self.modules},
+            "schedulers": {m.name: m.scheduler.state_dict() for m in self.modules},
+            "batches": batches,
             "strategy": self.strategy.state_dict(),
-            "rng": ckpt.rng_state(self.ctx.backend),
+            "rng": ckpt.rng_state(self.run.backend),
         }
-        ckpt.save_checkpoint(target, model=self.ctx.model, tokenizer_dir=self.ctx.tokenizer_dir,
+        ckpt.save_checkpoint(target, model=self.run.model, tokenizer_dir=self.run.tokenizer_dir,
                              extra_modules=self._saved_modules(), training_state=state,
                              summary={"step": self.step, "max_steps": self.cfg.max_steps},
-                             initial_model_dir=self.ctx.initial_model_dir)
-        ckpt.prune_checkpoints(self.ctx.output_dir, self.cfg.keep_last)
+                             initial_model_dir=self.run.initial_model_dir, state_tensors=tensors)
+        ckpt.prune_checkpoints(self.run.output_dir, self.cfg.keep_last)
         log.info("checkpoint saved", path=str(target))
 
-    def _saved_modules(self) -> dict[str, torch.nn.Module]:
-        """Every strategy module a checkpoint holds besides the policy."""
-        return {**self.strategy.extra_modules(), **self.strategy.checkpoint_modules()}
+    def _saved_modules(self) -> dict[str, nn.Module]:
+        """Every trained module a checkpoint holds besides the policy."""
+        return {m.name: m.module for m in self.modules if m.name != POLICY}
 
     # -- the loop -------------------------------------------------------------------
     def fit(self, resume: bool = False) -> dict[str, Any]:
         """Train to ``max_steps``; returns the last logged metrics."""
         start = self.resume() if resume else 0
-        metrics_log = MetricsLog(self.ctx.output_dir, start if resume else None)
+        metrics_log = MetricsLog(self.run.output_dir, start if resume else None)
         last: dict[str, Any] = {}
         if not resume and self.cfg.eval_at_start:
             last = self._evaluate()
             metrics_log.write(0, last)
-        batches = self.strategy.train_batches()
         progress = Progress(self.cfg.max_steps, start, self.cfg.progress)
         throughput = Throughput()
         try:
             while self.step < self.cfg.max_steps:
-                metrics = self._train_step(batches)
+                metrics = self._train_step()
                 self.step += 1
                 self.strategy.after_optimizer_step(self.step)
+                if self.run.rollouts is not None:
+                    self.run.rollouts.publish_from(self.run.model)
                 seconds, tokens_per_s = throughput.lap(metrics.get("tokens", 0))
                 metrics["time/step_seconds"] = seconds
                 metrics["throughput/tokens_per_s"] = tokens_per_s
                 if self._due(self.cfg.eval_every):
                     metrics.update(self._evaluate())
-                if self._due(self.cfg.save_every):
-                    self.save()
+                # Logged before the checkpoint: a run killed right after a checkpoint has
+                # logged every step it holds (a resume drops lines past its checkpoint).
                 if self.step % self.cfg.log_every == 0 or self.step == self.cfg.max_steps:
                     metrics_log.write(self.step, metrics)
+                if self._due(self.cfg.save_every):
+                    self.save()
                 progress.update(self.step, float(metrics["loss"]),
                                 metrics["throughput/tokens_per_s"])
                 last = metrics
@@ -116,13 +176,14 @@ class Trainer:
     def _due(self, every: int) -> bool:
         return self.step == self.cfg.max_steps or (every > 0 and self.step % every == 0)
 
-    def _train_step(self, batches: Iterator[Any]) -> dict[str, Any]:
-        self.ctx.model.train()
+    def _train_step(self) -> dict[str, Any]:
+        for trained in self.modules:
+            trained.module.train()
         sums: dict[str, float] = defaultdict(float)
-        accum = self.cfg.grad_accum_steps
-        for _ in range(accum):
-            batch = next(batches)
-            with self.ctx.autocast():
+        micro_batches = self.source.next_step()
+        accum = len(micro_batches)
+        for batch in micro_batches:
+            with self.run.autocast():
                 loss, metrics = self.strategy.compute_loss(batch)
             loss_value = loss.detach().item()
             if not torch.isfinite(loss.detach()):
@@ -132,24 +193,18 @@ class Trainer:
             for name, value in metrics.items():
                 # "tokens" is a count summed over micro-batches; the rest are averaged
                 sums[name] += to_number(value) * (1 if name == "tokens" else 1 / accum)
-        grad_norm = self._clip_gradients()
-        self.optimizer.step()
-        self.scheduler.step()
-        self.optimizer.zero_grad(set_to_none=True)
-        sums["grad_norm"] = grad_norm
-        sums["lr"] = self.scheduler.get_last_lr()[0]
-        return {**sums, **self.strategy.step_metrics()}
-
-    def _clip_gradients(self) -> float:
-        max_norm = self.cfg.max_grad_norm if self.cfg.max_grad_norm is not None else float("inf")
-        grads = [p for p in self.clip_params if p.grad is not None]
-        norm = torch.nn.utils.clip_grad_norm_(grads, max_norm) if grads else torch.tensor(0.0)
-        if not torch.isfinite(norm):
-            self._diverged(f"gradient norm is {norm.item()}")
-        return norm.item()
+        for trained in self.modules:
+            norm = trained.clip()
+            if not torch.isfinite(torch.tensor(norm)):
+                self._diverged(f"the {trained.name}'s gradient norm is {norm}")
+            sums[trained.metric("grad_norm")] = norm
+        for trained in self.modules:
+            trained.step()
+            sums[trained.metric("lr")] = trained.scheduler.get_last_lr()[0]
+        return {**sums, **self.source.stats, **self.strategy.step_metrics()}
 
     def _diverged(self, what: str) -> None:
-        kept = ckpt.list_checkpoints(self.ctx.output_dir)
+        kept = ckpt.list_checkpoints(self.run.output_dir)
         last_good = str(kept[-1][1]) if kept else "none yet"
         raise TrainingDiverged(
             f"training diverged at step {self.step + 1}: {what}. Nothing was saved for this "
@@ -158,9 +213,11 @@ class Trainer:
         )
 
     def _evaluate(self) -> dict[str, Any]:
-        self.ctx.model.eval()
+        for trained in self.modules:
+            trained.module.eval()
         try:
             with torch.no_grad():
-                return self.strategy.evaluate()
+                return evaluate(self.run, self.strategy.compute_loss)
         finally:
-            self.ctx.model.train()
+            for trained in self.modules:
+                trained.module.train()

@@ -6,8 +6,8 @@ import textwrap
 
 import pytest
 
-from astrai_core.config import load_config, parse_overrides
-from astrai_core.config.components import component_params
+from astrai_core.config import load_config, parse_overrides, read_config
+from astrai_core.config.plan import Resolver
 from astrai_core.errors import ConfigError
 from astrai_core.plugins import load_plugins
 
@@ -22,6 +22,7 @@ rewards:
     weight: 1.0
 trainer:
   max_steps: 3
+data: {sources: [{path: d.jsonl, format: text}]}
 """
 
 
@@ -67,7 +68,7 @@ def test_unknown_field_is_named(tmp_path):
     path = _write(tmp_path, BASE + "trainr: {}\n")
     with pytest.raises(ConfigError) as excinfo:
         load_config(path)
-    assert f"{path}:11: trainr: unknown field" in str(excinfo.value)
+    assert f"{path}:12: trainr: unknown field" in str(excinfo.value)
 
 
 def test_missing_section_is_named(tmp_path):
@@ -101,13 +102,12 @@ def test_model_needs_exactly_one_source(tmp_path):
 def test_component_unknown_name_and_bad_option(tmp_path):
     path = _write(tmp_path, BASE.replace("strategy:\n  name: seq",
                                          "strategy:\n  name: seq\ndevice:\n  name: tpu"))
-    config = load_config(path)
-    registry = load_plugins()
+    loaded = read_config(path)
+    resolver = Resolver(load_plugins(), loaded.source)
     with pytest.raises(ConfigError) as excinfo:
-        component_params(registry, "device_backend", config.device.name, config.device.params,
-                         ("device",), config._source)
+        resolver.section("device_backend", loaded.config.device, ("device",))
     message = str(excinfo.value)
     assert f"{path}:7: device.name: unknown device backend 'tpu'" in message
     assert "cpu" in message
     with pytest.raises(ConfigError, match="device.speed: unknown field"):
-        component_params(registry, "device_backend", "cpu", {"speed": 3}, ("device",))
+        Resolver(load_plugins()).component("device_backend", "cpu", {"speed": 3}, ("device",))

@@ -25,7 +25,7 @@ def rollout(native_model):
     runner = RolloutRunner(sampler, tokenizer=None, rewards=RewardSet.from_config([{"name": "exact_match"}]),
                            sampling_params=params, group_size=2, prompt_source=prompt_records(),
                            prompts_per_rollout=4)
-    return runner, runner.next_rollout()
+    return runner, runner.draw()
 
 
 def test_policy_forward_matches_unpadded_forward_per_row(native_model, rollout):

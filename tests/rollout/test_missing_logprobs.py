@@ -41,7 +41,7 @@ def _rollout(sampler, make_records):
                            rewards=RewardSet.from_config([{"name": "exact_match"}]),
                            sampling_params=SamplingParams(max_new_tokens=4), group_size=3,
                            prompt_source=make_records([4, 7]), prompts_per_rollout=2)
-    return runner.next_rollout()
+    return runner.draw()
 
 
 @pytest.mark.parametrize("damage", MISSING.values(), ids=MISSING.keys())
@@ -65,17 +65,15 @@ def test_complete_logprobs_are_kept_and_padded_with_zeros(fake_sampler, make_rec
     assert batch.select([3]).old_logprobs.tolist() == [[-0.5, 0.0, 0.0]]
 
 
-def _online(tmp_path, recompute: bool, damage, setup: bool = True):
+def _online(tmp_path, recompute: bool, damage):
     """A grpo strategy (found by name) whose sampler's log-probs are damaged."""
     prompts = write_arith_prompts(tmp_path / "prompts.jsonl", count=8)
     config = tiny_run_config(tmp_path, prompts, {
         "name": "grpo", "group_size": 2, "recompute_old_logprobs": recompute},
         data={"batch_size": 4}, sampler={"temperature": 0.8}, max_steps=2)
-    strategy, context = build_strategy(config, tmp_path)
-    _damage_logprobs(context.sampler(), damage)  # built once: the runner samples with it
-    if setup:
-        strategy.setup()
-    return strategy, context
+    strategy, run = build_strategy(config, tmp_path)
+    _damage_logprobs(run.sampler, damage)  # built once: the runner samples with it
+    return strategy, run
 
 
 @pytest.mark.parametrize("damage", [MISSING["none everywhere"], MISSING["none in one row"]],
@@ -84,7 +82,7 @@ def test_without_recompute_the_run_stops_with_a_clear_error(tmp_path, damage):
     strategy, _ = _online(tmp_path, recompute=False, damage=damage)
     with pytest.raises(ConfigError, match=r"no behaviour log-probs.*"
                                           r"strategy\.recompute_old_logprobs: true"):
-        next(strategy.train_batches())
+        strategy.batch_source().next_step()
 
 
 @pytest.mark.parametrize("damage", [MISSING["none everywhere"], MISSING["one short row"]],
@@ -92,26 +90,26 @@ def test_without_recompute_the_run_stops_with_a_clear_error(tmp_path, damage):
 def test_with_recompute_the_old_logprobs_are_the_trainers(tmp_path, damage):
     from astrai_core.rollout.forward import policy_forward
 
-    strategy, context = _online(tmp_path, recompute=True, damage=damage)
-    micro = next(strategy.train_batches())
+    strategy, run = _online(tmp_path, recompute=True, damage=damage)
+    source = strategy.batch_source()
+    micro = source.next_step()[0]
     with torch.no_grad():
-        expected = policy_forward(context.model, micro, temperature=0.8)["logprobs"]
+        expected = policy_forward(run.model, micro, temperature=0.8)["logprobs"]
     mask = micro.response_mask
     torch.testing.assert_close(micro.old_logprobs[mask], expected[mask])
     assert (micro.old_logprobs[~mask] == 0).all()
-    assert "rollout/logprob_diff_max" not in strategy.rollout_stats  # nothing to compare
-    assert "rollout/reward_mean" in strategy.rollout_stats
+    assert "rollout/logprob_diff_max" not in source.stats  # nothing to compare
+    assert "rollout/reward_mean" in source.stats
 
 
 def test_a_run_with_recompute_trains_from_trainer_logprobs(tmp_path):
-    strategy, context = _online(tmp_path, recompute=True, damage=MISSING["none everywhere"],
-                                setup=False)
-    trainer = Trainer(context, strategy)  # sets the strategy up
-    before = {k: v.clone() for k, v in context.model.state_dict().items()}
+    strategy, run = _online(tmp_path, recompute=True, damage=MISSING["none everywhere"])
+    trainer = Trainer(run, strategy)
+    before = {k: v.clone() for k, v in run.model.state_dict().items()}
     trainer.fit()
     metrics = [m for m in read_metrics(tmp_path / "run") if "ratio_max" in m]
     assert [m["step"] for m in metrics] == [1, 2]
     # One optimizer step per rollout: the old policy is the policy itself, so the ratio is 1.
     assert all(m["ratio_max"] == pytest.approx(1.0, abs=1e-5) for m in metrics)
     assert not any("rollout/logprob_diff_max" in m for m in metrics)
-    assert any(not torch.equal(before[k], v) for k, v in context.model.state_dict().items())
+    assert any(not torch.equal(before[k], v) for k, v in run.model.state_dict().items())

@@ -1,4 +1,4 @@
-"""The rollout runner: groups, rewards, cadence (rollout_interval), validation, publishing."""
+"""The rollout runner: groups, rewards, validation, publishing (the schedule: test_sources.py)."""
 
 from __future__ import annotations
 
@@ -24,7 +24,7 @@ def runner_for(sampler, source, **kwargs):
 
 
 def test_rollout_has_group_size_completions_per_prompt_with_group_ids(fake_sampler, make_records):
-    batch = runner_for(fake_sampler, make_records([4, 7])).next_rollout()
+    batch = runner_for(fake_sampler, make_records([4, 7])).draw()
     assert batch.group_ids.tolist() == [0, 0, 0, 1, 1, 1]
     assert batch.prompts == ["q4"] * 3 + ["q7"] * 3
     assert [c["answer"] for c in batch.columns] == ["8"] * 3 + ["14"] * 3
@@ -37,27 +37,19 @@ def test_rollout_has_group_size_completions_per_prompt_with_group_ids(fake_sampl
     assert all(p.n == 3 for p in fake_sampler.calls[0][1])
 
 
-def test_rollout_interval_serves_each_rollout_k_times(fake_sampler, make_records):
-    runner = runner_for(fake_sampler, make_records(range(10)), rollout_interval=2)
-    served = [runner.next_rollout() for _ in range(5)]
-    assert served[0] is served[1] and served[2] is served[3]
-    assert served[1] is not served[2] and served[3] is not served[4]
-    assert [call[0] for call in fake_sampler.calls] == [[[0], [1]], [[2], [3]], [[4], [5]]]
-
-
-def test_validation_rollout_leaves_the_training_cadence_alone(fake_sampler, make_records):
-    runner = runner_for(fake_sampler, make_records(range(10)), rollout_interval=2)
-    first = runner.next_rollout()
+def test_validation_rollout_leaves_the_training_prompts_alone(fake_sampler, make_records):
+    runner = runner_for(fake_sampler, make_records(range(10)))
+    first = runner.draw()
     validation = runner.validation_rollout(make_records([42]), group_size=1)
     assert validation.group_ids.tolist() == [0] and validation.prompts == ["q42"]
-    assert runner.next_rollout() is first           # still the second use of the first rollout
-    third = runner.next_rollout()
-    assert third.prompts[0] == "q2"                  # the prompt stream was not consumed
+    assert runner.rollouts_drawn == 1 and first.prompts[0] == "q0"
+    second = runner.draw()
+    assert second.prompts[0] == "q2"                 # the prompt stream was not consumed
 
 
 def test_publish_bumps_the_version_between_rollouts_never_during_one(fake_sampler, make_records):
     runner = runner_for(fake_sampler, make_records(range(10)))
-    assert runner.next_rollout().policy_version == 0
+    assert runner.draw().policy_version == 0
     assert runner.publish() == 1
     publisher = threading.Thread(target=runner.publish)
 
@@ -67,35 +59,35 @@ def test_publish_bumps_the_version_between_rollouts_never_during_one(fake_sample
         assert fake_sampler.policy_version == 1     # blocked until the rollout is done
 
     fake_sampler.during_generate = publish_while_sampling
-    assert runner.next_rollout().policy_version == 1
+    assert runner.draw().policy_version == 1
     publisher.join()
     fake_sampler.during_generate = None
-    assert runner.next_rollout().policy_version == 2
+    assert runner.draw().policy_version == 2
 
 
 def test_prompt_source_restarts_each_epoch_and_an_iterator_that_ends_is_an_error(fake_sampler, make_records):
     runner = runner_for(fake_sampler, make_records([1, 2, 3]))
-    assert [runner.next_rollout().prompts[0] for _ in range(3)] == ["q1", "q3", "q2"]
+    assert [runner.draw().prompts[0] for _ in range(3)] == ["q1", "q3", "q2"]
     with pytest.raises(DataError, match="yields no prompts"):
         once = runner_for(fake_sampler, iter(make_records([1, 2])))
-        once.next_rollout()
-        once.next_rollout()
+        once.draw()
+        once.draw()
 
 
 def test_seeded_rollouts_differ_from_each_other_and_reproduce(fake_sampler, make_records):
     seeded = PARAMS.model_copy(update={"seed": 5})
     for _ in range(2):
-        runner = runner_for(fake_sampler, make_records(range(4)), rollout_interval=1)
+        runner = runner_for(fake_sampler, make_records(range(4)))
         runner.sampling_params = seeded
-        runner.next_rollout()
-        runner.next_rollout()
+        runner.draw()
+        runner.draw()
     seeds = [[p.seed for p in call[1]] for call in fake_sampler.calls]
     assert seeds[0] == seeds[2] and seeds[1] == seeds[3]
     assert len({*seeds[0], *seeds[1]}) == 4
 
 
 def test_batch_views_select_split_and_extras(fake_sampler, make_records):
-    batch = runner_for(fake_sampler, make_records([4, 7])).next_rollout()
+    batch = runner_for(fake_sampler, make_records([4, 7])).draw()
     batch.prompt_ids = torch.tensor([[0, 4]] * 3 + [[5, 7]] * 3)  # row group 0: one pad on the left
     batch.prompt_mask = torch.tensor([[False, True]] * 3 + [[True, True]] * 3)
     batch.extras["advantages"] = torch.arange(6.0)[:, None].expand(6, 3)

@@ -2,12 +2,12 @@
 
 from __future__ import annotations
 
-import dataclasses
 from types import SimpleNamespace
 
 import pytest
 
 from astrai_core.testing import ARITH_EOS, build_strategy, tiny_run_config, write_arith_prompts
+from astrai_core.training.run import rollout_sampling
 
 DEFAULT = object()  # the section leaves stop_token_ids out
 
@@ -30,22 +30,21 @@ def _context(tmp_path, stop_token_ids, sampler_section: bool = True):
     ([7, 9], (7, 9)),             # explicit ids replace the EOS
 ], ids=["unset", "empty", "explicit"])
 def test_stop_token_ids_default_to_the_eos(tmp_path, stop_token_ids, expected):
-    strategy, context = _context(tmp_path, stop_token_ids)
-    assert context.tokenizer.eos_token_id == ARITH_EOS
-    sampling, engine = context.sampler_options()
+    _, run = _context(tmp_path, stop_token_ids)
+    assert run.tokenizer.eos_token_id == ARITH_EOS
+    sampling, engine = run.sampling, run.plan.sampling_fields()[1]
     assert sampling.stop_token_ids == expected
     assert "stop_token_ids" not in engine
     assert sampling.max_new_tokens == 3 and sampling.seed == 0  # the rest of the section
-    strategy.setup()  # the rollouts use these options
-    assert strategy.runner.sampling_params.stop_token_ids == expected
+    assert run.rollouts.sampling_params.stop_token_ids == expected  # the rollouts use them
 
 
 def test_without_a_sampler_section_rollouts_stop_at_the_eos(tmp_path):
-    _, context = _context(tmp_path, DEFAULT, sampler_section=False)
-    assert context.sampler_options()[0].stop_token_ids == (ARITH_EOS,)
+    _, run = _context(tmp_path, DEFAULT, sampler_section=False)
+    assert run.sampling.stop_token_ids == (ARITH_EOS,)
 
 
 def test_a_tokenizer_without_eos_means_no_default_stop(tmp_path):
-    _, context = _context(tmp_path, DEFAULT)
-    no_eos = dataclasses.replace(context, tokenizer=SimpleNamespace(eos_token_id=None))
-    assert no_eos.sampler_options()[0].stop_token_ids == ()
+    _, run = _context(tmp_path, DEFAULT)
+    no_eos = SimpleNamespace(eos_token_id=None)
+    assert rollout_sampling(run.plan, no_eos).stop_token_ids == ()

@@ -6,7 +6,7 @@ import torch
 from pydantic import BaseModel, ConfigDict
 from torch import Tensor
 
-from astrai_core.rl.functional import broadcast_to_tokens, group_stats, sequence_scores
+from astrai_core.api import broadcast_to_tokens, group_stats, sequence_scores
 
 
 class RLOOAdvantage:

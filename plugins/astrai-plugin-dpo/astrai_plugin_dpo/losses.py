@@ -6,7 +6,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from astrai_core.rl.functional import masked_sum
+from astrai_core.api import masked_sum
 
 DPO_LOSS_TYPES: tuple[str, ...] = ("sigmoid", "ipo", "hinge")
 

@@ -7,9 +7,9 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from astrai_core.rl.functional import token_logprobs
-from astrai_core.rollout.batch import RolloutBatch
-from astrai_core.rollout.forward import policy_forward
+from astrai_core.api import token_logprobs
+from astrai_core.api import AstraiError, RolloutBatch, RolloutRunner, rollout_metrics
+from astrai_core.api import policy_forward
 from astrai_plugin_dpo.losses import sequence_logprobs
 
 SIDES = ("chosen", "rejected")
@@ -75,3 +75,36 @@ def pair_micro_batches(rollout: RolloutBatch, chosen: list[int], rejected: list[
         batches.append(rollout.select(chosen[start:end] + rejected[start:end]))
         start = end
     return batches
+
+
+class PairSource:
+    """Online DPO's batch source: one rollout per optimizer step, cut into preference pairs.
+
+    Rollouts whose groups give fewer pairs than there are micro-batches are skipped; after
+    ``max_skipped`` in a row it gives up with an error saying what to change.
+    """
+
+    def __init__(self, runner: RolloutRunner, micro_batches: int, *, max_skipped: int,
+                 device: torch.device | str = "cpu") -> None:
+        self.runner, self.micro_batches = runner, micro_batches
+        self.max_skipped, self.device = max_skipped, device
+        self.stats: dict[str, float] = {}
+
+    def next_step(self) -> list[RolloutBatch]:
+        for skipped in range(self.max_skipped):
+            rollout = self.runner.draw().to(self.device)
+            chosen, rejected = best_and_worst(rollout)
+            if len(chosen) >= self.micro_batches:
+                self.stats = {**rollout_metrics(rollout), "rollout/pairs": len(chosen),
+                              "rollout/skipped": skipped}
+                return pair_micro_batches(rollout, chosen, rejected, self.micro_batches)
+        raise AstraiError(
+            f"{self.max_skipped} rollouts in a row gave fewer than trainer.grad_accum_steps="
+            f"{self.micro_batches} preference pairs (every completion of a group got the same "
+            "reward); raise the sampler temperature or strategy.group_size")
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"rollout": self.runner.state_dict()}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.runner.load_state_dict(state["rollout"])

@@ -14,20 +14,22 @@ sampling temperature); prompt tokens attend but carry no loss.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from typing import Any, ClassVar, Literal
 
 import torch
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 from torch import Tensor
 
-from astrai_core.errors import AstraiError
-from astrai_core.rollout.batch import RolloutBatch
-from astrai_core.rollout.metrics import rollout_metrics
-from astrai_core.training.strategy import Strategy
+from astrai_core.api import (
+    BatchSource,
+    RolloutBatch,
+    RunComponents,
+    Strategy,
+    StrategyNeeds,
+    frozen_copy,
+)
 from astrai_plugin_dpo.losses import dpo_loss
-from astrai_plugin_dpo.pairs import (best_and_worst, dataset_pair_logprobs, pair_micro_batches,
-                                     rollout_pair_logprobs)
+from astrai_plugin_dpo.pairs import PairSource, dataset_pair_logprobs, rollout_pair_logprobs
 
 
 class DPOConfig(BaseModel):
@@ -62,53 +64,35 @@ class DPO(Strategy):
     Config: ClassVar[type[BaseModel]] = DPOConfig
     data_formats: ClassVar[tuple[str, ...]] = ("preference",)
 
-    def setup(self) -> None:
-        self.reference = self.ctx.frozen_copy()
-        self.rollout_stats: dict[str, float] = {}
+    @classmethod
+    def needs(cls, config: Any) -> StrategyNeeds:
+        if config.mode == "offline":
+            return super().needs(config)
+        return StrategyNeeds(data_formats=("prompt",), rollouts=True,
+                             group_size=config.group_size)
+
+    def __init__(self, config: DPOConfig, run: RunComponents) -> None:
+        super().__init__(config, run)
+        self.reference = frozen_copy(run.model)
+
+    def frozen_modules(self) -> dict[str, torch.nn.Module]:
+        return {"reference": self.reference}
+
+    def batch_source(self) -> BatchSource:
         if self.config.mode == "offline":
-            super().setup()
-            self.runner = None
-        else:
-            self.runner = self.ctx.rollout_runner(
-                group_size=self.config.group_size, steps_per_rollout=1)
-
-    # -- batches ----------------------------------------------------------------------
-    def train_batches(self) -> Iterator[Any]:
-        if self.runner is None:
-            return super().train_batches()
-        return self._online_batches()
-
-    def _online_batches(self) -> Iterator[RolloutBatch]:
-        accum = self.ctx.trainer_config.grad_accum_steps
-        skipped = 0
-        while True:
-            rollout = self.runner.next_rollout().to(self.ctx.device)
-            chosen, rejected = best_and_worst(rollout)
-            if len(chosen) < accum:  # too few preferences to fill this step's micro-batches
-                skipped += 1
-                if skipped >= self.config.max_skipped_rollouts:
-                    raise AstraiError(
-                        f"{skipped} rollouts in a row gave fewer than trainer.grad_accum_steps="
-                        f"{accum} preference pairs (every completion of a group got the same "
-                        "reward); raise the sampler temperature or strategy.group_size")
-                continue
-            self.rollout_stats = {**rollout_metrics(rollout), "rollout/pairs": len(chosen),
-                                  "rollout/skipped": skipped}
-            skipped = 0
-            yield from pair_micro_batches(rollout, chosen, rejected, accum)
+            return super().batch_source()
+        return PairSource(self.run.rollouts, self.run.trainer.grad_accum_steps,
+                          max_skipped=self.config.max_skipped_rollouts, device=self.run.device)
 
     # -- the loss ---------------------------------------------------------------------
-    def _pair_logprobs(self, model: torch.nn.Module, batch: Any) -> tuple[Tensor, ...]:
-        if isinstance(batch, RolloutBatch):
-            return rollout_pair_logprobs(model, batch)
-        return dataset_pair_logprobs(model, batch)
-
     def compute_loss(self, batch: Any) -> tuple[Tensor, dict[str, Any]]:
+        pair_logprobs = rollout_pair_logprobs if isinstance(batch, RolloutBatch) \
+            else dataset_pair_logprobs
         if not isinstance(batch, RolloutBatch):
-            batch = {name: tensor.to(self.ctx.device) for name, tensor in batch.items()}
-        chosen, rejected, aux_loss, tokens = self._pair_logprobs(self.ctx.model, batch)
+            batch = self.to_device(batch)
+        chosen, rejected, aux_loss, tokens = pair_logprobs(self.run.model, batch)
         with torch.no_grad():
-            ref_chosen, ref_rejected, _, _ = self._pair_logprobs(self.reference, batch)
+            ref_chosen, ref_rejected, _, _ = pair_logprobs(self.reference, batch)
         cfg = self.config
         losses, chosen_rewards, rejected_rewards, metrics = dpo_loss(
             chosen, rejected, ref_chosen, ref_rejected, beta=cfg.beta, loss_type=cfg.loss_type,
@@ -118,23 +102,3 @@ class DPO(Strategy):
                        chosen_logp=chosen.detach().mean(), rejected_logp=rejected.detach().mean(),
                        tokens=tokens)
         return self.add_aux_loss(loss, aux_loss, metrics), metrics
-
-    # -- after each step ----------------------------------------------------------------
-    def after_optimizer_step(self, step: int) -> None:
-        if self.runner is not None:
-            self.runner.publish_from(self.ctx.model)
-
-    def step_metrics(self) -> dict[str, float]:
-        return dict(self.rollout_stats)
-
-    # -- checkpointing ----------------------------------------------------------------
-    def state_dict(self) -> dict[str, Any]:
-        if self.runner is None:
-            return super().state_dict()
-        return {"rollout": self.runner.state_dict()}
-
-    def load_state_dict(self, state: dict[str, Any]) -> None:
-        if self.runner is None:
-            super().load_state_dict(state)
-            return
-        self.runner.load_state_dict(state.get("rollout", {}))

@@ -44,8 +44,7 @@ def _direct_response_logprob(model, ids, attention, loss_mask):
 
 def test_sequence_logprobs_cover_response_tokens_only(tmp_path, pairs_file):
     strategy, ctx = _offline(tmp_path, pairs_file)
-    strategy.setup()
-    batch = next(strategy.train_batches())
+    batch = strategy.batch_source().next_step()[0]
     pairs = [json.loads(line) for line in pairs_file.read_text().splitlines()]
     # The response and its <|end|> are the targets; the prompt and the template are not.
     for side in ("chosen", "rejected"):
@@ -74,11 +73,10 @@ def test_sequence_logprobs_cover_response_tokens_only(tmp_path, pairs_file):
 def test_loss_equals_the_formula(tmp_path, pairs_file, loss_type):
     beta = 0.5
     strategy, ctx = _offline(tmp_path, pairs_file, beta=beta, loss_type=loss_type)
-    strategy.setup()
     with torch.no_grad():  # make the reference differ from the policy
         for param in strategy.reference.parameters():
             param.add_(0.1 * torch.randn_like(param))
-    batch = next(strategy.train_batches())
+    batch = strategy.batch_source().next_step()[0]
     loss, metrics = strategy.compute_loss(batch)
 
     def logps(model, side):
@@ -105,7 +103,7 @@ def test_offline_dpo_raises_the_margin(tmp_path, pairs_file):
     assert margins[0] == pytest.approx(0.0, abs=1e-6)  # policy == reference at the start
     ctx.model.eval()
     with torch.no_grad():
-        _, metrics = strategy.compute_loss(next(iter(strategy.loader)))
+        _, metrics = strategy.compute_loss(next(iter(ctx.train_loader)))
     assert metrics["margin"].item() > 0.3, margins
     assert metrics["reward_accuracy"].item() == 1.0
     assert metrics["chosen_reward"].item() > metrics["rejected_reward"].item()

@@ -16,7 +16,7 @@ __all__ = ["astrai_advantage_estimators", "token_rewards_from_scores"]
 def __getattr__(name: str) -> Any:
     # Lazy, so that listing plugins (which imports this module) never imports torch.
     if name == "token_rewards_from_scores":
-        from astrai_core.rl.functional import token_rewards_from_scores
+        from astrai_core.api import token_rewards_from_scores
 
         return token_rewards_from_scores
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

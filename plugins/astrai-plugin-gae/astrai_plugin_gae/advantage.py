@@ -8,8 +8,8 @@ import torch
 from pydantic import AliasChoices, BaseModel, ConfigDict, Field, model_validator
 from torch import Tensor
 
-from astrai_core.errors import ConfigError
-from astrai_core.rl.functional import masked_whiten
+from astrai_core.api import ConfigError
+from astrai_core.api import masked_whiten
 
 
 def generalized_advantages(

@@ -6,7 +6,7 @@ import pytest
 import torch
 from pydantic import ValidationError
 
-from astrai_core.config.components import component_params
+from astrai_core.config.plan import Resolver
 from astrai_core.errors import ConfigError
 from astrai_core.plugins import load_plugins
 from astrai_core.rl import functional
@@ -123,13 +123,12 @@ def test_bad_parameters_name_the_field(params, field):
 
 def test_lambda_spelling_and_config_section_round_trip():
     assert GAE(**{"lambda": 0.5}).config.lam == 0.5
-    registry = load_plugins()
-    validated = component_params(registry, "advantage_estimator", "gae",
-                                 {"gamma": 0.99, "lambda": 0.9}, ("advantage",))
+    resolver = Resolver(load_plugins())
+    validated = resolver.component("advantage_estimator", "gae",
+                                   {"gamma": 0.99, "lambda": 0.9}, ("advantage",)).options
     assert GAE(**validated).config.lam == 0.9
     with pytest.raises(ConfigError, match=r"advantage\.gamma"):
-        component_params(registry, "advantage_estimator", "gae", {"gamma": 1.5},
-                         ("advantage",))
+        resolver.component("advantage_estimator", "gae", {"gamma": 1.5}, ("advantage",))
 
 
 def test_missing_values_is_a_clear_error():

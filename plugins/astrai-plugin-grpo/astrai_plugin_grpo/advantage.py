@@ -7,7 +7,7 @@ from typing import Literal
 from pydantic import BaseModel, ConfigDict, Field
 from torch import Tensor
 
-from astrai_core.rl.functional import broadcast_to_tokens, group_stats, sequence_scores
+from astrai_core.api import broadcast_to_tokens, group_stats, sequence_scores
 
 
 class GRPOAdvantage:

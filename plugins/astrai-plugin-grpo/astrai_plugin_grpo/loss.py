@@ -6,7 +6,7 @@ from dataclasses import dataclass
 
 from torch import Tensor
 
-from astrai_core.rl.functional import aggregate_loss, clipped_policy_loss, kl_estimate, masked_mean
+from astrai_core.api import aggregate_loss, clipped_policy_loss, kl_estimate, masked_mean
 
 
 @dataclass(frozen=True)

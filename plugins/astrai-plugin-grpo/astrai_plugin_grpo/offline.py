@@ -22,8 +22,8 @@ from typing import Any
 
 import torch
 
-from astrai_core.errors import DataError
-from astrai_core.rollout.batch import RolloutBatch, pad_rows
+from astrai_core.api import DataError
+from astrai_core.api import RolloutBatch, pad_rows
 
 
 def _response_ids(tokenizer: Any, response: Any, where: str) -> list[int]:
@@ -42,8 +42,29 @@ def _reward(value: Any, where: str) -> float:
     return float(value)
 
 
+class OfflineRollouts:
+    """Batches of such rows as rollouts, one per :meth:`draw` (a rollout source's drawer)."""
+
+    def __init__(self, loader: Any, tokenizer: Any, pad_token_id: int = 0) -> None:
+        self.loader, self.tokenizer, self.pad_token_id = loader, tokenizer, pad_token_id
+        self._batches: Any = None
+
+    def draw(self) -> RolloutBatch:
+        if self._batches is None:  # made late, so that a resumed position applies
+            self._batches = iter(self.loader)
+        return offline_rollout(next(self._batches), self.tokenizer, self.pad_token_id)
+
+    def state_dict(self) -> dict[str, Any]:
+        return self.loader.state_dict()
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.loader.load_state_dict(state)
+        self._batches = None
+
+
 def offline_rollout(records: Sequence[Any], tokenizer: Any, pad_token_id: int = 0) -> RolloutBatch:
-    """A RolloutBatch of dataset rows; ``old_logprobs`` are zeros until the old model fills them."""
+    """A RolloutBatch of dataset rows; ``old_logprobs`` stay None: the policy supplies them
+    when the batch is drawn, before any step on it."""
     responses, rewards, group_keys = [], [], []
     for record in records:
         where = f"data.sources row with prompt {record.prompt_text!r}"
@@ -59,7 +80,7 @@ def offline_rollout(records: Sequence[Any], tokenizer: Any, pad_token_id: int = 
     reward_tensor = torch.tensor(rewards, dtype=torch.float32)
     return RolloutBatch(
         prompt_ids=prompt_ids, prompt_mask=prompt_mask, response_ids=response_ids,
-        response_mask=response_mask, old_logprobs=torch.zeros(response_ids.shape),
+        response_mask=response_mask, old_logprobs=None,
         rewards=reward_tensor, reward_components={"reward": reward_tensor},
         group_ids=torch.tensor(group_ids, dtype=torch.long),
         prompts=[r.prompt_text for r in records],

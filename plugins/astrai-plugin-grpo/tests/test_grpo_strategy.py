@@ -40,7 +40,7 @@ def test_strategy_loads_by_name():
 
     spec = load_plugins().get("strategy", "grpo")
     assert spec.load() is GRPO
-    assert spec.default_advantage == "grpo" and GRPO.default_advantage == "grpo"
+    assert spec.default_advantage == "grpo"  # read by the run plan
 
 
 def test_online_grpo_raises_the_reward(tmp_path, prompts):
@@ -74,7 +74,7 @@ def _hand_batch(vocab: int) -> RolloutBatch:
                         response_ids=response_ids, response_mask=response_mask,
                         old_logprobs=old.where(response_mask, 0.0), rewards=torch.zeros(2),
                         reward_components={}, group_ids=torch.tensor([0, 0]),
-                        extras={"advantages": advantages})
+                        advantages=advantages)
 
 
 def _direct_logprobs(model, batch: RolloutBatch, temperature: float) -> torch.Tensor:
@@ -100,18 +100,17 @@ def test_loss_equals_the_formula(tmp_path, prompts, aggregation):
         "kl_estimator": "k3", "loss_aggregation": aggregation})
     config["sampler"]["temperature"] = temperature
     strategy, ctx = build_strategy(config, tmp_path)
-    strategy.setup()
     with torch.no_grad():  # make the reference differ from the policy
         for param in strategy.reference.parameters():
             param.add_(0.05 * torch.randn_like(param))
     batch = _hand_batch(ctx.model.config.vocab_size)
-    batch.extras["ref_logprobs"] = _direct_logprobs(strategy.reference, batch, temperature)
+    batch.ref_logprobs = _direct_logprobs(strategy.reference, batch, temperature)
     loss, metrics = strategy.compute_loss(batch)
 
     logp = _direct_logprobs(ctx.model, batch, temperature).double()
-    ref = batch.extras["ref_logprobs"].double()
+    ref = batch.ref_logprobs.double()
     ratio = torch.exp(logp - batch.old_logprobs.double())
-    adv = batch.extras["advantages"].double()
+    adv = batch.advantages.double()
     policy = torch.maximum(-adv * ratio, -adv * ratio.clamp(1 - eps_low, 1 + eps_high))
     k3 = torch.exp(ref - logp) - (ref - logp) - 1
     per_token = policy + kl_coef * k3
@@ -143,11 +142,10 @@ def _strip_logprobs(sampler):
 
 def test_missing_behaviour_logprobs_is_a_clear_error(tmp_path, prompts):
     config = tiny_run_config(tmp_path, prompts, {"name": "grpo", "group_size": 2})
-    strategy, _ = build_strategy(config, tmp_path)
-    strategy.setup()
-    _strip_logprobs(strategy.runner.sampler)
+    strategy, run = build_strategy(config, tmp_path)
+    _strip_logprobs(run.rollouts.sampler)
     with pytest.raises(ConfigError, match="no behaviour log-probs.*recompute_old_logprobs"):
-        next(strategy.train_batches())
+        strategy.batch_source().next_step()
 
 
 def test_missing_logprobs_are_recomputed_when_configured(tmp_path, prompts):
@@ -156,11 +154,10 @@ def test_missing_logprobs_are_recomputed_when_configured(tmp_path, prompts):
     config = tiny_run_config(tmp_path, prompts, {
         "name": "grpo", "group_size": 2, "recompute_old_logprobs": True})
     strategy, ctx = build_strategy(config, tmp_path)
-    strategy.setup()
-    _strip_logprobs(strategy.runner.sampler)
-    micro = next(strategy.train_batches())
+    _strip_logprobs(ctx.rollouts.sampler)
+    micro = strategy.batch_source().next_step()[0]
     with torch.no_grad():
-        expected = policy_forward(ctx.model, micro, strategy.temperature)["logprobs"]
+        expected = policy_forward(ctx.model, micro, ctx.logprob_temperature)["logprobs"]
     mask = micro.response_mask
     torch.testing.assert_close(micro.old_logprobs[mask], expected[mask])
 
@@ -191,7 +188,7 @@ def _rewarded_minus_unrewarded(strategy, ctx) -> float:
     from astrai_core.rollout.forward import policy_forward
     from astrai_plugin_grpo.offline import offline_rollout
 
-    loader = build_train_loader(ctx.data_config, ctx.tokenizer)
+    loader = build_train_loader(ctx.data, ctx.tokenizer)
     batch = offline_rollout(next(iter(loader)) + next(iter(loader)), ctx.tokenizer)
     with torch.no_grad():
         logps = policy_forward(ctx.model, batch)["logprobs"]
@@ -200,7 +197,7 @@ def _rewarded_minus_unrewarded(strategy, ctx) -> float:
     return (totals[rewarded].mean() - totals[~rewarded].mean()).item()
 
 
-def test_offline_old_model_equals_the_policy_after_each_step(tmp_path):
+def test_offline_old_policy_is_the_policy_after_each_step(tmp_path):
     data = _offline_rows(tmp_path / "offline.jsonl")
     config = tiny_run_config(tmp_path, data, {"name": "grpo", "mode": "offline"},
                              max_steps=3, grad_accum_steps=2)
@@ -208,16 +205,23 @@ def test_offline_old_model_equals_the_policy_after_each_step(tmp_path):
     strategy, ctx = build_strategy(config, tmp_path)
     trainer = Trainer(ctx, strategy)
     start = {k: v.clone() for k, v in ctx.model.state_dict().items()}
+    after_steps = [start]
     checked = []
     after_step = strategy.after_optimizer_step
+    process = trainer.source.process
 
-    def check(step):
+    def check(rollout):
+        # Each batch's old log-probs come from the weights the previous step left.
+        policy = ctx.model.state_dict()
+        assert all(torch.equal(after_steps[-1][k], policy[k]) for k in policy)
+        return process(rollout)
+
+    def record(step):
         after_step(step)
-        old, policy = strategy.old_model.state_dict(), ctx.model.state_dict()
-        assert all(torch.equal(old[k], policy[k]) for k in policy)
-        assert strategy.old_model is not ctx.model
+        after_steps.append({k: v.clone() for k, v in ctx.model.state_dict().items()})
         checked.append(step)
-    strategy.after_optimizer_step = check
+    trainer.source.process = check
+    strategy.after_optimizer_step = record
     preference_before = _rewarded_minus_unrewarded(strategy, ctx)
     last = trainer.fit()
     assert checked == [1, 2, 3]
@@ -237,6 +241,5 @@ def test_offline_rows_need_a_numeric_reward(tmp_path):
                                reward="high")
     config = tiny_run_config(tmp_path, data, {"name": "grpo", "mode": "offline"})
     strategy, _ = build_strategy(config, tmp_path)
-    strategy.setup()
     with pytest.raises(DataError, match="numeric column 'reward'"):
-        next(strategy.train_batches())
+        strategy.batch_source().next_step()

@@ -9,8 +9,8 @@ from typing import Any
 
 import torch
 
-from astrai_core.devices.base import DeviceBackend
-from astrai_core.errors import PluginError
+from astrai_core.api import DeviceBackend
+from astrai_core.api import PluginError
 
 
 def npu_available() -> bool:

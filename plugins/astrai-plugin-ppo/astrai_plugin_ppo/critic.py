@@ -9,9 +9,9 @@ from typing import Literal
 import torch
 from torch import Tensor, nn
 
-from astrai_core.model import CausalLM, load_pretrained
-from astrai_core.rollout.batch import RolloutBatch
-from astrai_core.rollout.forward import policy_forward
+from astrai_core.api import CausalLM, load_pretrained
+from astrai_core.api import RolloutBatch
+from astrai_core.api import policy_forward
 
 
 class ValueCritic(nn.Module):

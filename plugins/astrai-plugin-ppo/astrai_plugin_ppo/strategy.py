@@ -2,38 +2,42 @@
 
 Per rollout (see :class:`OnlineStrategy`): the critic's values V(s_t) and, when a KL term
 is used, the frozen reference's log-probs are attached; the advantage estimator (``gae``
-by default, found through the registry) turns token rewards and values into advantages
-and returns; then ``epochs x mini_batches`` optimizer steps are taken on the rollout.
+by default, the spec's ``default_advantage``) turns token rewards and values into
+advantages and returns; then ``epochs x mini_batches`` optimizer steps are taken on it.
 
-The critic has its own AdamW optimizer, learning rate (``critic_lr``, following the
-trainer's warmup/decay schedule) and gradient clipping. Its gradients come from the same
+The critic is a module trained beside the policy (:meth:`PPO.trained_modules`): the
+trainer gives it its own AdamW optimizer, learning rate (``critic_lr``, on the trainer's
+warmup/decay schedule), weight decay and gradient clipping, steps it after the same
 backward as the policy's (the value loss is part of the returned loss, and the two share
-no parameters); it steps in :meth:`after_optimizer_step`. Its weights are checkpointed
-as ``critic.safetensors`` through :meth:`checkpoint_modules`, its optimizer state through
-:meth:`state_dict`.
+no parameters), and checkpoints it as ``critic.safetensors`` with its optimizer state.
 """
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import Any, ClassVar, Literal
 
 import torch
 from pydantic import BaseModel, Field
 from torch import Tensor
 
-from astrai_core.log import get_logger
-from astrai_core.rl.functional import (
+from astrai_core.api import (
+    OnlineConfig,
+    OnlineStrategy,
+    RolloutBatch,
+    RunComponents,
+    StrategyNeeds,
+    TrainedModule,
     aggregate_loss,
     clipped_policy_loss,
     explained_variance,
+    frozen_copy,
+    get_logger,
     kl_estimate,
     masked_mean,
     masked_var,
+    policy_forward,
 )
-from astrai_core.rollout.batch import RolloutBatch
-from astrai_core.rollout.forward import policy_forward
-from astrai_core.training.online import OnlineConfig, OnlineStrategy
-from astrai_core.training.optim import build_optimizer, lr_factor
 from astrai_plugin_ppo.critic import ValueCritic, build_critic
 from astrai_plugin_ppo.value_loss import clipped_value_loss
 
@@ -71,52 +75,57 @@ class PPO(OnlineStrategy):
     """Policy + value critic; see the module docstring."""
 
     Config: ClassVar[type[BaseModel]] = PPOConfig
-    default_advantage: ClassVar[str | None] = "gae"
 
-    def setup(self) -> None:
-        super().setup()
-        cfg = self.config
-        self.reference = self.ctx.frozen_copy() if cfg.kl_coef or cfg.kl_in_reward_coef else None
-        self.critic: ValueCritic = build_critic(self.ctx.model, cfg.critic_init, cfg.critic_path,
-                                                cfg.value_head_init_std)
-        critic_trainer = self.ctx.trainer_config.model_copy(
-            update={"lr": cfg.critic_lr, "optimizer": "adamw",
-                    "weight_decay": cfg.critic_weight_decay})
-        self.critic_optimizer = build_optimizer(list(self.critic.named_parameters()),
-                                                critic_trainer)
-        self._set_critic_lr(steps_done=0)
+    @classmethod
+    def needs(cls, config: Any) -> StrategyNeeds:
+        return replace(super().needs(config), values=True)  # the critic supplies V(s_t)
+
+    def __init__(self, config: PPOConfig, run: RunComponents) -> None:
+        super().__init__(config, run)
+        self.reference = frozen_copy(run.model) if config.kl_coef or config.kl_in_reward_coef \
+            else None
+        self.critic: ValueCritic = build_critic(run.model, config.critic_init, config.critic_path,
+                                                config.value_head_init_std)
         log.info("critic", parameters=sum(p.numel() for p in self.critic.parameters()),
-                 init=cfg.critic_path or cfg.critic_init, lr=cfg.critic_lr)
+                 init=config.critic_path or config.critic_init, lr=config.critic_lr)
+
+    def trained_modules(self) -> dict[str, TrainedModule]:
+        cfg = self.config
+        return {"critic": TrainedModule(
+            self.critic, overrides={"lr": cfg.critic_lr, "optimizer": "adamw",
+                                    "weight_decay": cfg.critic_weight_decay},
+            max_grad_norm=cfg.critic_max_grad_norm)}
+
+    def frozen_modules(self) -> dict[str, torch.nn.Module]:
+        return {"reference": self.reference} if self.reference is not None else {}
 
     # -- per rollout ------------------------------------------------------------------
     def prepare_rollout(self, rollout: RolloutBatch) -> None:
         """Old values V(s_t) from the critic and, for a KL term, the reference's log-probs."""
         mask = rollout.response_mask
-        values = self.critic(rollout)["values"]
-        rollout.extras["values"] = torch.where(mask, values, 0.0)
+        rollout.values = torch.where(mask, self.critic(rollout)["values"], 0.0)
         if self.reference is not None:
-            ref = policy_forward(self.reference, rollout, self.runner.logprob_temperature)
-            rollout.extras["ref_logprobs"] = torch.where(mask, ref["logprobs"], 0.0)
+            ref = policy_forward(self.reference, rollout, self.run.logprob_temperature)
+            rollout.ref_logprobs = torch.where(mask, ref["logprobs"], 0.0)
 
     # -- the loss ---------------------------------------------------------------------
     def compute_loss(self, batch: RolloutBatch) -> tuple[Tensor, dict[str, Any]]:
         cfg = self.config
         mask = batch.response_mask
-        policy = policy_forward(self.ctx.model, batch, self.runner.logprob_temperature,
+        policy = policy_forward(self.run.model, batch, self.run.logprob_temperature,
                                 return_entropy=True)
         per_token, metrics = clipped_policy_loss(
-            policy["logprobs"], batch.old_logprobs, batch.extras["advantages"], mask,
+            policy["logprobs"], batch.old_logprobs, batch.advantages, mask,
             cfg.eps_low, cfg.eps_high)
         policy_loss = aggregate_loss(per_token, mask, cfg.loss_aggregation)
         critic = self.critic(batch)
         value_loss, value_metrics = clipped_value_loss(
-            critic["values"], batch.extras["values"], batch.extras["returns"], mask,
-            clip_eps=cfg.value_clip_eps)
+            critic["values"], batch.values, batch.returns, mask, clip_eps=cfg.value_clip_eps)
         entropy = aggregate_loss(policy["entropy"], mask, cfg.loss_aggregation)
         loss = policy_loss + cfg.vf_coef * value_loss - cfg.entropy_coef * entropy
         if cfg.kl_coef:
             # Padding gets log-ratio 0, so no garbage there can overflow exp() (k3) into NaN grads.
-            ref = torch.where(mask, batch.extras["ref_logprobs"], policy["logprobs"].detach())
+            ref = torch.where(mask, batch.ref_logprobs, policy["logprobs"].detach())
             kl = kl_estimate(policy["logprobs"], ref, cfg.kl_estimator)
             kl_loss = aggregate_loss(kl, mask, cfg.loss_aggregation)
             loss = loss + cfg.kl_coef * kl_loss
@@ -132,65 +141,12 @@ class PPO(OnlineStrategy):
     def _loss_metrics(batch: RolloutBatch, policy_loss: Tensor, value_loss: Tensor,
                       entropy: Tensor, values: Tensor) -> dict[str, Any]:
         mask = batch.response_mask
-        advantages = batch.extras["advantages"]
         return {
             "policy_loss": policy_loss.detach(),
             "value_loss": value_loss.detach(),
             "entropy": entropy.detach(),
-            "explained_variance": explained_variance(values.detach(), batch.extras["returns"],
-                                                     mask),
-            "advantage_mean": masked_mean(advantages, mask),
-            "advantage_std": masked_var(advantages, mask).sqrt(),
+            "explained_variance": explained_variance(values.detach(), batch.returns, mask),
+            "advantage_mean": masked_mean(batch.advantages, mask),
+            "advantage_std": masked_var(batch.advantages, mask).sqrt(),
             "tokens": mask.sum(),
         }
-
-    # -- the critic's optimizer step ------------------------------------------------------
-    def step_metrics(self) -> dict[str, float]:
-        """Rollout statistics plus the critic's gradient norm and lr for this step."""
-        metrics = super().step_metrics()
-        grads = [p.grad for p in self.critic.parameters() if p.grad is not None]
-        if grads:
-            metrics["critic/grad_norm"] = torch.nn.utils.get_total_norm(grads).item()
-        metrics["critic/lr"] = self.critic_optimizer.param_groups[0]["lr"]
-        return metrics
-
-    def after_optimizer_step(self, step: int) -> None:
-        self._step_critic(step)
-        super().after_optimizer_step(step)
-
-    def _step_critic(self, step: int) -> None:
-        """Clip and apply the critic's accumulated gradients with its own (scheduled) lr."""
-        from astrai_core.training.trainer import TrainingDiverged
-
-        params = [p for p in self.critic.parameters() if p.grad is not None]
-        if self.config.critic_max_grad_norm is not None and params:
-            norm = torch.nn.utils.clip_grad_norm_(params, self.config.critic_max_grad_norm)
-            if not torch.isfinite(norm):
-                raise TrainingDiverged(f"training diverged at step {step}: the critic's "
-                                       f"gradient norm is {norm.item()}; lower "
-                                       "strategy.critic_lr")
-        self.critic_optimizer.step()
-        self.critic_optimizer.zero_grad(set_to_none=True)
-        self._set_critic_lr(steps_done=step)
-
-    def _set_critic_lr(self, steps_done: int) -> None:
-        """The lr of the next critic step: critic_lr on the policy's warmup/decay schedule.
-
-        Like the trainer's scheduler it lives in the optimizer's param groups, so a
-        resumed run gets it back with the optimizer state.
-        """
-        factor = lr_factor(steps_done, self.ctx.trainer_config)
-        for group in self.critic_optimizer.param_groups:
-            group["lr"] = self.config.critic_lr * factor
-
-    # -- checkpointing ----------------------------------------------------------------
-    def checkpoint_modules(self) -> dict[str, torch.nn.Module]:
-        return {"critic": self.critic}
-
-    def state_dict(self) -> dict[str, Any]:
-        return {**super().state_dict(), "critic_optimizer": self.critic_optimizer.state_dict()}
-
-    def load_state_dict(self, state: dict[str, Any]) -> None:
-        super().load_state_dict(state)
-        if "critic_optimizer" in state:
-            self.critic_optimizer.load_state_dict(state["critic_optimizer"])

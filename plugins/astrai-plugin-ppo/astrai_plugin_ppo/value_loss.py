@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from astrai_core.rl.functional import aggregate_loss, masked_mean
+from astrai_core.api import aggregate_loss, masked_mean
 
 
 def clipped_value_loss(

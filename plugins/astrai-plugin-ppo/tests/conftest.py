@@ -21,8 +21,8 @@ def run_config(tmp_path: Path, strategy: dict, **trainer: object) -> dict:
 
 
 def make_strategy(tmp_path: Path, config: dict):
-    """(strategy after setup(), context) built in-process the way `astrai train` builds them."""
-    return testing.build_strategy(config, tmp_path, setup=True)
+    """(strategy, run components) built in-process the way `astrai train` builds them."""
+    return testing.build_strategy(config, tmp_path)
 
 
 def fixed_rollout(vocab_size: int, seed: int = 0):

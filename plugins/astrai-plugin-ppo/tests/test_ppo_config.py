@@ -36,8 +36,8 @@ def test_ppo_loads_by_name_and_finds_gae_through_the_registry(ppo, tmp_path):
     from astrai_plugin_ppo.strategy import PPO
 
     assert spec.load() is PPO
-    strategy, _ = ppo.make_strategy(tmp_path, ppo.run_config(tmp_path, {}))
-    assert type(strategy.estimator) is registry.get("advantage_estimator", "gae").load()
+    _, run = ppo.make_strategy(tmp_path, ppo.run_config(tmp_path, {}))
+    assert type(run.estimator) is registry.get("advantage_estimator", "gae").load()
     # ...by name only: the plugin never imports astrai_plugin_gae.
     for source in PACKAGE.glob("*.py"):
         assert "astrai_plugin_gae" not in source.read_text(), source.name

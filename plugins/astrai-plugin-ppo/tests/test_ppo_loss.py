@@ -41,8 +41,8 @@ def _attach(batch, logp, values, generator):
     that some ratios and some values fall outside their clip ranges."""
     noise = lambda scale: scale * torch.randn(logp.shape, generator=generator)  # noqa: E731
     batch.old_logprobs = (logp + noise(0.3)).detach()
-    batch.extras = {"advantages": noise(1.0), "values": (values + noise(0.1)).detach(),
-                    "returns": noise(1.0), "ref_logprobs": (logp + noise(0.2)).detach()}
+    batch.advantages, batch.values = noise(1.0), (values + noise(0.1)).detach()
+    batch.returns, batch.ref_logprobs = noise(1.0), (logp + noise(0.2)).detach()
     return batch
 
 
@@ -61,15 +61,15 @@ def test_loss_equals_direct_formula(ppo, tmp_path, mode):
     batch = _attach(batch, logp, values, torch.Generator().manual_seed(1))
     loss, metrics = strategy.compute_loss(batch)
 
-    mask, extras, cfg = batch.response_mask, batch.extras, strategy.config
-    advantages, old_values, returns = extras["advantages"], extras["values"], extras["returns"]
+    mask, cfg = batch.response_mask, strategy.config
+    advantages, old_values, returns = batch.advantages, batch.values, batch.returns
     ratio = torch.exp(logp - batch.old_logprobs)
     policy_per_token = torch.maximum(-advantages * ratio, -advantages * ratio.clamp(
         1 - cfg.eps_low, 1 + cfg.eps_high))
     clipped_values = old_values + (values - old_values).clamp(-cfg.value_clip_eps,
                                                               cfg.value_clip_eps)
     value_per_token = 0.5 * torch.maximum((values - returns) ** 2, (clipped_values - returns) ** 2)
-    log_ratio = logp - extras["ref_logprobs"]
+    log_ratio = logp - batch.ref_logprobs
     kl_per_token = torch.exp(-log_ratio) + log_ratio - 1
     expected = (_aggregate(policy_per_token, mask, mode)
                 + cfg.vf_coef * value_per_token[mask].mean()
@@ -126,7 +126,8 @@ def test_padding_contributes_nothing_to_loss_or_gradients(ppo, tmp_path):
     garbage.prompt_ids = torch.where(batch.prompt_mask, batch.prompt_ids, 7)
     garbage.response_ids = torch.where(mask, batch.response_ids, 9)
     garbage.old_logprobs = torch.where(mask, batch.old_logprobs, -1e3)
-    garbage.extras = {k: torch.where(mask, v, 1e3) for k, v in batch.extras.items()}
+    for name in ("advantages", "values", "returns", "ref_logprobs"):
+        setattr(garbage, name, torch.where(mask, getattr(batch, name), 1e3))
     loss_again, grads_again, _ = _loss_and_grads(strategy, context, garbage)
     torch.testing.assert_close(loss_again, loss, atol=1e-6, rtol=1e-6)
     assert grads.keys() == grads_again.keys()
@@ -144,8 +145,8 @@ def test_moe_load_balancing_loss_of_policy_and_critic_is_added(ppo, tmp_path):
         config["model"]["config"].update(moe)
         strategy, context = ppo.make_strategy(run_dir, config)
         batch = ppo.fixed_rollout(context.model.config.vocab_size)
-        batch.extras = {name: torch.zeros(batch.response_ids.shape)
-                        for name in ("advantages", "values", "returns")}
+        for name in ("advantages", "values", "returns"):
+            setattr(batch, name, torch.zeros(batch.response_ids.shape))
         with torch.no_grad():
             losses[coef], metrics = strategy.compute_loss(batch)
     aux = metrics["moe/aux_loss"] + metrics["moe/critic_aux_loss"]

@@ -12,6 +12,7 @@ from safetensors.torch import load_file
 from astrai_core.config.schema import RunConfig
 from astrai_core.testing import read_metrics
 from astrai_core.training.run import train
+from astrai_core.training.trainer import Trainer
 
 REWARD_PLUGIN = '''
 from astrai_core import RewardFunctionSpec, hookimpl
@@ -57,8 +58,10 @@ def test_critic_value_loss_goes_down_on_a_fixed_rollout(ppo, tmp_path):
     # A wide value clip, so the loss is free to fall below the clipped term's floor.
     strategy, context = ppo.make_strategy(tmp_path, ppo.run_config(
         tmp_path, {"critic_lr": 3e-3, "value_clip_eps": 100.0, "mini_batches": 1}))
-    batch = next(strategy.train_batches())
-    returns = batch.extras["returns"][batch.response_mask]
+    trainer = Trainer(context, strategy)
+    critic = next(module for module in trainer.modules if module.name == "critic")
+    batch = trainer.source.next_step()[0]
+    returns = batch.returns[batch.response_mask]
     assert returns.std() > 0.1, "the rollout needs varied returns to fit"
     policy_before = {k: v.clone() for k, v in context.model.state_dict().items()}
     losses = []
@@ -67,7 +70,8 @@ def test_critic_value_loss_goes_down_on_a_fixed_rollout(ppo, tmp_path):
         losses.append(metrics["value_loss"].item())
         loss.backward()
         context.model.zero_grad(set_to_none=True)  # only the critic steps here
-        strategy._step_critic(step)
+        critic.clip()
+        critic.step()
     assert losses[-1] < 0.5 * losses[0], losses
     for name, tensor in context.model.state_dict().items():
         assert torch.equal(tensor, policy_before[name]), f"the critic's step moved the policy ({name})"
@@ -78,7 +82,7 @@ def _critic_state(run_dir: Path, step: int) -> tuple[dict, dict, dict]:
     training_state = torch.load(checkpoint / "training_state.pt", weights_only=True)
     return (load_file(str(checkpoint / "critic.safetensors")),
             load_file(str(checkpoint / "model.safetensors")),
-            training_state["strategy"]["critic_optimizer"])
+            training_state["optimizers"]["critic"])
 
 
 def _assert_equal_nested(a, b, where="") -> None:

@@ -11,19 +11,19 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from astrai_core.errors import CheckpointError
-from astrai_core.importers.base import FUSED, HFImporter, dense_mlp_map
-from astrai_core.importers.hf_config import (
+from astrai_core.api import CheckpointError
+from astrai_core.api import FUSED, HFImporter, dense_mlp_map
+from astrai_core.api import (
     common_fields_from_hf,
     common_fields_to_hf,
     qwen_sliding_window,
     qwen_sliding_window_to_hf,
     require,
 )
-from astrai_core.importers.tensor_map import TensorMap, rename, split_gate_up, stack_experts
+from astrai_core.api import TensorMap, rename, split_gate_up, stack_experts
 
 if TYPE_CHECKING:
-    from astrai_core.model import ModelConfig
+    from astrai_core.api import ModelConfig
 
 _QWEN3_HEAD_DIM = 128  # Qwen3Config's default when config.json omits head_dim
 

@@ -17,7 +17,7 @@ from typing import Any
 
 import torch
 
-from astrai_core.log import get_logger
+from astrai_core.api import get_logger
 
 log = get_logger(__name__)
 
@@ -31,14 +31,14 @@ def export_policy(model: torch.nn.Module, native_dir: Path | None, work_dir: Pat
     ``native_dir`` is the native checkpoint the model was loaded from, if any: its export
     keeps the original ``config.json``. A live model is first saved as a native checkpoint.
     """
-    from astrai_core.importers.select import export_model_type, load_importer
-    from astrai_core.model import save_pretrained
-    from astrai_core.plugins import load_plugins
+    from astrai_core.api import export_model_type, load_importer
+    from astrai_core.api import save_pretrained
+    from astrai_core.api import process_registry
 
     if native_dir is None:
         native_dir = save_pretrained(model, work_dir / "native")
     model_type = model_type or export_model_type(native_dir)
-    importer = load_importer(load_plugins(), model_type=model_type)
+    importer = load_importer(process_registry(), model_type=model_type)
     return importer.export_checkpoint(native_dir, work_dir / "hf", model_type=model_type)
 
 

@@ -15,9 +15,9 @@ from collections.abc import Sequence
 
 import torch
 
-from astrai_core.rollout.batch import RolloutBatch, pad_rows
-from astrai_core.rollout.forward import policy_forward
-from astrai_core.sampling.params import SamplingParams
+from astrai_core.api import RolloutBatch, pad_rows
+from astrai_core.api import policy_forward
+from astrai_core.api import SamplingParams
 
 
 def is_truncated(params: SamplingParams) -> bool:

@@ -23,9 +23,9 @@ from typing import Any, Literal
 import torch
 from pydantic import Field
 
-from astrai_core.importers.base import PER_EXPERT
-from astrai_core.sampling.params import Completion, SamplingParams
-from astrai_core.sampling.requests import Request, expand_requests
+from astrai_core.api import PER_EXPERT
+from astrai_core.api import Completion, SamplingParams
+from astrai_core.api import Request, expand_requests
 from astrai_plugin_vllm import engine as engine_lib
 from astrai_plugin_vllm import weights as weights_lib
 from astrai_plugin_vllm.logprobs import is_truncated, trainer_logprobs
@@ -69,7 +69,7 @@ class VllmSampler:
                  engine_kwargs: dict[str, Any] | None = None) -> None:
         native_dir = None
         if isinstance(model, (str, os.PathLike)):
-            from astrai_core.model import load_pretrained
+            from astrai_core.api import load_pretrained
 
             native_dir = Path(model)
             model = load_pretrained(native_dir)
@@ -99,7 +99,7 @@ class VllmSampler:
         sampler holds; None means that policy was updated in place (the trainer's model).
         """
         if state_dict is not None:
-            from astrai_core.model.checkpoint import load_state_dict_strict
+            from astrai_core.api import load_state_dict_strict
 
             with torch.no_grad():
                 load_state_dict_strict(self.model, state_dict, "update_weights(state_dict)")
@@ -201,8 +201,8 @@ def _vllm_params(request: Request) -> Any:
 
 def _importer_for(hf_dir: Path) -> Any:
     """The importer of the exported directory's model_type (for the weight names)."""
-    from astrai_core.importers.hf_files import read_hf_config
-    from astrai_core.importers.select import load_importer
-    from astrai_core.plugins import load_plugins
+    from astrai_core.api import read_hf_config
+    from astrai_core.api import load_importer
+    from astrai_core.api import process_registry
 
-    return load_importer(load_plugins(), model_type=read_hf_config(hf_dir)["model_type"])
+    return load_importer(process_registry(), model_type=read_hf_config(hf_dir)["model_type"])

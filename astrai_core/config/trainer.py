@@ -25,7 +25,9 @@ class TrainerConfig(BaseModel):
     muon_momentum: float = Field(0.95, ge=0, lt=1)
     grad_accum_steps: int = Field(1, ge=1)
     max_grad_norm: float | None = Field(1.0, gt=0, description="None disables clipping")
-    mixed_precision: Literal["no", "bf16", "fp16"] = "no"
+    mixed_precision: Literal["no", "bf16"] = Field(
+        "no", description="autocast compute dtype (bf16); fp16 is not offered: it needs loss "
+        "scaling, and bf16 trains without it")
     seed: int = 0
     log_every: int = Field(1, ge=1)
     eval_every: int = Field(0, ge=0, description="0 = only at the end")

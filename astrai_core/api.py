@@ -1,0 +1,100 @@
+"""The public API for plugins: everything a plugin's targets may import from the core.
+
+Plugins import from here (and ``hookimpl`` plus the ``*Spec`` records from ``astrai_core``)
+and from nowhere else in the core; a test holds every plugin in this repository to it.
+These names keep their meaning across minor releases; everything else in the core may
+move. Importing this module imports torch, so hookimpl modules must not import it at
+module level: targets do (see docs/plugins.md).
+"""
+
+from astrai_core.config.schema import RunConfig
+from astrai_core.config.trainer import TrainerConfig
+from astrai_core.devices.base import DeviceBackend
+from astrai_core.errors import (
+    AstraiError,
+    CheckpointError,
+    ConfigError,
+    DataError,
+    FieldError,
+    PluginError,
+)
+from astrai_core.importers.base import FUSED, PER_EXPERT, HFImporter, dense_mlp_map
+from astrai_core.importers.hf_config import (
+    common_fields_from_hf,
+    common_fields_to_hf,
+    qwen_sliding_window,
+    qwen_sliding_window_to_hf,
+    require,
+)
+from astrai_core.importers.hf_files import read_hf_config
+from astrai_core.importers.select import export_model_type, load_importer
+from astrai_core.importers.tensor_map import TensorMap, rename, split_gate_up, stack_experts
+from astrai_core.log import get_logger
+from astrai_core.model import (
+    CausalLM,
+    ModelConfig,
+    load_pretrained,
+    load_state_dict_strict,
+    save_pretrained,
+)
+from astrai_core.plugins import process_registry
+from astrai_core.protocols import (
+    AdvantageEstimatorProtocol,
+    RewardFunctionProtocol,
+    SamplerProtocol,
+    StrategyProtocol,
+)
+from astrai_core.rl.functional import (
+    aggregate_loss,
+    broadcast_to_tokens,
+    clipped_policy_loss,
+    entropy_from_logits,
+    explained_variance,
+    group_stats,
+    kl_estimate,
+    masked_mean,
+    masked_sum,
+    masked_var,
+    masked_whiten,
+    sequence_scores,
+    token_logprobs,
+    token_rewards_from_scores,
+)
+from astrai_core.rollout.batch import RolloutBatch, pad_rows
+from astrai_core.rollout.forward import policy_forward
+from astrai_core.rollout.metrics import rollout_metrics
+from astrai_core.rollout.runner import RolloutRunner
+from astrai_core.sampling.params import Completion, SamplingParams
+from astrai_core.sampling.requests import Request, expand_requests
+from astrai_core.training.components import RunComponents
+from astrai_core.training.modules import TrainedModule, frozen_copy
+from astrai_core.training.needs import StrategyNeeds
+from astrai_core.training.online import OnlineConfig, OnlineStrategy
+from astrai_core.training.sources import BatchSource, LoaderSource, RolloutSource
+from astrai_core.training.strategy import EmptyConfig, Strategy
+
+__all__ = [
+    # strategies
+    "BatchSource", "EmptyConfig", "LoaderSource", "OnlineConfig", "OnlineStrategy",
+    "RolloutSource", "RunComponents", "RunConfig", "Strategy", "StrategyNeeds",
+    "TrainedModule", "TrainerConfig", "frozen_copy",
+    # rollouts and the trainer-side forward
+    "RolloutBatch", "RolloutRunner", "pad_rows", "policy_forward", "rollout_metrics",
+    # RL math
+    "aggregate_loss", "broadcast_to_tokens", "clipped_policy_loss", "entropy_from_logits",
+    "explained_variance", "group_stats", "kl_estimate", "masked_mean", "masked_sum",
+    "masked_var", "masked_whiten", "sequence_scores", "token_logprobs",
+    "token_rewards_from_scores",
+    # sampling
+    "Completion", "Request", "SamplingParams", "expand_requests",
+    # models and importers
+    "CausalLM", "FUSED", "HFImporter", "ModelConfig", "PER_EXPERT", "TensorMap",
+    "common_fields_from_hf", "common_fields_to_hf", "dense_mlp_map", "export_model_type",
+    "load_importer", "load_pretrained", "load_state_dict_strict", "qwen_sliding_window", "qwen_sliding_window_to_hf",
+    "read_hf_config", "rename", "require", "save_pretrained", "split_gate_up",
+    "stack_experts",
+    # devices, plugins, errors, logging
+    "AdvantageEstimatorProtocol", "AstraiError", "CheckpointError", "ConfigError",
+    "DataError", "DeviceBackend", "FieldError", "PluginError", "RewardFunctionProtocol",
+    "SamplerProtocol", "StrategyProtocol", "get_logger", "process_registry",
+]

@@ -1,0 +1,291 @@
+"""The run plan: a config checked whole, before the tokenizer or the model is loaded.
+
+:func:`plan_run` resolves every pluggable section (strategy, advantage, sampler, rewards,
+device) into its loaded target and validated options through one :class:`Resolver`, then
+runs every cross-section check: the data formats the strategy reads, the evaluation
+format, the advantage estimator an online strategy needs and whether it wants values, the
+reward functions and the columns they need, and the strategy's own checks (batch splits).
+
+Every mistake becomes one :class:`ConfigError` of the shape
+``file:line: dotted.path: message`` (see :func:`astrai_core.config.loader.field_message`),
+so `astrai train` prints one ``error:`` line and exits with status 2 having written nothing.
+"""
+
+from __future__ import annotations
+
+import inspect
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from pydantic import BaseModel, ValidationError
+
+from astrai_core.config.loader import field_message, format_validation_error
+from astrai_core.config.schema import ComponentSection, RunConfig
+from astrai_core.config.yaml_source import FieldPath, YamlSource
+from astrai_core.data.config import BATCH_KIND
+from astrai_core.errors import ConfigError, FieldError, PluginError
+from astrai_core.protocols import missing_members
+from astrai_core.registry import Registry
+from astrai_core.specs import import_target
+from astrai_core.training.needs import StrategyNeeds
+
+DEFAULT_SAMPLER = "torch"
+
+
+@dataclass(frozen=True)
+class Component:
+    """A pluggable section resolved: its loaded target and its validated options."""
+
+    kind: str
+    name: str
+    target: Any
+    options: dict[str, Any]
+    config: BaseModel | None = None      # the validated ``Config`` instance, when it has one
+
+
+@dataclass(frozen=True)
+class RewardChoice:
+    """One ``rewards:`` entry resolved into the callable that scores completions."""
+
+    label: str                           # metric name: ``mypkg.rewards:my_fn`` -> ``my_fn``
+    weight: float
+    fn: Any                              # a function target itself, or a class target built
+    required_columns: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
+class RunPlan:
+    """Everything `astrai train` will build, named and validated."""
+
+    config: RunConfig
+    source: YamlSource | None
+    registry: Registry
+    strategy: Component
+    needs: StrategyNeeds
+    advantage: Component | None
+    sampler: Component
+    rewards: tuple[RewardChoice, ...]
+    device: Component | None             # None: ``device: {name: auto}``
+
+    def sampling_fields(self) -> tuple[dict[str, Any], dict[str, Any]]:
+        """(the sampler section's SamplingParams fields, its engine options)."""
+        from astrai_core.sampling.params import SamplingParams
+
+        known = set(SamplingParams.model_fields)
+        options = self.sampler.options
+        return ({k: v for k, v in options.items() if k in known},
+                {k: v for k, v in options.items() if k not in known})
+
+    def user_set(self, *path: Any) -> bool:
+        """Whether the config itself gives ``path`` (e.g. ``("sampler", "stop_token_ids")``)."""
+        node: Any = self.config.model_dump(exclude_unset=True)
+        for part in path:
+            if not isinstance(node, dict) or part not in node:
+                return False
+            node = node[part]
+        return True
+
+
+class Resolver:
+    """Names to loaded, validated components: one path and one error formatter."""
+
+    def __init__(self, registry: Registry, source: YamlSource | None = None) -> None:
+        self.registry = registry
+        self.source = source
+
+    def error(self, path: FieldPath, message: str) -> ConfigError:
+        return ConfigError(field_message(self.source, path, message))
+
+    def component(self, kind: str, name: str, params: dict[str, Any],
+                  path: FieldPath) -> Component:
+        """``kind``/``name`` loaded from the registry, with ``params`` validated."""
+        target = self._load(kind, name, path)
+        config = self._validated(target, params, path)
+        options = config.model_dump() if config is not None else dict(params)
+        return Component(kind, name, target, options, config)
+
+    def _load(self, kind: str, name: str, path: FieldPath) -> Any:
+        try:
+            return self.registry.load(kind, name)
+        except PluginError as exc:
+            raise self.error(path + ("name",), str(exc)) from None
+
+    def section(self, kind: str, section: ComponentSection, path: FieldPath) -> Component:
+        return self.component(kind, section.name, section.params, path)
+
+    def reward(self, name: str, weight: float, params: dict[str, Any],
+               path: FieldPath) -> RewardChoice:
+        """A ``rewards:`` entry: a registered name, or ``module.path:function`` imported as is."""
+        if ":" in name:
+            try:
+                target = import_target(name)
+            except Exception as exc:
+                raise self.error(path + ("name",), f"reward {name!r} cannot be imported "
+                                 f"({type(exc).__name__}: {exc})") from None
+            missing = missing_members("reward_function", target)
+            if missing:
+                raise self.error(path + ("name",), f"reward {name!r} is not callable")
+        else:
+            target = self._load("reward_function", name, path)
+        label = name.rpartition(":")[2].rpartition(".")[2]
+        required = tuple(getattr(target, "required_columns", ()))
+        if not inspect.isclass(target):
+            if params:
+                raise self.error(path + (sorted(params)[0],),
+                                 f"reward {name!r} is a function and takes no options (got "
+                                 f"{', '.join(sorted(params))}); write a class to take options")
+            return RewardChoice(label, weight, target, required)
+        config = self._validated(target, params, path)
+        options = config.model_dump() if config is not None else dict(params)
+        try:
+            return RewardChoice(label, weight, target(**options), required)
+        except (TypeError, ValueError) as exc:  # pydantic's ValidationError is a ValueError
+            message = exc.errors()[0]["msg"] if isinstance(exc, ValidationError) else str(exc)
+            raise self.error(path, f"reward {name!r}: bad options: {message}") from None
+
+    def _validated(self, target: Any, params: dict[str, Any], path: FieldPath
+                   ) -> BaseModel | None:
+        """The target's ``Config`` instance, or None after checking ``__init__``'s keywords."""
+        config_model = getattr(target, "Config", None)
+        if isinstance(config_model, type) and issubclass(config_model, BaseModel):
+            try:
+                return config_model.model_validate(params)
+            except ValidationError as exc:
+                raise ConfigError(format_validation_error(exc, self.source, path)) from None
+        unknown = _unknown_keywords(target, params)
+        if unknown:
+            raise self.error(path + (unknown[0],), f"unknown option; options: "
+                             f"{', '.join(_keywords(target)) or 'none'}")
+        return None
+
+
+def plan_run(config: RunConfig, source: YamlSource | None = None,
+             registry: Registry | None = None, base_dir: Path | None = None) -> RunPlan:
+    """Resolve and cross-check ``config``; raises one ConfigError for the first mistake.
+
+    ``base_dir`` resolves relative data paths (default: the current directory).
+    """
+    if registry is None:
+        from astrai_core.plugins import process_registry
+
+        registry = process_registry()
+    resolve = Resolver(registry, source)
+    strategy = resolve.section("strategy", config.strategy, ("strategy",))
+    try:
+        _check_paths(config, Path.cwd() if base_dir is None else Path(base_dir))
+        needs = strategy.target.needs(strategy.config)
+        _check_data(config, strategy.name, needs)
+        advantage = _advantage(resolve, config, strategy, needs)
+        rewards = tuple(resolve.reward(entry.name, entry.weight, entry.params, ("rewards", i))
+                        for i, entry in enumerate(config.rewards))
+        _check_rewards(config, needs, rewards)
+        strategy.target.check_run(strategy.config, config)
+    except FieldError as exc:
+        raise resolve.error(exc.path, exc.message) from None
+    sampler_section = config.sampler or ComponentSection(name=DEFAULT_SAMPLER)
+    sampler = resolve.section("sampler", sampler_section, ("sampler",))
+    device = (None if config.device.name == "auto"
+              else resolve.section("device_backend", config.device, ("device",)))
+    return RunPlan(config=config, source=source, registry=registry, strategy=strategy,
+                   needs=needs, advantage=advantage, sampler=sampler, rewards=rewards,
+                   device=device)
+
+
+def _check_paths(config: RunConfig, base_dir: Path) -> None:
+    """Every directory and file the run reads exists."""
+    data = config.data.resolve_paths(base_dir)
+    files = [(("data", "sources", i, "path"), s.path) for i, s in enumerate(data.sources)]
+    if data.eval is not None:
+        files.append((("data", "eval", "path"), data.eval.path))
+    for path, file in files:
+        if not file.is_file():
+            raise FieldError(path, f"data file not found: {file}")
+    model = config.model
+    if model.path is not None and not Path(model.path).is_dir():
+        raise FieldError(("model", "path"), f"checkpoint directory {model.path!r} does not exist")
+    if model.tokenizer is not None and not Path(model.tokenizer).is_dir():
+        raise FieldError(("model", "tokenizer"),
+                         f"tokenizer directory {model.tokenizer!r} does not exist")
+
+
+def _check_data(config: RunConfig, strategy: str, needs: StrategyNeeds) -> None:
+    formats = needs.data_formats
+    for index, source in enumerate(config.data.sources):
+        if source.format not in formats:
+            raise FieldError(("data", "sources", index, "format"),
+                             f"strategy {strategy!r} trains on {' or '.join(formats)} data, "
+                             f"not {source.format!r}")
+    evaluation = config.data.eval
+    if evaluation is None or evaluation.format == "prompt":
+        return  # prompt data is evaluated by generation, whatever the strategy
+    kinds = {BATCH_KIND[f] for f in formats}
+    if needs.rollouts or BATCH_KIND[evaluation.format] not in kinds:
+        allowed = ["prompt"] if needs.rollouts else sorted({"prompt", *formats})
+        raise FieldError(("data", "eval", "format"),
+                         f"strategy {strategy!r} evaluates {' or '.join(allowed)} data, not "
+                         f"{evaluation.format!r} (its loss cannot be taken on those batches)")
+
+
+def _advantage(resolve: Resolver, config: RunConfig, strategy: Component,
+               needs: StrategyNeeds) -> Component | None:
+    if not needs.advantage:
+        return None
+    if config.advantage is not None:
+        advantage = resolve.section("advantage_estimator", config.advantage, ("advantage",))
+        path: FieldPath = ("advantage", "name")
+    else:
+        default = resolve.registry.get("strategy", strategy.name).default_advantage
+        if default is None:
+            raise FieldError(("strategy", "name"), f"strategy {strategy.name!r} needs an "
+                             "`advantage: {name: ...}` section")
+        if not resolve.registry.has("advantage_estimator", default):
+            raise FieldError(("strategy", "name"), f"{strategy.name!r} needs the advantage "
+                             f"estimator {default!r} (its default; an `advantage:` section can "
+                             f"choose another): "
+                             f"{resolve.registry.unknown_message('advantage_estimator', default)}")
+        advantage = resolve.component("advantage_estimator", default, {}, ("advantage",))
+        path = ("strategy", "name")
+    if getattr(advantage.target, "needs_values", False) and not needs.values:
+        raise FieldError(path, f"advantage estimator {advantage.name!r} needs a value critic, "
+                         f"which strategy {strategy.name!r} does not train; use ppo, or an "
+                         "estimator without values (grpo, rloo)")
+    return advantage
+
+
+def _check_rewards(config: RunConfig, needs: StrategyNeeds,
+                   rewards: tuple[RewardChoice, ...]) -> None:
+    if needs.rollouts and not rewards:
+        raise FieldError(("rewards",), "an online strategy needs at least one reward function")
+    for index, reward in enumerate(rewards):
+        required = reward.required_columns
+        for number, source in enumerate(config.data.sources):
+            if source.columns is None or source.format != "prompt":
+                continue
+            absent = [c for c in required if c not in source.columns]
+            if absent:
+                raise FieldError(("rewards", index, "name"),
+                                 f"reward {reward.label!r} needs column(s) {', '.join(absent)}, "
+                                 f"which data.sources.{number} ({source.path}) does not "
+                                 "declare in its `columns`")
+
+
+def _keywords(target: Any) -> list[str]:
+    try:
+        signature = inspect.signature(target)
+    except (TypeError, ValueError):
+        return []
+    return [n for n, p in signature.parameters.items()
+            if n != "self" and p.kind not in (p.VAR_KEYWORD, p.VAR_POSITIONAL)]
+
+
+def _unknown_keywords(target: Any, params: dict[str, Any]) -> list[str]:
+    if not params or not callable(target):
+        return []
+    try:
+        signature = inspect.signature(target)
+    except (TypeError, ValueError):
+        return []
+    if any(p.kind is p.VAR_KEYWORD for p in signature.parameters.values()):
+        return []
+    return sorted(set(params) - set(_keywords(target)))

@@ -1,0 +1,80 @@
+"""The interfaces a plugin's targets implement, checked when a spec is loaded.
+
+These Protocols document what the core calls on each kind of component; a target that
+lacks a member fails at load time with a message naming the plugin, the target and the
+member, instead of an ``AttributeError`` in the middle of a run. Torch-free: the
+signatures are written as strings.
+"""
+
+from __future__ import annotations
+
+import inspect
+from typing import Any, ClassVar, Protocol
+
+
+class StrategyProtocol(Protocol):
+    """A strategy class (see :class:`astrai_core.api.Strategy`, the base to extend)."""
+
+    Config: ClassVar[type]
+
+    @classmethod
+    def needs(cls, config: Any) -> Any: ...
+
+    @classmethod
+    def check_run(cls, config: Any, run_config: Any) -> None: ...
+
+    def compute_loss(self, batch: Any) -> tuple[Any, dict[str, Any]]: ...
+
+    def batch_source(self) -> Any: ...
+
+
+class SamplerProtocol(Protocol):
+    """A sampler class, built as ``Sampler(model=..., tokenizer=..., **engine_options)``."""
+
+    def generate(self, prompt_ids: Any, params: Any) -> list[Any]: ...
+
+    def update_weights(self, state_dict: Any = None) -> int: ...
+
+
+class AdvantageEstimatorProtocol(Protocol):
+    """An estimator class built with its options; ``needs_values`` says it wants a critic."""
+
+    needs_values: ClassVar[bool]
+
+    def __call__(self, *, token_rewards: Any, response_mask: Any, group_ids: Any,
+                 values: Any = None) -> tuple[Any, Any]: ...
+
+
+class RewardFunctionProtocol(Protocol):
+    """``f(prompts, completions, **columns) -> list[float]``, or a class whose instances are."""
+
+    def __call__(self, prompts: list[str], completions: list[str], **columns: Any) -> Any: ...
+
+
+PROTOCOLS: dict[str, Any] = {
+    "strategy": StrategyProtocol,
+    "sampler": SamplerProtocol,
+    "advantage_estimator": AdvantageEstimatorProtocol,
+    "reward_function": RewardFunctionProtocol,
+}
+
+
+def protocol_members(protocol: Any) -> list[str]:
+    """The attributes and methods a Protocol declares (its own, not ``object``'s)."""
+    names = list(getattr(protocol, "__annotations__", {}))
+    names += [name for name, value in vars(protocol).items()
+              if not name.startswith("_") and (inspect.isfunction(value)
+                                               or isinstance(value, classmethod))]
+    if "__call__" in vars(protocol):
+        names.append("__call__")
+    return list(dict.fromkeys(names))
+
+
+def missing_members(kind: str, target: Any) -> list[str]:
+    """Members of ``kind``'s Protocol that ``target`` (a class or a function) lacks."""
+    protocol = PROTOCOLS.get(kind)
+    if protocol is None:
+        return []
+    if kind == "reward_function" and not inspect.isclass(target):
+        return [] if callable(target) else ["__call__"]
+    return [name for name in protocol_members(protocol) if not hasattr(target, name)]

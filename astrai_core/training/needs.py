@@ -1,0 +1,20 @@
+"""What a strategy needs from a run, declared before anything is built (torch-free)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class StrategyNeeds:
+    """A strategy's answer to "what must this run provide?", for its validated options.
+
+    The run plan checks the config against it before the tokenizer or the model is
+    loaded, and the wiring builds exactly what it lists.
+    """
+
+    data_formats: tuple[str, ...]      # training-data formats it reads (``data.sources``)
+    rollouts: bool = False             # samples from the policy: needs a sampler and rewards
+    advantage: bool = False            # runs an advantage estimator (``advantage:``)
+    values: bool = False               # trains a critic, so estimators may ask for values
+    group_size: int = 1                # completions per prompt of each rollout

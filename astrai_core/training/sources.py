@@ -1,0 +1,144 @@
+"""Batch sources: where each optimizer step's micro-batches come from.
+
+A strategy hands the trainer one source; the trainer asks it for one step's micro-batches
+at a time (``next_step()``: a list of ``trainer.grad_accum_steps`` of them) and saves its
+``state_dict()`` in every checkpoint, so a resume continues at the very next step.
+
+* :class:`LoaderSource`: offline data, one loader batch per micro-batch.
+* :class:`RolloutSource`: the whole online schedule. It draws a rollout, processes it
+  once (behaviour log-probs, reference log-probs, values, advantages), shuffles it afresh
+  for each of ``epochs`` passes, cuts each pass into ``mini_batches`` optimizer steps and
+  each step into micro-batches. Its checkpoint state holds the processed rollout itself
+  (as tensors, saved through safetensors), its order and the position in it, so a run
+  killed in the middle of a rollout resumes exactly there.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any, Protocol
+
+import torch
+
+from astrai_core.rollout.batch import RolloutBatch
+
+TENSORS = "tensors"  # the key of a source state whose tensors go to safetensors
+
+
+class BatchSource(Protocol):
+    """What the trainer needs from a source."""
+
+    stats: dict[str, float]  # metrics of the data behind the last step (rollout statistics)
+
+    def next_step(self) -> list[Any]: ...
+
+    def state_dict(self) -> dict[str, Any]: ...
+
+    def load_state_dict(self, state: dict[str, Any]) -> None: ...
+
+
+class Drawer(Protocol):
+    """Something that yields whole rollouts: the rollout runner, or a dataset of them."""
+
+    def draw(self) -> RolloutBatch: ...
+
+    def state_dict(self) -> dict[str, Any]: ...
+
+    def load_state_dict(self, state: dict[str, Any]) -> None: ...
+
+
+class LoaderSource:
+    """``micro_batches`` consecutive loader batches per optimizer step."""
+
+    def __init__(self, loader: Any, micro_batches: int) -> None:
+        self.loader = loader
+        self.micro_batches = micro_batches
+        self.stats: dict[str, float] = {}
+        self._batches: Any = None
+
+    def next_step(self) -> list[Any]:
+        if self._batches is None:  # made late, so that a resumed position applies
+            self._batches = iter(self.loader)
+        return [next(self._batches) for _ in range(self.micro_batches)]
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"data": self.loader.state_dict()}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.loader.load_state_dict(state["data"])
+        self._batches = None
+
+
+ProcessFn = Callable[[RolloutBatch], tuple[RolloutBatch, dict[str, float]]]
+
+
+class RolloutSource:
+    """The online schedule; see the module docstring.
+
+    ``process`` turns a drawn rollout into a trainable one plus its statistics; ``seed``
+    (the trainer's) and the number of rollouts drawn seed each rollout's shuffles.
+    """
+
+    def __init__(self, drawer: Drawer, process: ProcessFn, *, epochs: int, mini_batches: int,
+                 micro_batches: int, seed: int, device: torch.device | str = "cpu",
+                 shuffle: bool = True) -> None:
+        self.drawer = drawer
+        self.process = process
+        self.epochs, self.mini_batches, self.micro_batches = epochs, mini_batches, micro_batches
+        self.seed, self.device, self.shuffle = seed, device, shuffle
+        self.stats: dict[str, float] = {}
+        self.drawn = 0
+        self._rollout: RolloutBatch | None = None
+        self._order: list[torch.Tensor] = []
+        self._position = 0
+
+    def next_step(self) -> list[RolloutBatch]:
+        if self._rollout is None or self._position == len(self._order):
+            self._rollout, self.stats = self.process(self.drawer.draw())
+            self.drawn += 1
+            self._order = self._schedule(len(self._rollout))
+            self._position = 0
+        rows = self._order[self._position]
+        self._position += 1
+        return split_micro_batches(self._rollout.select(rows), self.micro_batches)
+
+    def _schedule(self, count: int) -> list[torch.Tensor]:
+        """Row indices of each optimizer step: a fresh shuffle per epoch, cut in parts."""
+        generator = torch.Generator().manual_seed(self.seed * 1_000_003 + self.drawn)
+        steps: list[torch.Tensor] = []
+        for _ in range(self.epochs):
+            order = torch.randperm(count, generator=generator) if self.shuffle \
+                else torch.arange(count)
+            steps += list(order.chunk(self.mini_batches))
+        return steps
+
+    # ---------------------------------------------------------------- resume
+    def state_dict(self) -> dict[str, Any]:
+        state: dict[str, Any] = {"drawer": self.drawer.state_dict(), "drawn": self.drawn,
+                                 "position": self._position, "stats": dict(self.stats)}
+        if self._rollout is not None and self._position < len(self._order):
+            state["order"] = [rows.tolist() for rows in self._order]
+            state["policy_version"] = self._rollout.policy_version
+            state[TENSORS] = self._rollout.tensors()
+        return state
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.drawer.load_state_dict(state["drawer"])
+        self.drawn = int(state["drawn"])
+        self.stats = dict(state.get("stats", {}))
+        if TENSORS in state:  # stopped inside a rollout: serve the rest of it
+            rollout = RolloutBatch.from_tensors(state[TENSORS], int(state["policy_version"]))
+            self._rollout = rollout.to(self.device)
+            self._order = [torch.tensor(rows, dtype=torch.long) for rows in state["order"]]
+            self._position = int(state["position"])
+        else:
+            self._rollout, self._order, self._position = None, [], 0
+
+
+def split_micro_batches(batch: RolloutBatch, count: int) -> list[RolloutBatch]:
+    """``batch`` cut into ``count`` consecutive micro-batches (``trainer.grad_accum_steps``)."""
+    parts = batch.split(-(-len(batch) // count))  # ceil: at most `count` parts
+    if len(parts) != count:
+        raise ValueError(f"a mini-batch of {len(batch)} samples cannot be cut into "
+                         f"trainer.grad_accum_steps={count} micro-batches")
+    return parts
