@@ -11,6 +11,7 @@ import torch
 from astrai_core.errors import AstraiError
 from astrai_core.log import get_logger
 from astrai_core.training import checkpointing as ckpt
+from astrai_core.training import faults
 from astrai_core.training.context import TrainContext
 from astrai_core.training.metrics import MetricsLog, Progress, Throughput, to_number
 from astrai_core.training.optim import build_optimizer, build_scheduler
@@ -72,6 +73,7 @@ class Trainer:
                              extra_modules=self._saved_modules(), training_state=state,
                              summary={"step": self.step, "max_steps": self.cfg.max_steps},
                              initial_model_dir=self.ctx.initial_model_dir)
+        faults.after_checkpoint_saved(self.step)  # tests of exact resume kill the run here
         ckpt.prune_checkpoints(self.ctx.output_dir, self.cfg.keep_last)
         log.info("checkpoint saved", path=str(target))
 
