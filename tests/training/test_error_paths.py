@@ -1,11 +1,14 @@
-"""Error paths of training runs, through `astrai train` as a user meets them: a non-zero
-exit status and one clear message (never a traceback), and nothing half-written."""
+"""Error paths of training runs, from a config as a user meets them: one clear message and
+its exit status, and nothing half-written. Two go through the `astrai train` command (the
+exit status and a clean stderr); the others through ``train(load_config(path))``, which
+that command runs, to save a process start each."""
 
 from __future__ import annotations
 
 import os
 import textwrap
 
+import pytest
 import yaml
 
 from astrai_core.testing import run_astrai, tiny_run_config, write_arith_prompts
@@ -25,6 +28,20 @@ def _error(result, code: int = 2) -> str:
     lines = [line for line in result.stderr.splitlines() if line.startswith("error: ")]
     assert len(lines) == 1, result.stderr[-3000:]
     return lines[0]
+
+
+def _train_in_process(tmp_path, config):
+    """The error ``train(load_config(path))`` raises; the CLI prints it and exits with its code."""
+    from astrai_core.config.loader import load_config
+    from astrai_core.errors import AstraiError
+    from astrai_core.training.run import train
+
+    path = tmp_path / "run.yaml"
+    path.write_text(yaml.safe_dump(config, sort_keys=False))
+    with pytest.raises(AstraiError) as raised:
+        train(load_config(path))
+    assert raised.value.exit_code == 2
+    return f"error: {raised.value}"
 
 
 def _prompt_run(tmp_path, strategy, **trainer):
@@ -51,7 +68,7 @@ def test_grpo_rollout_that_cannot_be_cut_into_micro_batches(tmp_path):
     # 2 prompts x 2 completions = 4 samples: ceil(4 / 3) = 2 per micro-batch gives 2, not 3
     config = _prompt_run(tmp_path, {"name": "grpo", "group_size": 2}, grad_accum_steps=3)
     config["data"]["batch_size"] = 2
-    message = _error(_train(tmp_path, config))
+    message = _train_in_process(tmp_path, config)
     assert message == ("error: a mini-batch of 4 samples cannot be cut into "
                        "trainer.grad_accum_steps=3 micro-batches; use fewer")
     assert not (tmp_path / "run" / "checkpoints").exists()
@@ -62,7 +79,7 @@ def test_grpo_mini_batches_cut_below_the_accumulation(tmp_path):
     config = _prompt_run(tmp_path, {"name": "grpo", "group_size": 2, "mini_batches": 4},
                          grad_accum_steps=3)
     config["data"]["batch_size"] = 4
-    message = _error(_train(tmp_path, config))
+    message = _train_in_process(tmp_path, config)
     assert message.startswith("error: a mini-batch of 2 samples cannot be cut into "
                               "trainer.grad_accum_steps=3 micro-batches"), message
 
@@ -72,7 +89,7 @@ def test_online_dpo_gives_up_after_n_rollouts_without_pairs(tmp_path):
     config = _prompt_run(tmp_path, {"name": "dpo", "mode": "online", "group_size": 2,
                                     "max_skipped_rollouts": 3})
     config["rewards"] = [{"name": "format_regex", "pattern": ".*"}]
-    message = _error(_train(tmp_path, config))
+    message = _train_in_process(tmp_path, config)
     assert message.startswith("error: 3 rollouts in a row gave fewer than "
                               "trainer.grad_accum_steps=1 preference pairs"), message
     assert "raise the sampler temperature or strategy.group_size" in message
@@ -81,7 +98,7 @@ def test_online_dpo_gives_up_after_n_rollouts_without_pairs(tmp_path):
 def test_grpo_refuses_an_estimator_that_needs_values(tmp_path):
     config = _prompt_run(tmp_path, {"name": "grpo", "group_size": 2})
     config["advantage"] = {"name": "gae"}
-    message = _error(_train(tmp_path, config))
+    message = _train_in_process(tmp_path, config)
     assert message.startswith("error: advantage.name: this estimator needs a value critic, "
                               "which grpo does not train"), message
     assert not (tmp_path / "run" / "checkpoints").exists()
