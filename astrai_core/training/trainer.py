@@ -21,6 +21,7 @@ from astrai_core.config.trainer import TrainerConfig
 from astrai_core.errors import AstraiError
 from astrai_core.log import get_logger
 from astrai_core.training import checkpointing as ckpt
+from astrai_core.training import faults
 from astrai_core.training.components import RunComponents
 from astrai_core.training.evaluation import evaluate
 from astrai_core.training.metrics import MetricsLog, Progress, Throughput, to_number
@@ -129,6 +130,7 @@ class Trainer:
                              extra_modules=self._saved_modules(), training_state=state,
                              summary={"step": self.step, "max_steps": self.cfg.max_steps},
                              initial_model_dir=self.run.initial_model_dir, state_tensors=tensors)
+        faults.after_checkpoint_saved(self.step)  # tests of exact resume kill the run here
         ckpt.prune_checkpoints(self.run.output_dir, self.cfg.keep_last)
         log.info("checkpoint saved", path=str(target))
 

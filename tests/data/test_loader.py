@@ -143,7 +143,11 @@ def test_config_paths_resolve_against_the_config_directory(sources, tmp_path, ar
     resolved = cfg.resolve_paths(tmp_path)
     assert resolved.sources[0].path == sources["chat"]
     assert resolved.eval.path == sources["prompt"] and resolved.cache_dir == tmp_path / "cache"
-    next(build_train_loader(cfg, arith_tokenizer, base_dir=tmp_path))
+    # the relative config reads the very same data as one spelling the absolute paths
+    relative = next(build_train_loader(cfg, arith_tokenizer, base_dir=tmp_path))
+    absolute = next(build_train_loader(config(tmp_path, [(sources["chat"], "chat", 1.0)]),
+                                       arith_tokenizer))
+    assert same(relative, absolute) and relative["loss_mask"].any()
 
 
 def test_config_errors(sources, tmp_path, arith_tokenizer):

@@ -73,8 +73,18 @@ def test_load_with_dtype(tmp_path):
     save_pretrained(model, tmp_path / "ckpt")
     loaded = load_pretrained(tmp_path / "ckpt", dtype=torch.bfloat16)
     assert {p.dtype for p in loaded.parameters()} == {torch.bfloat16}
-    out = loaded(torch.tensor([[1, 2, 3]]))
-    assert out["logits"].dtype == torch.float32 and torch.isfinite(out["logits"]).all()
+    reference = model.state_dict()
+    for name, tensor in loaded.state_dict().items():  # the float32 weights, rounded once
+        assert torch.equal(tensor, reference[name].to(torch.bfloat16)), name
+    ids = torch.randint(0, CONFIG["vocab_size"], (2, 24), generator=torch.Generator().manual_seed(0))
+    with torch.no_grad():
+        expected, got = model(ids)["logits"], loaded(ids)["logits"]
+    assert got.dtype == torch.float32
+    # bf16 keeps 8 mantissa bits (relative step 2^-8): within a few steps of the logit scale,
+    # while a wrong weight would be off by the logits' whole spread
+    scale = expected.abs().max()
+    assert (got - expected).abs().max() <= 4 * 2 ** -8 * scale
+    assert (got - expected).abs().max() < 0.1 * expected.std()
 
 
 def test_tokenizer_files_are_copied(tmp_path):

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import threading
-import time
 
 import pytest
 import torch
@@ -47,21 +46,45 @@ def test_validation_rollout_leaves_the_training_prompts_alone(fake_sampler, make
     assert second.prompts[0] == "q2"                 # the prompt stream was not consumed
 
 
+class _WatchedLock:
+    """The runner's lock, reporting when another thread starts waiting for it (the one
+    internal this test reaches: ``RolloutRunner._lock``)."""
+
+    def __init__(self, lock):
+        self._lock = lock
+        self.contended = threading.Event()
+
+    def __enter__(self):
+        if not self._lock.acquire(blocking=False):
+            self.contended.set()       # held by someone else: we are about to block
+            self._lock.acquire()
+        return self
+
+    def __exit__(self, *exc):
+        self._lock.release()
+
+
 def test_publish_bumps_the_version_between_rollouts_never_during_one(fake_sampler, make_records):
     runner = runner_for(fake_sampler, make_records(range(10)))
     assert runner.draw().policy_version == 0
     assert runner.publish() == 1
+    watched = runner._lock = _WatchedLock(runner._lock)
     publisher = threading.Thread(target=runner.publish)
+    versions_seen_while_sampling = []
 
     def publish_while_sampling():
         publisher.start()
-        time.sleep(0.05)
-        assert fake_sampler.policy_version == 1     # blocked until the rollout is done
+        # Wait (on an event, not the clock) until the publisher is blocked on the lock...
+        assert watched.contended.wait(timeout=60), "publish never tried to take the lock"
+        # ...and check it has not changed the weights under the running rollout.
+        versions_seen_while_sampling.append(fake_sampler.policy_version)
 
     fake_sampler.during_generate = publish_while_sampling
     assert runner.draw().policy_version == 1
     publisher.join()
     fake_sampler.during_generate = None
+    assert versions_seen_while_sampling == [1]
+    assert fake_sampler.policy_version == 2          # the publish went through afterwards
     assert runner.draw().policy_version == 2
 
 

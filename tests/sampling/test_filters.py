@@ -56,5 +56,31 @@ def test_filters_compose_in_order_and_never_mutate_their_input():
     assert torch.equal(filtered[0], logits[0])  # every filter off in row 0
     expected_row1 = top_p_filter(top_k_filter(logits[1:2], 5), 0.9)
     assert torch.equal(filtered[1:2], expected_row1)
-    assert ((filtered > INF).sum(-1) >= 1).all()
-    assert (filtered[4] > INF).sum() <= 3  # top-k 3 then min-p
+    expected = [reference_kept(logits[i], int(top_k[i]), float(top_p[i]), float(min_p[i]))
+                for i in range(len(logits))]
+    assert kept(filtered) == expected
+    assert [sum(row) for row in expected][1:] != [50] * 5  # the filters did remove tokens
+    kept_values = filtered[filtered > INF]
+    assert torch.equal(kept_values, logits[filtered > INF])  # kept logits are unchanged
+
+
+def reference_kept(row: torch.Tensor, k: int, p: float, min_p: float) -> list[bool]:
+    """The kept set written out token by token: the k most likely (k > 0), then the most
+    likely tokens until the mass before the next one exceeds p (on the renormalised
+    survivors), then those with at least min_p times the top probability."""
+    probs = torch.softmax(row.double(), -1).tolist()
+    order = sorted(range(len(probs)), key=lambda i: -probs[i])
+    alive = set(order[:k]) if k > 0 else set(order)
+    if p < 1.0:
+        total = sum(probs[i] for i in alive)
+        mass, survivors = 0.0, set()
+        for i in (i for i in order if i in alive):
+            if mass / total > p:
+                break
+            survivors.add(i)
+            mass += probs[i]
+        alive = survivors
+    if min_p > 0.0:
+        top = max(probs[i] for i in alive)
+        alive = {i for i in alive if probs[i] >= min_p * top}
+    return [i in alive for i in range(len(probs))]

@@ -74,3 +74,31 @@ def test_greedy_output_matches_transformers_generate(hf_and_imported, prompts):
                                max_new_tokens=16, do_sample=False, eos_token_id=None, pad_token_id=0)
         assert completion.token_ids == expected[0, len(prompt):].tolist()
         assert completion.finish_reason == "length"
+
+
+@torch.no_grad()
+def _transformers_log_softmax(hf, prompt: list[int], tokens: list[int], temperature: float) -> torch.Tensor:
+    """[len(tokens), V] log_softmax(logits / T) predicting each token, from a plain
+    transformers forward (no astrai code involved): the contract's definition."""
+    logits = hf(torch.tensor([prompt + tokens])).logits[0, len(prompt) - 1:-1].double()
+    return torch.log_softmax(logits / temperature, dim=-1)
+
+
+def test_filtered_sampling_logprobs_equal_transformers_log_softmax(hf_and_imported, prompts):
+    """After top-k / top-p / min-p the reported log-probs are still those of the unfiltered
+    temperature-scaled distribution, checked against transformers, not the trainer."""
+    hf, native = hf_and_imported
+    cases = [SamplingParams(max_new_tokens=6, temperature=0.7, top_k=5, seed=3),
+             SamplingParams(max_new_tokens=6, temperature=1.3, top_p=0.6, seed=4),
+             SamplingParams(max_new_tokens=6, temperature=0.9, top_k=8, top_p=0.8, min_p=0.05,
+                            seed=5)]
+    for params in cases:
+        for completion in _sampler(native).generate(prompts, params):
+            prompt = prompts[completion.prompt_index]
+            logp = _transformers_log_softmax(hf, prompt, completion.token_ids, params.temperature)
+            expected = logp.gather(-1, torch.tensor(completion.token_ids)[:, None]).squeeze(-1)
+            got = torch.tensor(completion.logprobs, dtype=torch.float64)
+            assert (got - expected).abs().max().item() <= TOLERANCE
+            if params.top_k:  # the renormalised top-k log-prob differs: the check can tell
+                top_mass = logp.exp().topk(params.top_k, dim=-1).values.sum(-1)
+                assert top_mass.min().item() < 1 - 1e-3

@@ -1,28 +1,51 @@
-"""Resume is exact: kill a run after a checkpoint, resume it, and end bit-identical to an
-uninterrupted run of the same config, with every step logged exactly once."""
+"""Resume is exact: kill a run right after a checkpoint, resume it, and end bit-identical
+to an uninterrupted run of the same config, with every step logged exactly once.
+
+The kill is deterministic: ASTRAI_TEST_KILL_AFTER_CHECKPOINT makes the run SIGKILL itself
+the moment the chosen checkpoint is renamed into place (astrai_core.training.faults).
+"""
 
 from __future__ import annotations
 
 import os
-import signal
-import subprocess
-import sys
-import time
 
+import pytest
 import torch
 from safetensors.torch import load_file
 
 from astrai_core.testing import read_metrics
+from astrai_core.training.faults import KILL_AFTER_CHECKPOINT
 from tests.training.conftest import astrai, tiny_config, write_config
+from tests.training.reference import (load_model, mean_cross_entropy, save_start_model,
+                                      text_documents, text_run_config, write_texts)
 
 
 def _weights(run_dir, step):
     return load_file(str(run_dir / "checkpoints" / f"step_{step}" / "model.safetensors"))
 
 
-def test_killed_and_resumed_run_equals_uninterrupted_run(tmp_path):
-    steps = 12
-    reference_cfg = tiny_config(tmp_path, max_steps=steps)
+def killed_after_checkpoint(step: int, *args: str):
+    """`astrai train ARGS`, SIGKILLed by itself right after checkpoint ``step`` is in place."""
+    os.environ[KILL_AFTER_CHECKPOINT] = str(step)
+    try:
+        return astrai(*args)
+    finally:
+        del os.environ[KILL_AFTER_CHECKPOINT]
+
+
+STEPS = 12
+TIMING = ("time/step_seconds", "throughput/tokens_per_s")
+
+
+def _without_timing(record):
+    return {k: v for k, v in record.items() if k not in TIMING}
+
+
+@pytest.fixture(scope="module")
+def killed_and_resumed(tmp_path_factory):
+    """(reference run dir, run dir killed right after step_8 and resumed)."""
+    tmp_path = tmp_path_factory.mktemp("resume")
+    reference_cfg = tiny_config(tmp_path, max_steps=STEPS)
     reference_cfg["output_dir"] = str(tmp_path / "reference")
     reference = astrai("train", str(write_config(tmp_path, reference_cfg, "reference.yaml")))
     assert reference.returncode == 0, reference.stderr
@@ -30,44 +53,60 @@ def test_killed_and_resumed_run_equals_uninterrupted_run(tmp_path):
     interrupted_cfg = dict(reference_cfg, output_dir=str(tmp_path / "interrupted"))
     config_path = write_config(tmp_path, interrupted_cfg, "interrupted.yaml")
     run_dir = tmp_path / "interrupted"
-    process = subprocess.Popen([sys.executable, "-m", "astrai_core.cli.main", "train",
-                                str(config_path)], stdout=subprocess.DEVNULL,
-                               stderr=subprocess.DEVNULL, start_new_session=True)
-    deadline = time.time() + 300
-    while not (run_dir / "checkpoints" / "step_4").exists():
-        assert process.poll() is None, "the run ended before it could be interrupted"
-        assert time.time() < deadline
-        time.sleep(0.02)
-    os.killpg(process.pid, signal.SIGKILL)
-    process.wait()
-    assert not (run_dir / "checkpoints" / f"step_{steps}").exists(), "killed too late"
+    killed = killed_after_checkpoint(8, "train", str(config_path))
+    assert killed.returncode == -9, killed.stderr[-2000:]  # died by SIGKILL, not by an error
+    assert sorted(p.name for p in (run_dir / "checkpoints").iterdir()) == ["step_4", "step_8"]
 
     resumed = astrai("train", str(config_path), "--resume")
     assert resumed.returncode == 0, resumed.stderr
+    return tmp_path / "reference", run_dir
 
-    expected, got = _weights(tmp_path / "reference", steps), _weights(run_dir, steps)
+
+def test_killed_and_resumed_run_equals_uninterrupted_run(killed_and_resumed):
+    reference_dir, run_dir = killed_and_resumed
+    expected, got = _weights(reference_dir, STEPS), _weights(run_dir, STEPS)
     assert expected.keys() == got.keys()
     for name in expected:
         assert torch.equal(expected[name], got[name]), f"{name} differs after resume"
+    reference = {r["step"]: _without_timing(r) for r in read_metrics(reference_dir)}
+    records = read_metrics(run_dir)
+    assert len(records) >= STEPS - 1
+    for record in records:  # every logged metric of every step is bit-identical
+        assert _without_timing(record) == reference[record["step"]], record["step"]
+
+
+def test_every_step_is_logged_exactly_once_after_a_kill_right_after_a_checkpoint(
+        killed_and_resumed):
+    _, run_dir = killed_and_resumed
     logged = [record["step"] for record in read_metrics(run_dir)]
-    assert logged == list(range(1, steps + 1)), logged
-    reference_losses = [r["loss"] for r in read_metrics(tmp_path / "reference")]
-    assert [r["loss"] for r in read_metrics(run_dir)] == reference_losses
+    assert logged == list(range(1, STEPS + 1)), logged
 
 
-def test_checkpoint_is_a_loadable_model_with_tokenizer(tmp_path):
-    config = tiny_config(tmp_path, max_steps=4)
-    result = astrai("train", str(write_config(tmp_path, config)))
-    assert result.returncode == 0, result.stderr
+def test_checkpoint_is_the_trained_model_with_its_tokenizer(tmp_path):
     from astrai_core.data.tokenizer import load_tokenizer
     from astrai_core.model import load_pretrained
+    from astrai_core.testing import ARITH_TOKENIZER
+
+    start = save_start_model(tmp_path / "start")
+    held_out = ["3+4=7", "250+250=500"]
+    config = text_run_config(tmp_path, write_texts(tmp_path / "docs.jsonl"), start, max_steps=4)
+    config["data"]["eval"] = {"path": str(write_texts(tmp_path / "eval.jsonl", held_out)),
+                              "format": "text"}
+    result = astrai("train", str(write_config(tmp_path, config)))
+    assert result.returncode == 0, result.stderr
 
     checkpoint = tmp_path / "run" / "checkpoints" / "step_4"
-    model = load_pretrained(checkpoint)
     tokenizer = load_tokenizer(checkpoint)
-    ids = torch.tensor([tokenizer.encode("12+3=")])
-    saved = _weights(tmp_path / "run", 4)
-    assert torch.equal(model.state_dict()["embed.weight"], saved["embed.weight"])
-    assert model(ids)["logits"].shape == (1, ids.shape[1], model.config.vocab_size)
+    source_tokenizer = load_tokenizer(ARITH_TOKENIZER)
+    for text in ("12+3=", "<|end|>", "999+1=1000"):
+        assert tokenizer.encode(text) == source_tokenizer.encode(text)
+    model = load_pretrained(checkpoint)
+    # The loaded weights are the ones the run evaluated at its last step: the eval/loss the
+    # training process logged from its live model is reproduced from the files alone.
+    [last] = [r for r in read_metrics(tmp_path / "run") if r["step"] == 4]
+    assert mean_cross_entropy(model, text_documents(held_out)).item() == pytest.approx(
+        last["eval/loss"], rel=1e-5)
+    assert mean_cross_entropy(load_model(start), text_documents(held_out)).item() != \
+        pytest.approx(last["eval/loss"], rel=1e-3)  # and they are not the starting weights
     # no staging directories are left behind
     assert [p.name for p in (tmp_path / "run" / "checkpoints").iterdir()] == ["step_4"]

@@ -9,7 +9,7 @@ pytest.importorskip("vllm")
 from astrai_core.sampling import SamplingParams  # noqa: E402
 
 PROMPTS = [[5, 9, 12, 40, 3], [7, 3], list(range(1, 40))]
-TOLERANCE = 1e-5  # float32, the contract's agreement with the trainer
+TOLERANCE = 1e-5  # float32: the contract's agreement with a transformers forward
 
 
 @pytest.fixture(scope="module", params=["dense", "moe"])
@@ -24,11 +24,12 @@ def setup(request, tiny_models, helpers):
     sampler.close()
 
 
-def trainer_logprobs(native, completions, temperature):
-    from astrai_plugin_vllm.logprobs import trainer_logprobs as forward
-
-    return forward(native, [PROMPTS[c.prompt_index] for c in completions],
-                   [c.token_ids for c in completions], temperature)
+def transformers_logprobs(hf, helpers, completions, temperature):
+    """The contract's log-probs from a plain transformers forward of the same weights:
+    log_softmax(logits / T) of each completion token (independent of the sampler, which
+    computes filtered requests' log-probs with astrai's trainer forward)."""
+    return [helpers.hf_logprobs(hf, PROMPTS[c.prompt_index], c.token_ids, temperature)
+            for c in completions]
 
 
 def test_greedy_equals_transformers_and_torch_sampler(setup, helpers):
@@ -43,21 +44,19 @@ def test_greedy_equals_transformers_and_torch_sampler(setup, helpers):
         assert mine.token_ids == theirs.token_ids
         assert mine.finish_reason == "length"
     # greedy log-probs are those of temperature 1
-    assert helpers.max_abs_diff([c.logprobs for c in ours], trainer_logprobs(native, ours, 1.0)) <= TOLERANCE
+    assert helpers.max_abs_diff([c.logprobs for c in ours], transformers_logprobs(hf, helpers, ours, 1.0)) <= TOLERANCE
 
 
 @pytest.mark.parametrize("filters", [{}, {"top_k": 5}, {"top_p": 0.8}, {"top_k": 8, "top_p": 0.9, "min_p": 0.05}],
                          ids=["none", "top_k", "top_p", "all"])
-def test_logprobs_equal_trainer_and_transformers(setup, helpers, filters):
-    sampler, native, hf = setup
+def test_logprobs_equal_transformers(setup, helpers, filters):
+    sampler, _, hf = setup
     temperature = 0.7
     params = SamplingParams(max_new_tokens=12, temperature=temperature, seed=11, n=3, **filters)
     completions = sampler.generate(PROMPTS, params)
     assert len(completions) == 9 and [c.prompt_index for c in completions] == [0, 0, 0, 1, 1, 1, 2, 2, 2]
     ours = [c.logprobs for c in completions]
-    assert helpers.max_abs_diff(ours, trainer_logprobs(native, completions, temperature)) <= TOLERANCE
-    reference = [helpers.hf_logprobs(hf, PROMPTS[c.prompt_index], c.token_ids, temperature) for c in completions]
-    assert helpers.max_abs_diff(ours, reference) <= TOLERANCE
+    assert helpers.max_abs_diff(ours, transformers_logprobs(hf, helpers, completions, temperature)) <= TOLERANCE
     if "top_k" in filters:  # the filter was applied: every sampled token is in the top k
         import torch
 
@@ -70,13 +69,13 @@ def test_logprobs_equal_trainer_and_transformers(setup, helpers, filters):
 
 
 def test_mixed_batch_per_request_params(setup, helpers):
-    sampler, native, _ = setup
+    sampler, _, hf = setup
     greedy = SamplingParams(max_new_tokens=8, temperature=0.0)
     sampled = SamplingParams(max_new_tokens=8, temperature=1.3, top_k=6, seed=3)
     mixed = sampler.generate(PROMPTS, [greedy, sampled, greedy])
     alone = sampler.generate([PROMPTS[0], PROMPTS[2]], greedy)
     assert [mixed[0].token_ids, mixed[2].token_ids] == [c.token_ids for c in alone]
-    assert helpers.max_abs_diff([mixed[1].logprobs], trainer_logprobs(native, [mixed[1]], 1.3)) <= TOLERANCE
+    assert helpers.max_abs_diff([mixed[1].logprobs], transformers_logprobs(hf, helpers, [mixed[1]], 1.3)) <= TOLERANCE
 
 
 def test_seeded_requests_reproduce_and_copies_differ(setup):
@@ -122,3 +121,19 @@ def test_stop_string_cuts_tokens_and_text(setup):
     at = text.find(stop)
     assert out.token_ids == free.token_ids[:at + len(stop)]
     assert out.text == text[:at] and out.finish_reason == "stop"
+
+
+def test_unexpected_finish_reason_is_an_error(setup, monkeypatch):
+    """A request vLLM ends for another reason than stop/length (e.g. aborted) is refused,
+    never passed on as a completion."""
+    sampler, _, _ = setup
+    generate = sampler.engine.generate
+
+    def aborting(*args, **kwargs):
+        outputs = generate(*args, **kwargs)
+        outputs[0].outputs[0].finish_reason = "abort"
+        return outputs
+
+    monkeypatch.setattr(sampler.engine, "generate", aborting)
+    with pytest.raises(RuntimeError, match=r"vLLM ended a request with finish_reason='abort'"):
+        sampler.generate([PROMPTS[0]], SamplingParams(max_new_tokens=4, temperature=0.0))

@@ -1,4 +1,4 @@
-"""Shared test fixtures for the core suite."""
+"""Repository-wide pytest hooks (core, plugin and contrib tests alike)."""
 
 from __future__ import annotations
 
