@@ -16,7 +16,7 @@ CONTRIB := $(wildcard contrib/*/pyproject.toml)
 STAMP := $(VENV)/.astrai-installed
 SOURCES := pyproject.toml constraints.txt Makefile $(wildcard plugins/*/pyproject.toml) $(CONTRIB)
 
-.PHONY: demo test test-vllm venv venv-vllm clean bench
+.PHONY: demo test test-vllm venv venv-vllm clean bench docs
 
 venv: $(STAMP)
 
@@ -76,6 +76,10 @@ bench: $(STAMP)
 	$(PY) bench/bench_model_train.py
 	$(PY) bench/bench_sampler.py
 	$(PY) bench/bench_grpo_trl.py
+
+# docs/config-reference.md, regenerated from the pydantic models of a run config.
+docs: $(STAMP)
+	$(PY) -m astrai_core.cli.config_reference --write
 
 clean:
 	rm -rf $(VENV) $(VLLM_VENV) .pytest_cache
