@@ -16,7 +16,7 @@ CONTRIB := $(wildcard contrib/*/pyproject.toml)
 STAMP := $(VENV)/.astrai-installed
 SOURCES := pyproject.toml constraints.txt Makefile $(wildcard plugins/*/pyproject.toml) $(CONTRIB)
 
-.PHONY: demo test test-vllm venv venv-vllm clean bench docs
+.PHONY: demo test test-vllm venv venv-vllm clean bench docs dist
 
 venv: $(STAMP)
 
@@ -77,9 +77,19 @@ bench: $(STAMP)
 	$(PY) bench/bench_sampler.py
 	$(PY) bench/bench_grpo_trl.py
 
+# `make dist`: the sdist and wheel of every distribution (core, plugins, contrib) into
+# dist/, built offline by tools/build_dists.py in a small venv of its own (no torch).
+DIST_VENV := .venv-dist
+DIST_PY := $(DIST_VENV)/bin/python
+
+dist:
+	test -x $(DIST_PY) || $(PYTHON) -m venv $(DIST_VENV)
+	$(DIST_PY) -m pip --disable-pip-version-check -q install "setuptools>=64" wheel "build>=1.0"
+	$(DIST_PY) tools/build_dists.py --out dist $(if $(VERSION),--expect-version $(VERSION))
+
 # docs/config-reference.md, regenerated from the pydantic models of a run config.
 docs: $(STAMP)
 	$(PY) -m astrai_core.cli.config_reference --write
 
 clean:
-	rm -rf $(VENV) $(VLLM_VENV) .pytest_cache
+	rm -rf $(VENV) $(VLLM_VENV) $(DIST_VENV) .pytest_cache dist

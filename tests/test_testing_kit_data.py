@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import pytest
+
 import astrai_core
 from astrai_core.testing import ARITH_TOKENIZER
 
@@ -20,8 +22,7 @@ def test_kit_tokenizer_lives_in_the_package_and_matches_the_example():
 
 
 def test_package_data_declares_the_kit_tokenizer():
-    import tomllib
-
+    tomllib = pytest.importorskip("tomllib")
     pyproject = tomllib.loads((EXAMPLE_TOKENIZER.parents[2] / "pyproject.toml").read_text())
     globs = pyproject["tool"]["setuptools"]["package-data"]["astrai_core"]
     assert "testing_data/arith_tokenizer/*" in globs
