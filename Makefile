@@ -84,7 +84,7 @@ DIST_PY := $(DIST_VENV)/bin/python
 
 dist:
 	test -x $(DIST_PY) || $(PYTHON) -m venv $(DIST_VENV)
-	$(DIST_PY) -m pip --disable-pip-version-check -q install "setuptools>=64" wheel "build>=1.0"
+	$(DIST_PY) -m pip --disable-pip-version-check -q install "setuptools>=75" wheel "build>=1.0"
 	$(DIST_PY) tools/build_dists.py --out dist $(if $(VERSION),--expect-version $(VERSION))
 
 # docs/config-reference.md, regenerated from the pydantic models of a run config.

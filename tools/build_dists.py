@@ -60,12 +60,23 @@ def _build(directory: Path, out: Path) -> None:
 
 
 def versions(files: list[Path]) -> dict[str, str]:
-    """``{distribution file stem: version}`` read from the built file names."""
+    """``{distribution: version}`` read from the built file names.
+
+    Fails on an sdist name that is not normalized (``astrai_core-0.1.0.tar.gz``, PEP 625):
+    PyPI refuses those, and only setuptools older than 69.3 writes them.
+    """
+    from packaging.utils import canonicalize_name, parse_sdist_filename, parse_wheel_filename
+
     found = {}
     for path in files:
-        stem = path.name.removesuffix(".tar.gz").removesuffix(".whl")
-        name, version = stem.split("-")[:2]
-        found[name] = version
+        if path.name.endswith(".whl"):
+            name, version, *_ = parse_wheel_filename(path.name)
+        else:
+            name, version = parse_sdist_filename(path.name)
+            if not path.name.startswith(f"{canonicalize_name(name).replace('-', '_')}-"):
+                raise SystemExit(f"{path.name}: sdist name not normalized (PEP 625); "
+                                 "build with setuptools>=69.3")
+        found[str(name)] = str(version)
     return found
 
 

@@ -64,3 +64,11 @@ def test_ppo_depends_on_gae_with_a_range():
                if Requirement(r).name == "astrai-plugin-gae")
     gae_version = Version(_project(REPO / "plugins" / "astrai-plugin-gae")["version"])
     assert gae.specifier.contains(gae_version) and len(gae.specifier) == 2
+
+
+def test_built_file_names_give_versions_and_old_sdist_names_are_refused():
+    tools = _build_dists()
+    files = [Path("astrai_core-0.1.0.tar.gz"), Path("astrai_plugin_ppo-0.2.0-py3-none-any.whl")]
+    assert tools.versions(files) == {"astrai-core": "0.1.0", "astrai-plugin-ppo": "0.2.0"}
+    with pytest.raises(SystemExit, match="not normalized"):
+        tools.versions([Path("astrai-core-0.1.0.tar.gz")])

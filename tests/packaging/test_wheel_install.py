@@ -50,7 +50,9 @@ def _run(command: list[str], cwd: Path, timeout: float = 900) -> subprocess.Comp
 
 def test_ppo_installs_from_wheels_with_its_dependencies_and_trains(tmp_path):
     dist = tmp_path / "dist"
-    built = {p.name for p in _build_dists().build_all(dist)}
+    files = _build_dists().build_all(dist)
+    built = {p.name for p in files}
+    assert len(_build_dists().versions(files)) == len(_build_dists().distribution_dirs(REPO))
     assert {"astrai_core-0.1.0-py3-none-any.whl", "astrai_core-0.1.0.tar.gz",
             "astrai_plugin_ppo-0.1.0-py3-none-any.whl", "astrai_plugin_gae-0.1.0.tar.gz"} <= built
 
