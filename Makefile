@@ -22,7 +22,7 @@ venv: $(STAMP)
 
 $(STAMP): $(SOURCES)
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
-	$(PIP) install $(CONSTRAINTS) "setuptools>=64" wheel
+	$(PIP) install $(CONSTRAINTS) "setuptools>=75" wheel  # >=69.3: PEP 625 sdist names (make dist)
 	$(PIP) install $(CONSTRAINTS) torch==2.13.0
 	$(PIP) install $(CONSTRAINTS) --no-build-isolation -e ".[test]" \
 		$(foreach p,$(PLUGINS),-e plugins/astrai-plugin-$(p)) \
