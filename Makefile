@@ -16,13 +16,13 @@ CONTRIB := $(wildcard contrib/*/pyproject.toml)
 STAMP := $(VENV)/.astrai-installed
 SOURCES := pyproject.toml constraints.txt Makefile $(wildcard plugins/*/pyproject.toml) $(CONTRIB)
 
-.PHONY: demo test test-vllm venv venv-vllm clean bench
+.PHONY: demo test test-vllm venv venv-vllm clean bench docs dist
 
 venv: $(STAMP)
 
 $(STAMP): $(SOURCES)
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
-	$(PIP) install $(CONSTRAINTS) "setuptools>=64" wheel
+	$(PIP) install $(CONSTRAINTS) "setuptools>=75" wheel  # >=69.3: PEP 625 sdist names (make dist)
 	$(PIP) install $(CONSTRAINTS) torch==2.13.0
 	$(PIP) install $(CONSTRAINTS) --no-build-isolation -e ".[test]" \
 		$(foreach p,$(PLUGINS),-e plugins/astrai-plugin-$(p)) \
@@ -77,5 +77,19 @@ bench: $(STAMP)
 	$(PY) bench/bench_sampler.py
 	$(PY) bench/bench_grpo_trl.py
 
+# `make dist`: the sdist and wheel of every distribution (core, plugins, contrib) into
+# dist/, built offline by tools/build_dists.py in a small venv of its own (no torch).
+DIST_VENV := .venv-dist
+DIST_PY := $(DIST_VENV)/bin/python
+
+dist:
+	test -x $(DIST_PY) || $(PYTHON) -m venv $(DIST_VENV)
+	$(DIST_PY) -m pip --disable-pip-version-check -q install "setuptools>=75" wheel "build>=1.0"
+	$(DIST_PY) tools/build_dists.py --out dist $(if $(VERSION),--expect-version $(VERSION))
+
+# docs/config-reference.md, regenerated from the pydantic models of a run config.
+docs: $(STAMP)
+	$(PY) -m astrai_core.cli.config_reference --write
+
 clean:
-	rm -rf $(VENV) $(VLLM_VENV) .pytest_cache
+	rm -rf $(VENV) $(VLLM_VENV) $(DIST_VENV) .pytest_cache dist

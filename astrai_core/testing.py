@@ -13,7 +13,8 @@ strategy exactly the way ``astrai train`` does with :func:`build_strategy`::
 
 The model is a 2-layer, 32-wide decoder built from scratch (seeded by ``trainer.seed``, 0
 by default) over the arithmetic example's tokenizer, so a step takes milliseconds on CPU.
-``ARITH_TOKENIZER`` lives in the source checkout (``examples/arith/tokenizer``).
+``ARITH_TOKENIZER`` is package data (``astrai_core/testing_data/arith_tokenizer``, a copy
+of ``examples/arith/tokenizer``), so the kit works from an installed wheel too.
 Importing this module is cheap: torch and the training engine load inside the functions.
 """
 
@@ -26,8 +27,8 @@ import sys
 from pathlib import Path
 from typing import Any
 
-REPO_ROOT = Path(__file__).resolve().parents[1]
-ARITH_TOKENIZER = REPO_ROOT / "examples" / "arith" / "tokenizer"
+REPO_ROOT = Path(__file__).resolve().parents[1]  # meaningful in a source checkout only
+ARITH_TOKENIZER = Path(__file__).resolve().parent / "testing_data" / "arith_tokenizer"
 ARITH_EOS = 5  # <|end|>: the arithmetic tokenizer's end-of-sequence token
 TINY_MODEL: dict[str, int] = {
     "hidden_size": 32, "intermediate_size": 64, "num_layers": 2, "num_heads": 4,

@@ -20,6 +20,7 @@ from astrai_core.log import configure_logging
 # add_arguments(parser) and run(args) and imports heavy things (torch) inside run().
 COMMANDS: dict[str, tuple[str, str]] = {
     "list-plugins": ("list_plugins", "list installed plugins and what each provides"),
+    "describe": ("describe", "show component kinds, a kind's components, a component's options"),
     "generate": ("generate", "sample from a checkpoint, streaming to the terminal"),
     "train": ("train", "run training from a YAML config"),
     "plot": ("plot", "draw PNG curves of a run's metrics.jsonl"),
@@ -53,13 +54,25 @@ def main(argv: Sequence[str] | None = None) -> int:
     configure_logging(args.log_format, args.log_level)
     try:
         result = _command_module(args._module).run(args)
+        sys.stdout.flush()  # inside the try: a closed pipe is reported here, not at exit
     except AstraiError as error:
         print(f"error: {error}", file=sys.stderr)
         raise SystemExit(error.exit_code) from None
     except KeyboardInterrupt:
         print("interrupted", file=sys.stderr)
         raise SystemExit(130) from None
+    except BrokenPipeError:  # `astrai ... | head`: the reader left; stop quietly
+        _silence_stdout()
+        raise SystemExit(141) from None
     raise SystemExit(result or 0)
+
+
+def _silence_stdout() -> None:
+    """Point stdout at /dev/null so the interpreter's final flush cannot raise again."""
+    import os
+
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    os.dup2(devnull, sys.stdout.fileno())
 
 
 if __name__ == "__main__":  # pragma: no cover

@@ -1,6 +1,7 @@
 """Generate the arithmetic example's data: integer problems with verifiable answers.
 
-Run: ``python examples/arith/generate.py --out DIR --seed 0 --n-train 20000 --n-eval 500``.
+Run: ``python examples/arith/generate.py --out runs/demo/data`` (the directory every
+config of this example reads; defaults: ``--seed 0 --n-train 20000 --n-eval 500 --n-rl 5000``).
 
 Problems are ``a+b`` and ``a-b`` with operands 0..99 (a difference may be negative) and
 ``a*b`` with single-digit operands. The full problem space (20,100 problems) is shuffled
@@ -19,6 +20,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import random
 from pathlib import Path
 
@@ -66,18 +68,29 @@ def prompt_row(question: str, answer: str) -> dict:
 
 
 def write_jsonl(path: Path, rows: list[dict]) -> None:
-    with path.open("w", encoding="utf-8") as f:
+    """Write aside, then rename: an interrupted run never leaves a half-written file."""
+    aside = path.with_name(f".{path.name}.tmp")
+    with aside.open("w", encoding="utf-8") as f:
         for row in rows:
             f.write(json.dumps(row) + "\n")
+    os.replace(aside, path)
 
 
-def generate(out: Path, seed: int, n_train: int, n_eval: int, n_rl: int) -> None:
+def generate(out: Path, seed: int, n_train: int, n_eval: int, n_rl: int) -> dict[Path, str]:
+    """Write the three files; returns ``{path: what it holds}``."""
     train_pool, held_out = split(seed, n_eval)
     rng = random.Random(seed + 1)
     out.mkdir(parents=True, exist_ok=True)
-    write_jsonl(out / "sft_train.jsonl", [sft_row(q, a) for q, a in sample(train_pool, n_train, rng)])
-    write_jsonl(out / "eval.jsonl", [prompt_row(q, a) for q, a in held_out])
-    write_jsonl(out / "rl_prompts.jsonl", [prompt_row(q, a) for q, a in sample(train_pool, n_rl, rng)])
+    files = {
+        out / "sft_train.jsonl": ([sft_row(q, a) for q, a in sample(train_pool, n_train, rng)],
+                                  "chat rows for SFT"),
+        out / "eval.jsonl": ([prompt_row(q, a) for q, a in held_out], "held-out prompt rows"),
+        out / "rl_prompts.jsonl": ([prompt_row(q, a) for q, a in sample(train_pool, n_rl, rng)],
+                                   "prompt rows for RL"),
+    }
+    for path, (rows, _) in files.items():
+        write_jsonl(path, rows)
+    return {path: f"{len(rows)} {what}" for path, (rows, what) in files.items()}
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -88,7 +101,9 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--n-eval", type=int, default=500, help="held-out problems")
     parser.add_argument("--n-rl", type=int, default=5000, help="RL prompt rows")
     args = parser.parse_args(argv)
-    generate(args.out, args.seed, args.n_train, args.n_eval, args.n_rl)
+    written = generate(args.out, args.seed, args.n_train, args.n_eval, args.n_rl)
+    for path, what in written.items():
+        print(f"wrote {path} ({what})")
 
 
 if __name__ == "__main__":

