@@ -35,6 +35,7 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass, field
 
+from astrai_core.serving.detokenize import prefix_overlap
 from astrai_core.serving.json_scan import WHITESPACE, JsonScanner, JsonSyntaxError
 
 START_TAG = "<tool_call>"
@@ -77,14 +78,6 @@ class ParsedToolCall:
 class ParsedMessage:
     content: str
     tool_calls: list[ParsedToolCall] = field(default_factory=list)
-
-
-def _tag_prefix_len(text: str, tag: str) -> int:
-    """Length of the longest suffix of ``text`` that is a proper prefix of ``tag``."""
-    for size in range(min(len(text), len(tag) - 1), 0, -1):
-        if tag.startswith(text[-size:]):
-            return size
-    return 0
 
 
 class _Call:
@@ -155,7 +148,7 @@ class HermesParser:
             self._held, self._mode = "", "call"
             self._call = _Call(self._calls)
             return
-        keep = _tag_prefix_len(held, START_TAG) if not START_TAG.startswith(held) else len(held)
+        keep = prefix_overlap(held, START_TAG) if not START_TAG.startswith(held) else len(held)
         self._content(held[:len(held) - keep])
         self._held = held[len(held) - keep:]
 
