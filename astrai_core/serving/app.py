@@ -21,7 +21,9 @@ from fastapi.responses import JSONResponse, StreamingResponse
 from pydantic import BaseModel, ValidationError
 
 from astrai_core.serving.choices import ChatChoice, TextChoice
-from astrai_core.serving.prompts import check_tools, chat_prompt, completion_prompts, engine_requests
+from astrai_core.serving.prompts import (
+    check_tools, chat_prompt, completion_prompts, engine_requests, forced_prefix,
+)
 from astrai_core.serving.protocol import APIError, ChatCompletionRequest, CompletionRequest
 from astrai_core.serving.sequence import Engine, FinishEvent, Handle
 
@@ -103,6 +105,13 @@ def create_app(engine: Engine, *, model_name: str, tool_call_parser: str | None 
     async def _internal(_request: Request, error: Exception) -> JSONResponse:
         return JSONResponse(APIError(500, f"{type(error).__name__}: {error}").body(), status_code=500)
 
+    def check_engine_supports(body) -> None:
+        if body.logit_bias and not getattr(engine, "supports_logit_bias", True):
+            raise APIError(400, "this sampler does not support logit_bias", param="logit_bias")
+        wants_top = body.top_logprobs if isinstance(body, ChatCompletionRequest) else body.logprobs
+        if wants_top and not getattr(engine, "supports_top_logprobs", True):
+            raise APIError(400, "this sampler does not report top log-probs", param="top_logprobs")
+
     def check_model(name: str) -> None:
         if name != model_name:
             raise APIError(404, f"the model {name!r} does not exist; this server serves {model_name!r}",
@@ -126,6 +135,7 @@ def create_app(engine: Engine, *, model_name: str, tool_call_parser: str | None 
     async def chat(request: Request):
         body: ChatCompletionRequest = await _parse(request, ChatCompletionRequest)
         check_model(body.model)
+        check_engine_supports(body)
         if body.top_logprobs and not body.logprobs:
             raise APIError(400, "top_logprobs needs logprobs: true", param="top_logprobs")
         use_tools = check_tools(body) and tool_call_parser == "hermes"
@@ -133,8 +143,6 @@ def create_app(engine: Engine, *, model_name: str, tool_call_parser: str | None 
         top = body.top_logprobs or 0 if body.logprobs else 0
         requests = engine_requests(tokenizer, engine.max_context, vocab_size, body, prompt,
                                    body.max_completion_tokens or body.max_tokens, top)
-        from astrai_core.serving.prompts import forced_prefix
-
         prefix = forced_prefix(body) if use_tools else ""
         choices = [ChatChoice(i, tokenizer, use_tools, body.logprobs, prefix) for i in range(body.n)]
         return await _respond(request, body, requests, choices, len(prompt), chat=True)
@@ -143,6 +151,7 @@ def create_app(engine: Engine, *, model_name: str, tool_call_parser: str | None 
     async def completions(request: Request):
         body: CompletionRequest = await _parse(request, CompletionRequest)
         check_model(body.model)
+        check_engine_supports(body)
         prompts = completion_prompts(tokenizer, body.prompt)
         requests = []
         for prompt in prompts:
