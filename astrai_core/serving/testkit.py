@@ -5,10 +5,14 @@ outside its merges, such as an emoji, spans several tokens) with a Qwen-style ch
 template that renders ``tools`` and Hermes tool calls. :func:`build_checkpoint` writes a
 random native model with it; :func:`train_to_replay` then fits the model briefly so that
 greedy decoding of a prompt replays a fixed answer (a tool call, for the end-to-end test).
+:func:`live_server` runs uvicorn over a checkpoint in a thread, for clients in-process.
 """
 
 from __future__ import annotations
 
+import socket
+import threading
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -119,3 +123,65 @@ def train_to_replay(directory: str | Path, examples: list[tuple[list[int], list[
     with tempfile.TemporaryDirectory() as keep:  # the tokenizer files, while the directory is replaced
         copy_tokenizer_files(Path(directory), Path(keep))
         save_pretrained(model.eval(), directory, tokenizer_dir=keep, overwrite=True)
+
+
+class LiveServer:
+    """uvicorn serving ``model_dir`` in a thread on 127.0.0.1, at a free port.
+
+    The listening socket is bound before the server thread starts, so a client can
+    connect at once (the connection waits in the backlog): no polling for readiness.
+    """
+
+    def __init__(self, model_dir: Path, name: str = "tiny", max_batch_size: int = 32) -> None:
+        import uvicorn
+
+        from astrai_core.data.tokenizer import load_tokenizer
+        from astrai_core.model import load_pretrained
+        from astrai_core.serving.app import create_app
+        from astrai_core.serving.engine import BatchingEngine
+
+        self.model = load_pretrained(model_dir).eval()
+        self.tokenizer = load_tokenizer(model_dir)
+        self.engine = BatchingEngine(self.model, self.tokenizer, max_batch_size=max_batch_size)
+        self.name = name
+        self.socket = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        self.socket.bind(("127.0.0.1", 0))
+        self.socket.listen(64)
+        self.port = self.socket.getsockname()[1]
+        config = uvicorn.Config(create_app(self.engine, model_name=name), log_level="warning", lifespan="off")
+        self.server = uvicorn.Server(config)
+        self.thread = threading.Thread(target=self.server.run, kwargs={"sockets": [self.socket]}, daemon=True)
+        self.thread.start()
+
+    @property
+    def base_url(self) -> str:
+        return f"http://127.0.0.1:{self.port}/v1"
+
+    def client(self):
+        import openai
+
+        return openai.OpenAI(base_url=self.base_url, api_key="unused", max_retries=0, timeout=120)
+
+    def async_client(self):
+        import openai
+
+        return openai.AsyncOpenAI(base_url=self.base_url, api_key="unused", max_retries=0, timeout=120)
+
+    def chat_prompt_ids(self, messages, tools=None) -> list[int]:
+        text = self.tokenizer.apply_chat_template(messages, tools=tools, add_generation_prompt=True, tokenize=False)
+        return self.tokenizer(text, add_special_tokens=False)["input_ids"]
+
+    def close(self) -> None:
+        self.server.should_exit = True
+        self.thread.join(timeout=30)
+        self.engine.close()
+        self.socket.close()
+
+
+@contextmanager
+def live_server(model_dir: Path, **kwargs):
+    server = LiveServer(model_dir, **kwargs)
+    try:
+        yield server
+    finally:
+        server.close()
