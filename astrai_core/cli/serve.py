@@ -17,6 +17,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--tool-call-parser", choices=("hermes", "none"), default="hermes")
     parser.add_argument("--max-batch-size", type=int, default=32, help="sequences decoded together")
     parser.add_argument("--device", default="auto", help="device backend name (auto, cpu, cuda, ...)")
+    parser.add_argument("--threads", type=int, default=None,
+                        help="torch intra-op CPU threads (default: torch's choice)")
 
 
 def _require_serve_extra() -> None:
@@ -54,6 +56,10 @@ def run(args: argparse.Namespace) -> int:
     from astrai_core.serving.app import create_app
 
     model_dir = Path(args.model_dir)
+    if args.threads:
+        import torch
+
+        torch.set_num_threads(args.threads)
     registry = load_plugins()  # once: the sampler and the device backend come from it
     engine = build_engine(registry, args.sampler, model_dir, args.device, args.max_batch_size)
     name = args.served_model_name or model_dir.resolve().name
