@@ -43,7 +43,7 @@ def build_engine(registry, sampler_name: str, model_dir: Path, device_name: str,
         return BatchingEngine(model, tokenizer, max_batch_size=max_batch_size)
     from astrai_core.serving.sampler_engine import SamplerEngine
 
-    sampler = spec.load()(model=model_dir, tokenizer=tokenizer)
+    sampler = spec.load()(model=model, tokenizer=tokenizer)  # the sampler contract: a live native model
     return SamplerEngine(sampler, tokenizer, max_context=int(model.config.max_position_embeddings),
                          vocab_size=int(model.config.vocab_size), max_batch_size=max_batch_size)
 

@@ -87,7 +87,8 @@ class SamplerEngine:
                 for token, logprob in zip(out.token_ids, logprobs, strict=True):
                     if sequence.record(token, logprob):
                         break
-                sequence.end(out.finish_reason)  # ended already unless the sampler stopped first
+                if not sequence.done:  # the sampler stopped first (e.g. at its own stop token)
+                    sequence.finish(out.finish_reason)
                 self._stats.finished += 1
         except Exception as error:  # noqa: BLE001 - report to the clients, keep serving
             log.exception("sampler generate failed", error=str(error))

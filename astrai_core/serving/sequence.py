@@ -114,10 +114,11 @@ class Sequence:
             reason = "length"
         self.sink(TokenEvent(token, logprob, top, text))
         if reason is not None:
-            self._finish(reason)
+            self.finish(reason)
         return reason is not None
 
-    def _finish(self, reason: EngineFinish) -> None:
+    def finish(self, reason: EngineFinish) -> None:
+        """End with ``reason``, emitting what the detokenizer and the stop holdback still hold."""
         tail, stopped = self.holdback.push(self.detokenizer.finish())
         if stopped:
             reason = "stop"

@@ -92,3 +92,36 @@ def test_engine_matches_the_torch_sampler_with_staggered_joins(model_and_tokeniz
         assert engine.stats().max_active == 4
     finally:
         engine.close()
+
+
+def test_sampler_adapter_replays_completions_through_the_same_bookkeeping(model_and_tokenizer):
+    """SamplerEngine (the --sampler vllm path) over the torch sampler: same tokens, stops applied on replay."""
+    from astrai_core.serving.sampler_engine import SamplerEngine
+
+    model, tokenizer = model_and_tokenizer
+    prompt = tokenizer("Tell me a story", add_special_tokens=False)["input_ids"]
+    greedy = SamplingParams(max_new_tokens=20, temperature=0.0)
+    full = TorchSampler(model, tokenizer).generate([prompt], greedy)[0]
+    stop = full.text[4:7]
+    engine = SamplerEngine(TorchSampler(model, tokenizer), tokenizer, max_context=1024,
+                           vocab_size=len(tokenizer))
+    events: dict[int, list] = {0: [], 1: []}
+    done = threading.Semaphore(0)
+
+    def sink_for(i):
+        def sink(event):
+            events[i].append(event)
+            if isinstance(event, FinishEvent):
+                done.release()
+        return sink
+
+    try:
+        engine.submit(EngineRequest(prompt, greedy), sink_for(0))
+        engine.submit(EngineRequest(prompt, greedy.model_copy(update={"stop": (stop,)})), sink_for(1))
+        assert done.acquire(timeout=120) and done.acquire(timeout=120)
+    finally:
+        engine.close()
+    tokens = [e.token_id for e in events[0] if not isinstance(e, FinishEvent)]
+    assert tokens == full.token_ids and events[0][-1].reason == full.finish_reason
+    text = "".join(e.text for e in events[1])
+    assert text == full.text[:full.text.index(stop)] and events[1][-1].reason == "stop"
