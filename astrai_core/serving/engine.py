@@ -16,22 +16,17 @@ here and in ``TorchSampler.generate``.
 
 from __future__ import annotations
 
-import itertools
-import threading
-from collections import deque
-from dataclasses import replace
 from typing import Any
 
 import torch
 from torch import Tensor
 
-from astrai_core.log import get_logger
 from astrai_core.model.kv_cache import KVCache
 from astrai_core.sampling.rows import RowSampling
-from astrai_core.serving.sequence import EngineRequest, EngineStats, Handle, Sequence, Sink
+from astrai_core.serving.engine_base import ThreadedEngine
+from astrai_core.serving.sequence import Sequence
 
 _GROWTH = 64  # cache columns added at a time
-log = get_logger(__name__)
 
 
 class _Batch:
@@ -95,110 +90,38 @@ def _aligned(a: Tensor, b: Tensor, a_len: int, b_len: int, length: int, capacity
     return out
 
 
-class BatchingEngine:
+class BatchingEngine(ThreadedEngine):
     """``BatchingEngine(model, tokenizer, max_batch_size=32)``; see the module docstring."""
 
     def __init__(self, model: torch.nn.Module, tokenizer: Any, max_batch_size: int = 32) -> None:
-        if max_batch_size < 1:
-            raise ValueError(f"max_batch_size must be >= 1, got {max_batch_size}")
         self.model = model.eval()
-        self.tokenizer = tokenizer
-        self.max_batch_size = max_batch_size
         self.max_context = int(model.config.max_position_embeddings)
         self.vocab_size = int(model.config.vocab_size)
         self.device = next(model.parameters()).device
-        self._cond = threading.Condition()
-        self._inbox: deque[Sequence] = deque()
         self._batch: _Batch | None = None
-        self._stats = EngineStats(max_batch_size=max_batch_size)
-        self._ids = itertools.count()
-        self._closing = False
-        self._thread = threading.Thread(target=self._loop, name="astrai-engine", daemon=True)
-        self._thread.start()
+        super().__init__(tokenizer, max_batch_size)
 
-    # ---------------------------------------------------------------- public (any thread)
-    def submit(self, request: EngineRequest, sink: Sink) -> Handle:
-        handle = Handle(next(self._ids))
-        sequence = Sequence(request, handle, sink, self.tokenizer)
-        with self._cond:
-            if self._closing:
-                raise RuntimeError("the engine is closed")
-            self._inbox.append(sequence)
-            self._cond.notify_all()
-        return handle
+    def _active(self) -> list[Sequence]:
+        return list(self._batch.rows) if self._batch is not None else []
 
-    def cancel(self, handle: Handle) -> None:
-        """Free the request's slot at the next step boundary (before the next forward)."""
-        with self._cond:
-            if not handle.cancelled.is_set():
-                handle.cancel_step = self._stats.decode_steps
-                handle.cancelled.set()
-            self._cond.notify_all()
+    def _busy(self) -> bool:
+        return self._batch is not None
 
-    def stats(self) -> EngineStats:
-        with self._cond:
-            return replace(self._stats, active=len(self._batch.rows) if self._batch else 0,
-                           waiting=len(self._inbox))
+    def _clear(self) -> None:
+        self._batch = None
 
-    def wait_until(self, predicate, timeout: float = 60.0) -> bool:
-        """Block until ``predicate(stats())`` holds (checked whenever the engine's state changes)."""
-        with self._cond:
-            return self._cond.wait_for(lambda: predicate(self._stats_locked()), timeout=timeout)
-
-    def _stats_locked(self) -> EngineStats:
-        return replace(self._stats, active=len(self._batch.rows) if self._batch else 0,
-                       waiting=len(self._inbox))
-
-    def close(self) -> None:
-        with self._cond:
-            self._closing = True
-            self._cond.notify_all()
-        self._thread.join(timeout=30)
-
-    # ---------------------------------------------------------------- the loop (engine thread)
     def _loop(self) -> None:
         with torch.inference_mode():
-            while True:
-                with self._cond:
-                    self._cond.wait_for(lambda: self._closing or self._inbox or self._batch is not None)
-                    if self._closing:
-                        break
-                try:
-                    self._step()
-                except Exception as error:  # noqa: BLE001 - one bad step must not kill the server
-                    log.exception("engine step failed", error=str(error))
-                    self._fail_all(f"{type(error).__name__}: {error}")
-        self._fail_all("the server is shutting down", reason="cancelled")
+            super()._loop()
 
+    # ---------------------------------------------------------------- one step (engine thread)
     def _step(self) -> None:
         self._drop(lambda s: s.handle.cancelled.is_set())
-        joiners = self._take_joiners()
+        joiners = self._take(self.max_batch_size - len(self._active()))
         if joiners:
             self._admit(joiners)
         if self._batch is not None:
             self._decode()
-        with self._cond:
-            self._cond.notify_all()  # waiters on stats()
-
-    def _take_joiners(self) -> list[Sequence]:
-        active = len(self._batch.rows) if self._batch else 0
-        joiners = []
-        with self._cond:
-            while self._inbox and active + len(joiners) < self.max_batch_size:
-                sequence = self._inbox.popleft()
-                if sequence.handle.cancelled.is_set():
-                    self._release(sequence)
-                else:
-                    joiners.append(sequence)
-        return joiners
-
-    def _release(self, sequence: Sequence) -> None:
-        """A cancelled sequence leaves: count it and say so to its consumer."""
-        handle = sequence.handle
-        delay = self._stats.decode_steps - (handle.cancel_step or 0)
-        self._stats.max_cancel_delay_steps = max(self._stats.max_cancel_delay_steps, delay)
-        self._stats.cancelled += 1
-        sequence.end("cancelled")
 
     def _drop(self, leaving) -> None:
         """Remove the rows for which ``leaving(sequence)`` holds (finished or cancelled)."""
@@ -272,16 +195,6 @@ class BatchingEngine:
                                                  strict=True):
             sequence.record(token, logprob, top)
         return tokens
-
-    def _fail_all(self, message: str, reason: str = "error") -> None:
-        with self._cond:
-            waiting, self._inbox = list(self._inbox), deque()
-        rows = self._batch.rows if self._batch is not None else []
-        self._batch = None
-        for sequence in rows + waiting:
-            sequence.end(reason, error=message)
-        with self._cond:
-            self._cond.notify_all()
 
 
 def _top_logprobs(scaled: Tensor, wanted: list[int]) -> list[list[tuple[int, float]] | None]:

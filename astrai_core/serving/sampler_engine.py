@@ -13,89 +13,47 @@ vLLM schedules continuously inside its own engine; this adapter is the simple br
 
 from __future__ import annotations
 
-import itertools
-import threading
-from collections import deque
-from dataclasses import replace
 from typing import Any
 
-from astrai_core.log import get_logger
-from astrai_core.serving.sequence import EngineRequest, EngineStats, Handle, Sequence, Sink
-
-log = get_logger(__name__)
+from astrai_core.serving.engine_base import ThreadedEngine
+from astrai_core.serving.sequence import EngineRequest, Sequence
 
 
-class SamplerEngine:
+class SamplerEngine(ThreadedEngine):
+    """``SamplerEngine(sampler, tokenizer, max_context=..., vocab_size=...)``; see the module docstring."""
+
     supports_logit_bias = False
     supports_top_logprobs = False
+    thread_name = "astrai-sampler-engine"
 
     def __init__(self, sampler: Any, tokenizer: Any, *, max_context: int, vocab_size: int,
                  max_batch_size: int = 64) -> None:
-        self.sampler, self.tokenizer = sampler, tokenizer
-        self.max_context, self.vocab_size, self.max_batch_size = max_context, vocab_size, max_batch_size
-        self._cond = threading.Condition()
-        self._inbox: deque[Sequence] = deque()
-        self._running = 0
-        self._stats = EngineStats(max_batch_size=max_batch_size)
-        self._ids = itertools.count()
-        self._closing = False
-        self._thread = threading.Thread(target=self._loop, name="astrai-sampler-engine", daemon=True)
-        self._thread.start()
+        self.sampler, self.max_context, self.vocab_size = sampler, max_context, vocab_size
+        self._running: list[Sequence] = []
+        super().__init__(tokenizer, max_batch_size)
 
-    def submit(self, request: EngineRequest, sink: Sink) -> Handle:
-        sequence = Sequence(request, Handle(next(self._ids)), sink, self.tokenizer)
-        with self._cond:
-            self._inbox.append(sequence)
-            self._cond.notify_all()
-        return sequence.handle
+    def _active(self) -> list[Sequence]:
+        return list(self._running)
 
-    def cancel(self, handle: Handle) -> None:
-        handle.cancelled.set()
+    def _clear(self) -> None:
+        self._running = []
 
-    def stats(self) -> EngineStats:
-        with self._cond:
-            return replace(self._stats, active=self._running, waiting=len(self._inbox))
-
-    def close(self) -> None:
-        with self._cond:
-            self._closing = True
-            self._cond.notify_all()
-        self._thread.join(timeout=30)
-
-    def _loop(self) -> None:
-        while True:
-            with self._cond:
-                self._cond.wait_for(lambda: self._closing or self._inbox)
-                if self._closing:
-                    return
-                batch = [self._inbox.popleft() for _ in range(min(len(self._inbox), self.max_batch_size))]
-            live = [s for s in batch if not s.handle.cancelled.is_set()]
-            for sequence in batch:
-                if sequence.handle.cancelled.is_set():
-                    self._stats.cancelled += 1
-                    sequence.end("cancelled")
-            if live:
-                self._generate(live)
-
-    def _generate(self, sequences: list[Sequence]) -> None:
-        self._running = len(sequences)
-        try:
-            params = [self._sampler_params(s.request) for s in sequences]
-            outs = self.sampler.generate([s.request.prompt_ids for s in sequences], params)
-            for sequence, out in zip(sequences, outs, strict=True):
-                logprobs = out.logprobs or [None] * len(out.token_ids)
-                for token, logprob in zip(out.token_ids, logprobs, strict=True):
-                    if sequence.record(token, logprob):
-                        break
-                if not sequence.done:  # the sampler stopped first (e.g. at its own stop token)
-                    sequence.finish(out.finish_reason)
-                self._stats.finished += 1
-        except Exception as error:  # noqa: BLE001 - report to the clients, keep serving
-            log.exception("sampler generate failed", error=str(error))
-            for sequence in sequences:
-                sequence.end("error", error=f"{type(error).__name__}: {error}")
-        finally:
-            self._running = 0
+    def _step(self) -> None:
+        sequences = self._take(self.max_batch_size)
+        if not sequences:
+            return
+        self._running = sequences
+        params = [self._sampler_params(s.request) for s in sequences]
+        outs = self.sampler.generate([s.request.prompt_ids for s in sequences], params)
+        for sequence, out in zip(sequences, outs, strict=True):
+            logprobs = out.logprobs or [None] * len(out.token_ids)
+            for token, logprob in zip(out.token_ids, logprobs, strict=True):
+                if sequence.record(token, logprob):
+                    break
+            if not sequence.done:  # the sampler stopped first (e.g. at its own stop token)
+                sequence.finish(out.finish_reason)
+            self._stats.finished += 1
+        self._running = []
 
     @staticmethod
     def _sampler_params(request: EngineRequest):
