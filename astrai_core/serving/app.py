@@ -140,7 +140,7 @@ def create_app(engine: Engine, *, model_name: str, tool_call_parser: str | None 
             raise APIError(400, "top_logprobs needs logprobs: true", param="top_logprobs")
         use_tools = check_tools(body) and tool_call_parser == "hermes"
         prompt = chat_prompt(tokenizer, body, use_tools)
-        top = body.top_logprobs or 0 if body.logprobs else 0
+        top = (body.top_logprobs or 0) if body.logprobs else 0
         requests = engine_requests(tokenizer, engine.max_context, vocab_size, body, prompt,
                                    body.max_completion_tokens or body.max_tokens, top)
         prefix = forced_prefix(body) if use_tools else ""
@@ -191,8 +191,8 @@ def create_app(engine: Engine, *, model_name: str, tool_call_parser: str | None 
             watcher.cancel()
         _raise_engine_error(choices)
         built = [c.message_choice() if chat else c.full_choice() for c in choices]
-        return {**head, "object": "chat.completion" if chat else "text_completion", "choices": built,
-                "usage": _usage(prompt_tokens, choices)}
+        return JSONResponse({**head, "object": "chat.completion" if chat else "text_completion",
+                             "choices": built, "usage": _usage(prompt_tokens, choices)})
 
     async def _stream(run: _Run, head, choices, prompt_tokens: int, chat: bool,
                       include_usage: bool) -> AsyncIterator[bytes]:

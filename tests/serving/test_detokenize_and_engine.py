@@ -125,3 +125,30 @@ def test_sampler_adapter_replays_completions_through_the_same_bookkeeping(model_
     assert tokens == full.token_ids and events[0][-1].reason == full.finish_reason
     text = "".join(e.text for e in events[1])
     assert text == full.text[:full.text.index(stop)] and events[1][-1].reason == "stop"
+
+
+def test_token_by_token_choice_equals_the_non_streamed_message(model_and_tokenizer):
+    """Tokens -> detokenizer -> Hermes parser -> chat deltas, with an emoji split across tokens
+    inside the content and inside a tool call's arguments: the deltas a client accumulates equal
+    the non-streamed message."""
+    from astrai_core.serving.choices import ChatChoice
+    from astrai_core.serving.detokenize import IncrementalDetokenizer
+    from astrai_core.serving.sequence import TokenEvent
+
+    _, tokenizer = model_and_tokenizer
+    output = ('Sunny \U0001F31E <tool_call>\n{"name": "note", "arguments": {"text": "\U0001F31E </tool_call>"}}'
+              '\n</tool_call>')
+    ids = tokenizer(output, add_special_tokens=False)["input_ids"]
+    detokenizer = IncrementalDetokenizer(tokenizer)
+    choice = ChatChoice(0, tokenizer, parse_tools=True, want_logprobs=False)
+    parts = []
+    for token in ids:
+        parts += choice.on_event(TokenEvent(token, 0.0, None, detokenizer.push(token)))
+    parts += choice.on_event(FinishEvent("stop", detokenizer.finish(), len(ids)))
+    content = "".join(p["delta"].get("content", "") for p in parts)
+    arguments = "".join(tc["function"].get("arguments", "") for p in parts for tc in p["delta"].get("tool_calls", []))
+    message = choice.message_choice()
+    assert content == message["message"]["content"] == "Sunny \U0001F31E "
+    assert arguments == message["message"]["tool_calls"][0]["function"]["arguments"]
+    assert arguments == '{"text": "\U0001F31E </tool_call>"}'
+    assert message["finish_reason"] == "tool_calls" and parts[-1]["finish_reason"] == "tool_calls"
