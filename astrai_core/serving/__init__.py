@@ -6,3 +6,11 @@ Modules: ``hermes`` (incremental tool-call parser, reusable on its own), ``json_
 models), ``app`` (the FastAPI application). Importing this package imports nothing heavy;
 FastAPI and torch load in ``app`` and ``engine``.
 """
+
+from astrai_core.serving.hermes import (
+    ContentDelta, HermesParser, ParsedMessage, ParsedToolCall, ToolCallArguments, ToolCallEnd, ToolCallStart,
+    assemble, parse_hermes,
+)
+
+__all__ = ["ContentDelta", "HermesParser", "ParsedMessage", "ParsedToolCall", "ToolCallArguments", "ToolCallEnd",
+           "ToolCallStart", "assemble", "parse_hermes"]

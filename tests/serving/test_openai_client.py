@@ -154,3 +154,21 @@ def test_sse_frames_end_with_a_blank_line_and_done(server):
     frames = body.split("\n\n")
     assert frames[-1] == "" and frames[-2] == "data: [DONE]"
     assert all(f.startswith("data: ") and "\n" not in f for f in frames[:-1])
+
+
+def test_completions_take_token_ids_and_lists_and_report_legacy_logprobs(server):
+    client = server.client()
+    ids = server.tokenizer("Hello! How can I", add_special_tokens=False)["input_ids"]
+    out = client.completions.create(model="tiny", prompt=ids, temperature=0, max_tokens=6, logprobs=2)
+    logprobs = out.choices[0].logprobs
+    assert len(logprobs.token_logprobs) == out.usage.completion_tokens == len(logprobs.tokens)
+    for top, lp in zip(logprobs.top_logprobs, logprobs.token_logprobs, strict=True):
+        assert 1 <= len(top) <= 2  # keyed by text: byte pieces that decode alike share a key
+        if len(top) == 2:
+            assert max(top.values()) == pytest.approx(lp, abs=1e-6)  # greedy: the top token
+    assert out.usage.prompt_tokens == len(ids)
+    by_text = client.completions.create(model="tiny", prompt="Hello! How can I", temperature=0, max_tokens=6)
+    assert by_text.choices[0].text == out.choices[0].text
+    two = client.completions.create(model="tiny", prompt=["Hello! How can I", "The quick brown"], temperature=0,
+                                    max_tokens=6)
+    assert [c.index for c in two.choices] == [0, 1] and two.choices[0].text == out.choices[0].text
