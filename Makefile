@@ -24,7 +24,7 @@ $(STAMP): $(SOURCES)
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PIP) install $(CONSTRAINTS) "setuptools>=75" wheel  # >=69.3: PEP 625 sdist names (make dist)
 	$(PIP) install $(CONSTRAINTS) torch==2.13.0
-	$(PIP) install $(CONSTRAINTS) --no-build-isolation -e ".[test]" \
+	$(PIP) install $(CONSTRAINTS) --no-build-isolation -e ".[test,serve,serve-test]" \
 		$(foreach p,$(PLUGINS),-e plugins/astrai-plugin-$(p)) \
 		$(foreach c,$(CONTRIB),-e $(dir $(c)))
 	$(PIP) install --no-deps --no-build-isolation \
@@ -76,6 +76,7 @@ bench: $(STAMP)
 	$(PY) bench/bench_model_train.py
 	$(PY) bench/bench_sampler.py
 	$(PY) bench/bench_grpo_trl.py
+	$(PY) bench/bench_serve.py
 
 # `make dist`: the sdist and wheel of every distribution (core, plugins, contrib) into
 # dist/, built offline by tools/build_dists.py in a small venv of its own (no torch).

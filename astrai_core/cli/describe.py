@@ -53,9 +53,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from astrai_core.plugins import load_plugins
+    from astrai_core.plugins import process_registry
 
-    registry = load_plugins()
+    registry = process_registry()
     if args.kind is None:
         _emit(args.json, _kinds(registry), _print_kinds)
         return 0

@@ -41,7 +41,7 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
-def _load(model_dir: Path, device_name: str):
+def _load(model_dir: Path, device_name: str, registry=None):
     from astrai_core.data.tokenizer import load_tokenizer
     from astrai_core.devices.select import resolve_device
     from astrai_core.errors import CheckpointError, DataError
@@ -53,7 +53,7 @@ def _load(model_dir: Path, device_name: str):
         tokenizer = load_tokenizer(model_dir)
     except DataError as err:
         raise CheckpointError(f"{model_dir} has no usable tokenizer: {err}") from None
-    device = resolve_device(process_registry(), device_name).device()
+    device = resolve_device(registry or process_registry(), device_name).device()
     return model.to(device), tokenizer
 
 

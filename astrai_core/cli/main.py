@@ -26,6 +26,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "plot": ("plot", "draw PNG curves of a run's metrics.jsonl"),
     "import": ("import_cmd", "Hugging Face checkpoint directory -> native checkpoint directory"),
     "export": ("export_cmd", "native checkpoint -> Hugging Face directory that transformers loads"),
+    "serve": ("serve", "OpenAI-compatible HTTP server (astrai-core[serve])"),
 }
 
 

@@ -1,7 +1,8 @@
 """The built-in ``torch`` sampler: batched KV-cached generation with the live native model.
 
 Prompts of different lengths are left-padded into one batch; each request keeps its own
-temperature, filters, seed, stops and length. Finished rows leave the batch (and the KV
+temperature, filters, seed, stops and length (``sampling.rows.RowSampling``, which the
+server's continuous-batching engine shares). Finished rows leave the batch (and the KV
 cache) at once, so they stop costing compute. The reported log-probabilities are
 log_softmax(logits / T) of the chosen token before filtering: exactly what the trainer's
 ``policy_forward`` computes for the same tokens.
@@ -17,9 +18,9 @@ import torch
 from torch import Tensor
 
 from astrai_core.model.masks import positions_from_attention_mask
-from astrai_core.sampling.filters import min_p_filter, top_k_filter, top_k_top_p_filter, top_p_filter
 from astrai_core.sampling.params import Completion, SamplingParams
 from astrai_core.sampling.requests import Request, expand_requests
+from astrai_core.sampling.rows import RowSampling
 
 TokenCallback = Callable[[int, int], None]  # (completion index, token id)
 
@@ -86,24 +87,7 @@ class _DecodeBatch:
         self.on_token = on_token
         self.rows = list(requests)  # the active requests, in batch-row order
         self.device = next(self.model.parameters()).device
-        as_tensor = lambda values, dtype: torch.tensor(values, dtype=dtype, device=self.device)  # noqa: E731
-        params = [r.params for r in requests]
-        self.greedy = as_tensor([p.greedy for p in params], torch.bool)
-        # Greedy rows: T = 1 for their log-probs, and neutral filters.
-        self.temperature = as_tensor([p.temperature if not p.greedy else 1.0 for p in params], torch.float32)
-        self.top_k = as_tensor([p.top_k if not p.greedy else 0 for p in params], torch.long)
-        self.top_p = as_tensor([p.top_p if not p.greedy else 1.0 for p in params], torch.float32)
-        self.min_p = as_tensor([p.min_p if not p.greedy else 0.0 for p in params], torch.float32)
-        self._refresh_flags()
-
-    def _refresh_flags(self) -> None:
-        """Python-side facts about the active rows, so a step skips work no row needs."""
-        params = [r.params for r in self.rows]
-        self.any_sampled = any(not p.greedy for p in params)
-        self.unit_temperature = all(p.greedy or p.temperature == 1.0 for p in params)
-        self.any_top_k = any(p.top_k > 0 and not p.greedy for p in params)
-        self.any_top_p = any(p.top_p < 1.0 and not p.greedy for p in params)
-        self.any_min_p = any(p.min_p > 0.0 and not p.greedy for p in params)
+        self.sampling = RowSampling([r.params for r in requests], [r.rng for r in requests], self.device)
 
     # ---------------------------------------------------------------- loop
     def run(self) -> None:
@@ -156,34 +140,10 @@ class _DecodeBatch:
     # ---------------------------------------------------------------- one step
     def _choose(self, logits: Tensor) -> Tensor:
         """Next token of every row, and its log-prob appended to each request."""
-        logits = logits.float()
-        scaled = logits if self.unit_temperature else logits / self.temperature[:, None]
-        tokens = logits.argmax(dim=-1)
-        if self.any_sampled:
-            tokens = torch.where(self.greedy, tokens, self._sample(scaled))
-        # From the unfiltered scaled logits: what the trainer computes for the same token.
-        logprobs = (scaled.gather(-1, tokens[:, None]).squeeze(-1) - scaled.logsumexp(dim=-1)).tolist()
-        for request, logprob in zip(self.rows, logprobs, strict=True):
+        tokens, logprobs, _ = self.sampling.choose(logits)
+        for request, logprob in zip(self.rows, logprobs.tolist(), strict=True):
             request.logprobs.append(logprob)
         return tokens
-
-    def _sample(self, scaled: Tensor) -> Tensor:
-        """Inverse-CDF sampling with one uniform draw per row from the row's own stream."""
-        filtered = scaled
-        if self.any_top_k and self.any_top_p:
-            filtered = top_k_top_p_filter(filtered, self.top_k, self.top_p)
-        elif self.any_top_k:
-            filtered = top_k_filter(filtered, self.top_k)
-        elif self.any_top_p:
-            filtered = top_p_filter(filtered, self.top_p)
-        if self.any_min_p:
-            filtered = min_p_filter(filtered, self.min_p)
-        cdf = filtered.softmax(dim=-1).cumsum(dim=-1)
-        uniform = torch.tensor([r.rng.random() if r.rng is not None else 0.0 for r in self.rows],
-                               dtype=cdf.dtype, device=cdf.device)
-        # The first token whose cumulative mass exceeds u: never one of probability 0.
-        chosen = torch.searchsorted(cdf, (uniform * cdf[:, -1])[:, None], right=True).squeeze(-1)
-        return chosen.clamp(max=cdf.shape[-1] - 1)
 
     def _record(self, tokens: list[int]) -> list[int]:
         """Append each row's token, mark finished requests; returns the rows still active."""
@@ -214,7 +174,5 @@ class _DecodeBatch:
         rows = torch.tensor(keep, dtype=torch.long, device=self.device)
         cache.select(rows)
         self.rows = [self.rows[i] for i in keep]
-        for name in ("greedy", "temperature", "top_k", "top_p", "min_p"):
-            setattr(self, name, getattr(self, name).index_select(0, rows))
-        self._refresh_flags()
+        self.sampling.select(keep)
         return full_mask.index_select(0, rows), next_position.index_select(0, rows), tokens.index_select(0, rows)

@@ -1,0 +1,72 @@
+"""`astrai serve MODEL_DIR`: an OpenAI-compatible HTTP server (needs `pip install astrai-core[serve]`)."""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("model_dir", metavar="MODEL_DIR", help="native checkpoint directory (with a tokenizer)")
+    parser.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1)")
+    parser.add_argument("--port", type=int, default=8000)
+    parser.add_argument("--sampler", default="torch",
+                        help="sampler from the registry: torch (continuous batching) or vllm")
+    parser.add_argument("--served-model-name", default=None,
+                        help="the model name clients send (default: MODEL_DIR's directory name)")
+    parser.add_argument("--tool-call-parser", choices=("hermes", "none"), default="hermes")
+    parser.add_argument("--max-batch-size", type=int, default=32, help="sequences decoded together")
+    parser.add_argument("--device", default="auto", help="device backend name (auto, cpu, cuda, ...)")
+    parser.add_argument("--threads", type=int, default=None,
+                        help="torch intra-op CPU threads (default: torch's choice)")
+
+
+def _require_serve_extra() -> None:
+    from astrai_core.errors import AstraiError
+
+    try:
+        import fastapi  # noqa: F401
+        import uvicorn  # noqa: F401
+    except ImportError:
+        raise AstraiError("astrai serve needs FastAPI and uvicorn: pip install 'astrai-core[serve]'") from None
+
+
+def build_engine(registry, sampler_name: str, model_dir: Path, device_name: str, max_batch_size: int):
+    """The engine for ``--sampler``: the continuous-batching one for torch, the adapter otherwise."""
+    from astrai_core.cli.generate import _load
+
+    spec = registry.get("sampler", sampler_name)  # unknown names list the available ones
+    model, tokenizer = _load(model_dir, device_name, registry)
+    if spec.name == "torch":
+        from astrai_core.serving.engine import BatchingEngine
+
+        return BatchingEngine(model, tokenizer, max_batch_size=max_batch_size)
+    from astrai_core.serving.sampler_engine import SamplerEngine
+
+    sampler = spec.load()(model=model, tokenizer=tokenizer)  # the sampler contract: a live native model
+    return SamplerEngine(sampler, tokenizer, max_context=int(model.config.max_position_embeddings),
+                         vocab_size=int(model.config.vocab_size), max_batch_size=max_batch_size)
+
+
+def run(args: argparse.Namespace) -> int:
+    _require_serve_extra()
+    import uvicorn
+
+    from astrai_core.plugins import process_registry
+    from astrai_core.serving.app import create_app
+
+    model_dir = Path(args.model_dir)
+    if args.threads:
+        import torch
+
+        torch.set_num_threads(args.threads)
+    registry = process_registry()  # once: the sampler and the device backend come from it
+    engine = build_engine(registry, args.sampler, model_dir, args.device, args.max_batch_size)
+    name = args.served_model_name or model_dir.resolve().name
+    parser = None if args.tool_call_parser == "none" else args.tool_call_parser
+    app = create_app(engine, model_name=name, tool_call_parser=parser)
+    try:
+        uvicorn.run(app, host=args.host, port=args.port, log_level="info")
+    finally:
+        engine.close()
+    return 0
