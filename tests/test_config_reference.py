@@ -40,7 +40,7 @@ def test_the_doc_is_exactly_what_the_generator_writes():
 
 def test_known_keys_with_their_model_defaults():
     from astrai_core.data.config import DataConfig
-    from astrai_core.training.config import TrainerConfig
+    from astrai_core.config.trainer import TrainerConfig
 
     rows = ref.expected_rows()
     assert rows["trainer.lr"].default == str(TrainerConfig.model_fields["lr"].default)

@@ -66,7 +66,7 @@ def section_models() -> dict[str, type[BaseModel]]:
     """
     from astrai_core.data.config import DataConfig
     from astrai_core.model.config import ModelConfig
-    from astrai_core.training.config import TrainerConfig
+    from astrai_core.config.trainer import TrainerConfig
 
     return {"data": DataConfig, "trainer": TrainerConfig, "model.config": ModelConfig}
 

@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from astrai_core.model import CausalLM, ModelConfig
-from astrai_core.training.config import TrainerConfig
+from astrai_core.config.trainer import TrainerConfig
 from astrai_core.training.optim import build_optimizer, build_scheduler, lr_factor
 
 
