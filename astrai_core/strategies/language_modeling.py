@@ -52,7 +52,10 @@ class LanguageModeling(Strategy):
         batch = self.to_device(batch)
         output = self.forward(batch)
         loss, count = next_token_loss(output["logits"], batch["input_ids"], batch["loss_mask"])
-        metrics: dict[str, Any] = {"lm_loss": loss.detach(), "tokens": count}
+        # loss_weight: the mean runs over `count` targets, so accumulated micro-batches are
+        # weighted by their targets and grad_accum_steps equals one big batch.
+        metrics: dict[str, Any] = {"lm_loss": loss.detach(), "tokens": count,
+                                   "loss_weight": count}
         loss = self.add_aux_loss(loss, output["aux_loss"], metrics)
         metrics.update(router_metrics(output["router_stats"]))
         return loss, metrics

@@ -31,6 +31,8 @@ from astrai_core.training.strategy import Strategy
 
 log = get_logger("astrai.trainer")
 POLICY = "policy"
+# A compute_loss metric: how many units (tokens, sequences) its mean loss averages over.
+LOSS_WEIGHT = "loss_weight"
 
 
 class TrainingDiverged(AstraiError):
@@ -184,17 +186,31 @@ class Trainer:
         sums: dict[str, float] = defaultdict(float)
         micro_batches = self.source.next_step()
         accum = len(micro_batches)
-        for batch in micro_batches:
+        weights: list[float] = []  # loss weights, when the strategy reports them
+        for index, batch in enumerate(micro_batches):
             with self.run.autocast():
                 loss, metrics = self.strategy.compute_loss(batch)
             loss_value = loss.detach().item()
             if not torch.isfinite(loss.detach()):
                 self._diverged(f"loss is {loss_value}")
-            (loss / accum).backward()
-            sums["loss"] += loss_value / accum
+            weight = metrics.pop(LOSS_WEIGHT, None)
+            if accum > 1 and weight is not None and len(weights) == index:
+                weights.append(float(to_number(weight)))
+                (loss * weights[-1]).backward()  # divided by the total in _unweight
+                sums["loss"] += loss_value * weights[-1]
+            else:
+                (loss / accum).backward()
+                sums["loss"] += loss_value / accum
             for name, value in metrics.items():
                 # "tokens" is a count summed over micro-batches; the rest are averaged
                 sums[name] += to_number(value) * (1 if name == "tokens" else 1 / accum)
+        if weights:
+            if len(weights) != accum:
+                raise RuntimeError(f"{type(self.strategy).__name__}.compute_loss reported "
+                                   f"{LOSS_WEIGHT!r} for some micro-batches of a step only")
+            total = sum(weights) or 1.0  # all zero: no targets, zero gradients anyway
+            sums["loss"] /= total
+            self._unweight(total)
         for trained in self.modules:
             norm = trained.clip()
             if not torch.isfinite(torch.tensor(norm)):
@@ -204,6 +220,15 @@ class Trainer:
             trained.step()
             sums[trained.metric("lr")] = trained.scheduler.get_last_lr()[0]
         return {**sums, **self.source.stats, **self.strategy.step_metrics()}
+
+    def _unweight(self, total: float) -> None:
+        """Each micro-batch loss that reports a ``loss_weight`` (the tokens or rows its mean
+        runs over) was backpropagated times that weight; dividing the summed gradients by
+        the step's total makes the step's gradient that of one batch of all of them."""
+        for trained in self.modules:
+            for param in trained.module.parameters():
+                if param.grad is not None:
+                    param.grad.div_(total)
 
     def _diverged(self, what: str) -> None:
         kept = ckpt.list_checkpoints(self.run.output_dir)

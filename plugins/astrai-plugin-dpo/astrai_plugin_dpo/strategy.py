@@ -100,5 +100,5 @@ class DPO(Strategy):
         loss = losses.mean()
         metrics.update(chosen_reward=chosen_rewards.mean(), rejected_reward=rejected_rewards.mean(),
                        chosen_logp=chosen.detach().mean(), rejected_logp=rejected.detach().mean(),
-                       tokens=tokens)
+                       tokens=tokens, loss_weight=len(losses))  # the loss is a mean over pairs
         return self.add_aux_loss(loss, aux_loss, metrics), metrics
