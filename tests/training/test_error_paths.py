@@ -65,12 +65,14 @@ def test_divergence_stops_with_the_step_and_the_last_good_checkpoint(tmp_path):
 
 
 def test_grpo_rollout_that_cannot_be_cut_into_micro_batches(tmp_path):
-    # 2 prompts x 2 completions = 4 samples: ceil(4 / 3) = 2 per micro-batch gives 2, not 3
+    # 2 prompts x 2 completions = 4 samples: not 3 equal micro-batches (the run plan's check)
     config = _prompt_run(tmp_path, {"name": "grpo", "group_size": 2}, grad_accum_steps=3)
     config["data"]["batch_size"] = 2
     message = _train_in_process(tmp_path, config)
-    assert message == ("error: a mini-batch of 4 samples cannot be cut into "
-                       "trainer.grad_accum_steps=3 micro-batches; use fewer")
+    assert message == ("error: trainer.grad_accum_steps: a rollout of 4 sequences "
+                       "(data.batch_size=2 x strategy.group_size=2) cannot be cut into "
+                       "strategy.mini_batches=1 x trainer.grad_accum_steps=3 equal "
+                       "micro-batches")
     assert not (tmp_path / "run" / "checkpoints").exists()
 
 
@@ -80,8 +82,9 @@ def test_grpo_mini_batches_cut_below_the_accumulation(tmp_path):
                          grad_accum_steps=3)
     config["data"]["batch_size"] = 4
     message = _train_in_process(tmp_path, config)
-    assert message.startswith("error: a mini-batch of 2 samples cannot be cut into "
-                              "trainer.grad_accum_steps=3 micro-batches"), message
+    assert message.startswith("error: trainer.grad_accum_steps: a rollout of 8 sequences "
+                              "(data.batch_size=4 x strategy.group_size=2) cannot be cut into "
+                              "strategy.mini_batches=4 x trainer.grad_accum_steps=3"), message
 
 
 def test_online_dpo_gives_up_after_n_rollouts_without_pairs(tmp_path):
@@ -99,8 +102,8 @@ def test_grpo_refuses_an_estimator_that_needs_values(tmp_path):
     config = _prompt_run(tmp_path, {"name": "grpo", "group_size": 2})
     config["advantage"] = {"name": "gae"}
     message = _train_in_process(tmp_path, config)
-    assert message.startswith("error: advantage.name: this estimator needs a value critic, "
-                              "which grpo does not train"), message
+    assert message.startswith("error: advantage.name: advantage estimator 'gae' needs a "
+                              "value critic, which strategy 'grpo' does not train"), message
     assert not (tmp_path / "run" / "checkpoints").exists()
 
 
