@@ -179,7 +179,7 @@ def plan_run(config: RunConfig, source: YamlSource | None = None,
         _check_data(config, strategy.name, needs)
         advantage = _advantage(resolve, config, strategy, needs)
         policy_loss = (None if needs.policy_loss is None else resolve.component(
-            "policy_loss", needs.policy_loss.name, needs.policy_loss.params,
+            needs.policy_loss.kind, needs.policy_loss.name, needs.policy_loss.params,
             needs.policy_loss.path))
         rewards = tuple(resolve.reward(entry.name, entry.weight, entry.params, ("rewards", i))
                         for i, entry in enumerate(config.rewards))
