@@ -135,3 +135,32 @@ def test_options_are_validated_and_the_builtins_are_registered():
         PPOClip.Config.model_validate({"eps_low": 1.0})
     with pytest.raises(ValidationError, match="Extra inputs"):
         GSPO.Config.model_validate({"clip": 0.1})
+
+
+def test_the_objective_adds_kl_and_entropy_and_passes_the_extras():
+    from astrai_core.rl.objective import ObjectiveSettings, PolicyObjective
+
+    mask = torch.tensor([[True, True, False], [True, False, False]])
+    logp = _leaf([[-1.0, -2.0, 50.0], [-0.5, 0.0, 0.0]])
+    old = torch.tensor([[-1.1, -1.9, -50.0], [-0.4, 0.0, 0.0]], dtype=torch.float64)
+    ref = torch.tensor([[-1.2, -2.2, 1e4], [-0.6, 0.0, 0.0]], dtype=torch.float64)  # garbage
+    adv = torch.tensor([[1.0, 1.0, 0.0], [-2.0, 0.0, 0.0]], dtype=torch.float64)
+    entropy = torch.tensor([[0.3, 0.5, 9.0], [0.7, 9.0, 9.0]], dtype=torch.float64)
+    weights = torch.tensor([[2.0, 0.5, 0.0], [1.5, 0.0, 0.0]], dtype=torch.float64)
+    objective = PolicyObjective(GSPO(eps_low=0.5, eps_high=0.5), ObjectiveSettings(
+        loss_aggregation="seq-mean-token-mean", kl_coef=0.1, kl_estimator="k3",
+        entropy_coef=0.01))
+    loss, metrics = objective(logprobs=logp, old_logprobs=old, advantages=adv,
+                              response_mask=mask, ref_logprobs=ref, entropy=entropy,
+                              extras={"rollout_weights": weights})
+    s0, s1 = math.exp((0.1 - 0.1) / 2), math.exp(-0.1)
+    k3 = lambda lp, r: math.exp(r - lp) - (r - lp) - 1  # noqa: E731
+    row0 = [2.0 * -s0 + 0.1 * k3(-1.0, -1.2) - 0.01 * 0.3,
+            0.5 * -s0 + 0.1 * k3(-2.0, -2.2) - 0.01 * 0.5]
+    row1 = 1.5 * 2.0 * s1 + 0.1 * k3(-0.5, -0.6) - 0.01 * 0.7
+    assert loss.item() == pytest.approx((sum(row0) / 2 + row1) / 2)
+    assert metrics["kl"].item() == pytest.approx(
+        (k3(-1.0, -1.2) + k3(-2.0, -2.2) + k3(-0.5, -0.6)) / 3)
+    assert metrics["entropy"].item() == pytest.approx((0.3 + 0.5 + 0.7) / 3)
+    loss.backward()
+    assert torch.isfinite(logp.grad).all() and logp.grad[0, 2] == 0
