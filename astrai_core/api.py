@@ -40,6 +40,7 @@ from astrai_core.model import (
 from astrai_core.plugins import process_registry
 from astrai_core.protocols import (
     AdvantageEstimatorProtocol,
+    PolicyLossProtocol,
     RewardFunctionProtocol,
     SamplerProtocol,
     StrategyProtocol,
@@ -60,6 +61,9 @@ from astrai_core.rl.functional import (
     token_logprobs,
     token_rewards_from_scores,
 )
+from astrai_core.rl.objective import ObjectiveSettings, PolicyObjective
+from astrai_core.rl.policy_losses import apply_rollout_weights
+from astrai_core.rl.rollout_correction import RolloutCorrectionConfig, correction_weights
 from astrai_core.rollout.batch import RolloutBatch, pad_rows
 from astrai_core.rollout.forward import policy_forward
 from astrai_core.rollout.metrics import rollout_metrics
@@ -85,6 +89,9 @@ __all__ = [
     "explained_variance", "group_stats", "kl_estimate", "masked_mean", "masked_sum",
     "masked_var", "masked_whiten", "sequence_scores", "token_logprobs",
     "token_rewards_from_scores",
+    # RL objectives: the shared objective, policy losses, rollout correction
+    "ObjectiveSettings", "PolicyObjective", "RolloutCorrectionConfig", "apply_rollout_weights",
+    "correction_weights",
     # sampling
     "Completion", "Request", "SamplingParams", "expand_requests",
     # models and importers
@@ -95,6 +102,7 @@ __all__ = [
     "stack_experts",
     # devices, plugins, errors, logging
     "AdvantageEstimatorProtocol", "AstraiError", "CheckpointError", "ConfigError",
-    "DataError", "DeviceBackend", "FieldError", "PluginError", "RewardFunctionProtocol",
+    "DataError", "DeviceBackend", "FieldError", "PluginError", "PolicyLossProtocol",
+    "RewardFunctionProtocol",
     "SamplerProtocol", "StrategyProtocol", "get_logger", "process_registry",
 ]

@@ -6,6 +6,7 @@ from astrai_core.hookspecs import hookimpl
 from astrai_core.specs import (
     DeviceBackendSpec,
     ModelImporterSpec,
+    PolicyLossSpec,
     RewardFunctionSpec,
     SamplerSpec,
     StrategySpec,
@@ -59,4 +60,19 @@ def astrai_reward_functions() -> list[RewardFunctionSpec]:
                            summary="1 when the completion matches `pattern` (search or fullmatch)"),
         RewardFunctionSpec(name="length_penalty", target="astrai_core.rewards.builtin:LengthPenalty",
                            summary="-coef x (length - target) beyond a target length"),
+    ]
+
+
+@hookimpl
+def astrai_policy_losses() -> list[PolicyLossSpec]:
+    module = "astrai_core.rl.policy_losses"
+    return [
+        PolicyLossSpec(name="ppo_clip", target=f"{module}:PPOClip",
+                       summary="PPO-clip with asymmetric eps_low/eps_high (DAPO clip-higher)"),
+        PolicyLossSpec(name="dual_clip", target=f"{module}:DualClip",
+                       summary="PPO-clip whose loss for negative advantages is capped at -A c"),
+        PolicyLossSpec(name="gspo", target=f"{module}:GSPO",
+                       summary="GSPO: one clipped ratio per sequence, exp(mean token log-ratio)"),
+        PolicyLossSpec(name="cispo", target=f"{module}:CISPO",
+                       summary="CISPO: clipped stop-gradient IS weight times the log-prob"),
     ]

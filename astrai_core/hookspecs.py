@@ -1,4 +1,4 @@
-"""The six extension points of astrai.
+"""The extension points of astrai (one hook per registry kind).
 
 Each hook takes no arguments and returns an iterable of spec records. A plugin
 implements any subset of them with ``@astrai_core.hookimpl``::
@@ -21,6 +21,7 @@ from astrai_core.specs import (
     AdvantageEstimatorSpec,
     DeviceBackendSpec,
     ModelImporterSpec,
+    PolicyLossSpec,
     RewardFunctionSpec,
     SamplerSpec,
     StrategySpec,
@@ -38,6 +39,7 @@ HOOK_FOR_KIND: dict[str, str] = {
     "model_importer": "astrai_model_importers",
     "device_backend": "astrai_device_backends",
     "reward_function": "astrai_reward_functions",
+    "policy_loss": "astrai_policy_losses",
 }
 
 
@@ -78,3 +80,11 @@ def astrai_device_backends() -> Iterable[DeviceBackendSpec]:
 def astrai_reward_functions() -> Iterable[RewardFunctionSpec]:
     """Reward functions with the TRL convention
     ``f(prompts, completions, **columns) -> list[float]``."""
+
+
+@hookspec
+def astrai_policy_losses() -> Iterable[PolicyLossSpec]:
+    """Policy losses of online strategies. The target is a class built with the
+    ``policy_loss:`` section's options and called as ``loss(logprobs=, old_logprobs=,
+    advantages=, response_mask=, **extras) -> (per_token_loss, metrics)``; the strategy
+    adds the KL and entropy terms and aggregates the per-token loss."""

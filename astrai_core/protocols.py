@@ -51,11 +51,19 @@ class RewardFunctionProtocol(Protocol):
     def __call__(self, prompts: list[str], completions: list[str], **columns: Any) -> Any: ...
 
 
+class PolicyLossProtocol(Protocol):
+    """A policy loss class built with its options; extras may carry ``rollout_weights``."""
+
+    def __call__(self, *, logprobs: Any, old_logprobs: Any, advantages: Any,
+                 response_mask: Any, **extras: Any) -> tuple[Any, dict[str, Any]]: ...
+
+
 PROTOCOLS: dict[str, Any] = {
     "strategy": StrategyProtocol,
     "sampler": SamplerProtocol,
     "advantage_estimator": AdvantageEstimatorProtocol,
     "reward_function": RewardFunctionProtocol,
+    "policy_loss": PolicyLossProtocol,
 }
 
 

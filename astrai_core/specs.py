@@ -140,6 +140,13 @@ class RewardFunctionSpec(Spec):
     kind: ClassVar[str] = "reward_function"
 
 
+class PolicyLossSpec(Spec):
+    """A policy loss ``loss(logprobs=, old_logprobs=, advantages=, response_mask=, **extras)
+    -> (per_token_loss, metrics)`` for online strategies (ppo_clip, gspo, cispo, ...)."""
+
+    kind: ClassVar[str] = "policy_loss"
+
+
 SPEC_CLASSES: dict[str, type[Spec]] = {
     cls.kind: cls
     for cls in (
@@ -149,6 +156,7 @@ SPEC_CLASSES: dict[str, type[Spec]] = {
         ModelImporterSpec,
         DeviceBackendSpec,
         RewardFunctionSpec,
+        PolicyLossSpec,
     )
 }
 KINDS: tuple[str, ...] = tuple(SPEC_CLASSES)

@@ -2,7 +2,7 @@
 
 :func:`plan_run` resolves every pluggable section (strategy, advantage, sampler, rewards,
 device) into its loaded target and validated options through one :class:`Resolver`, then
-runs every cross-section check: the data formats the strategy reads, the evaluation
+runs every cross-section check: the policy loss an online strategy composes, the data formats the strategy reads, the evaluation
 format, the advantage estimator an online strategy needs and whether it wants values, the
 reward functions and the columns they need, and the strategy's own checks (batch splits).
 
@@ -67,6 +67,7 @@ class RunPlan:
     sampler: Component
     rewards: tuple[RewardChoice, ...]
     device: Component | None             # None: ``device: {name: auto}``
+    policy_loss: Component | None = None  # the strategy's policy loss (online strategies)
 
     def sampling_fields(self) -> tuple[dict[str, Any], dict[str, Any]]:
         """(the sampler section's SamplingParams fields, its engine options)."""
@@ -177,6 +178,9 @@ def plan_run(config: RunConfig, source: YamlSource | None = None,
         needs = strategy.target.needs(strategy.config)
         _check_data(config, strategy.name, needs)
         advantage = _advantage(resolve, config, strategy, needs)
+        policy_loss = (None if needs.policy_loss is None else resolve.component(
+            needs.policy_loss.kind, needs.policy_loss.name, needs.policy_loss.params,
+            needs.policy_loss.path))
         rewards = tuple(resolve.reward(entry.name, entry.weight, entry.params, ("rewards", i))
                         for i, entry in enumerate(config.rewards))
         _check_rewards(config, needs, rewards)
@@ -189,7 +193,7 @@ def plan_run(config: RunConfig, source: YamlSource | None = None,
               else resolve.section("device_backend", config.device, ("device",)))
     return RunPlan(config=config, source=source, registry=registry, strategy=strategy,
                    needs=needs, advantage=advantage, sampler=sampler, rewards=rewards,
-                   device=device)
+                   device=device, policy_loss=policy_loss)
 
 
 def _check_paths(config: RunConfig, base_dir: Path) -> None:

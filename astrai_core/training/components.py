@@ -48,6 +48,7 @@ class RunComponents:
     sampler: Any | None                  # built when rollouts or evaluation generate
     estimator: Any | None                # the advantage estimator, built with its options
     rollouts: RolloutRunner | None       # online strategies: draws rollouts
+    policy_loss: Any | None = None       # the policy loss, built with its options
 
     @property
     def logprob_temperature(self) -> float:

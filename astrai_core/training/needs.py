@@ -2,7 +2,19 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from typing import Any
+
+
+@dataclass(frozen=True)
+class ComponentChoice:
+    """A component a strategy asks the run to build: kind, name, options, and the config
+    path that chose it (for error messages)."""
+
+    kind: str
+    name: str
+    params: dict[str, Any] = field(default_factory=dict)
+    path: tuple[str | int, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -18,3 +30,4 @@ class StrategyNeeds:
     advantage: bool = False            # runs an advantage estimator (``advantage:``)
     values: bool = False               # trains a critic, so estimators may ask for values
     group_size: int = 1                # completions per prompt of each rollout
+    policy_loss: ComponentChoice | None = None  # the policy loss its objective composes

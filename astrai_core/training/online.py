@@ -5,8 +5,10 @@ scored by the reward functions) and a :class:`RolloutSource` owns the schedule. 
 drawn rollout is processed once by :meth:`OnlineStrategy.process_rollout`:
 
 1. one no-grad trainer forward measures the sampler/trainer log-prob mismatch
-   (``rollout/logprob_diff_*``); with ``recompute_old_logprobs`` its log-probs become
-   the old policy's;
+   (``rollout/logprob_diff_*``); with ``recompute_old_logprobs`` (implied by
+   ``rollout_correction``) its log-probs become the old policy's, and rollout correction
+   turns the gap into importance weights (``extras["rollout_weights"]``, handed to the
+   policy loss; :mod:`astrai_core.rl.rollout_correction`);
 2. the subclass attaches per-token tensors (:meth:`prepare_rollout`: reference
    log-probs, critic values);
 3. token rewards (score on the last response token, optional KL shaping) go through the
@@ -22,15 +24,17 @@ from __future__ import annotations
 from typing import Any, ClassVar
 
 import torch
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-from astrai_core.config.schema import RunConfig
+from astrai_core.config.schema import ComponentSection, RunConfig
 from astrai_core.errors import ConfigError, FieldError
 from astrai_core.rl.functional import token_rewards_from_scores
+from astrai_core.rl.objective import ObjectiveSettings, PolicyObjective
+from astrai_core.rl.rollout_correction import RolloutCorrectionConfig, correction_weights
 from astrai_core.rollout.batch import RolloutBatch
 from astrai_core.rollout.forward import policy_forward
 from astrai_core.rollout.metrics import rollout_metrics
-from astrai_core.training.needs import StrategyNeeds
+from astrai_core.training.needs import ComponentChoice, StrategyNeeds
 from astrai_core.training.sources import RolloutSource
 from astrai_core.training.strategy import Strategy
 
@@ -49,6 +53,49 @@ class OnlineConfig(BaseModel):
     kl_in_reward_coef: float = Field(0.0, ge=0, description="KL-to-reference shaping of "
                                      "the token rewards (needs a reference model)")
     kl_estimator: str = Field("k1", pattern="^k[123]$")
+    eps_low: float = Field(0.2, ge=0, lt=1, description="ratio clip below: 1 - eps_low "
+                           "(options of the default ppo_clip policy loss)")
+    eps_high: float = Field(0.2, ge=0, description="ratio clip above: 1 + eps_high "
+                            "(DAPO's clip-higher uses 0.28)")
+    policy_loss: ComponentSection | None = Field(
+        None, description="{name: ppo_clip | dual_clip | gspo | cispo | a plugin's, ...}; "
+        "default: ppo_clip with eps_low/eps_high")
+    rollout_correction: RolloutCorrectionConfig | None = Field(
+        None, description="importance weights pi_trainer/pi_sampler on the rollout "
+        "(off by default): {level: token|sequence, mode: truncate|mask, threshold: C}")
+
+    @model_validator(mode="before")
+    @classmethod
+    def _symmetric_clip(cls, data: Any) -> Any:
+        """``clip_eps: e`` is shorthand for ``eps_low: e, eps_high: e``."""
+        if isinstance(data, dict) and "clip_eps" in data:
+            data = dict(data)
+            clip_eps = data.pop("clip_eps")
+            if "eps_low" in data or "eps_high" in data:
+                raise ValueError("give either clip_eps or eps_low/eps_high, not both")
+            data.update(eps_low=clip_eps, eps_high=clip_eps)
+        return data
+
+    @model_validator(mode="after")
+    def _one_place_for_the_loss(self) -> OnlineConfig:
+        clip = {"eps_low", "eps_high"} & self.model_fields_set
+        if self.policy_loss is not None and clip:
+            raise ValueError(f"{'/'.join(sorted(clip))} configure the default ppo_clip loss; "
+                             "with a policy_loss section give them inside it")
+        if (self.rollout_correction is not None and "recompute_old_logprobs" in
+                self.model_fields_set and not self.recompute_old_logprobs):
+            raise ValueError("rollout_correction weighs the trainer's old log-probs against "
+                             "the sampler's, so it needs recompute_old_logprobs: true")
+        return self
+
+    def policy_loss_choice(self) -> ComponentChoice:
+        """The policy loss to build: the ``policy_loss`` section, or ppo_clip with the bounds."""
+        if self.policy_loss is None:
+            return ComponentChoice("policy_loss", "ppo_clip",
+                                   {"eps_low": self.eps_low, "eps_high": self.eps_high},
+                                   ("strategy",))
+        return ComponentChoice("policy_loss", self.policy_loss.name, self.policy_loss.params,
+                               ("strategy", "policy_loss"))
 
 
 class OnlineStrategy(Strategy):
@@ -59,7 +106,8 @@ class OnlineStrategy(Strategy):
     @classmethod
     def needs(cls, config: Any) -> StrategyNeeds:
         return StrategyNeeds(data_formats=("prompt",), rollouts=True, advantage=True,
-                             group_size=config.group_size)
+                             group_size=config.group_size,
+                             policy_loss=config.policy_loss_choice())
 
     @classmethod
     def check_run(cls, config: Any, run_config: RunConfig) -> None:
@@ -78,6 +126,10 @@ class OnlineStrategy(Strategy):
                              mini_batches=self.config.mini_batches,
                              micro_batches=self.run.trainer.grad_accum_steps,
                              seed=self.run.trainer.seed, device=self.run.device)
+
+    def policy_objective(self, settings: ObjectiveSettings) -> PolicyObjective:
+        """The shared objective around the run's policy loss (built by the wiring)."""
+        return PolicyObjective(self.run.policy_loss, settings)
 
     # -- per-rollout work -------------------------------------------------------------
     def prepare_rollout(self, rollout: RolloutBatch) -> None:
@@ -100,9 +152,14 @@ class OnlineStrategy(Strategy):
         ``recompute``: take the old policy's log-probs from the trainer (default: the
         ``recompute_old_logprobs`` option; offline data has no sampler log-probs at all).
         """
+        correction = self.config.rollout_correction
         if recompute is None:
-            recompute = self.config.recompute_old_logprobs
+            recompute = self.config.recompute_old_logprobs or correction is not None
         missing = self._check_behaviour_logprobs(rollout, recompute)
+        if missing and correction is not None:
+            raise ConfigError(
+                f"strategy.rollout_correction needs the sampler's log-probs, and sampler "
+                f"{self.run.plan.sampler.name!r} returned none for its tokens")
         rollout = rollout.to(self.run.device)
         model = self.run.model
         with torch.no_grad():
@@ -116,6 +173,11 @@ class OnlineStrategy(Strategy):
             diff = (trainer_logprobs - rollout.old_logprobs).abs()[mask]
             stats[f"{prefix}logprob_diff_max"] = diff.max().item() if diff.numel() else 0.0
             stats[f"{prefix}logprob_diff_mean"] = diff.mean().item() if diff.numel() else 0.0
+        if correction is not None and not missing:
+            weights, metrics = correction_weights(trainer_logprobs, rollout.old_logprobs,
+                                                  mask, correction)
+            rollout.extras["rollout_weights"] = weights
+            stats.update({f"rollout_correction/{k}": v.item() for k, v in metrics.items()})
         if recompute:
             rollout.old_logprobs = torch.where(mask, trainer_logprobs, 0.0)
         with torch.no_grad():

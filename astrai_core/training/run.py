@@ -69,7 +69,8 @@ def prepare_run(config: RunConfig, *, source: YamlSource | None = None, resume: 
 
 def wire_components(plan: RunPlan, *, backend: Any, device: torch.device, model: torch.nn.Module,
                     tokenizer: Any, tokenizer_dir: Path, base_dir: Path) -> RunComponents:
-    """Data loaders, rewards, sampler, estimator and rollout runner, as the plan says."""
+    """Data loaders, rewards, sampler, estimator, policy loss and rollout runner, as the
+    plan says."""
     from astrai_core.data import build_eval_loader, build_train_loader
     from astrai_core.rewards.reward_set import RewardSet
     from astrai_core.rollout.runner import RecordStream, RolloutRunner
@@ -83,6 +84,8 @@ def wire_components(plan: RunPlan, *, backend: Any, device: torch.device, model:
     engine = plan.sampling_fields()[1]
     sampler = plan.sampler.target(model=model, tokenizer=tokenizer, **engine) if generates else None
     estimator = plan.advantage.target(**plan.advantage.options) if plan.advantage else None
+    policy_loss = (plan.policy_loss.target(**plan.policy_loss.options)
+                   if plan.policy_loss else None)
     rollouts = None
     if needs.rollouts:
         rollouts = RolloutRunner(sampler, tokenizer, rewards, sampling, group_size=needs.group_size,
@@ -95,7 +98,7 @@ def wire_components(plan: RunPlan, *, backend: Any, device: torch.device, model:
         device=device, model=model, tokenizer=tokenizer, tokenizer_dir=tokenizer_dir,
         output_dir=Path(config.output_dir), initial_model_dir=initial, sampling=sampling,
         rewards=rewards, train_loader=train_loader, eval_loader=eval_loader, sampler=sampler,
-        estimator=estimator, rollouts=rollouts)
+        estimator=estimator, rollouts=rollouts, policy_loss=policy_loss)
 
 
 def rollout_sampling(plan: RunPlan, tokenizer: Any) -> Any:

@@ -10,6 +10,7 @@ import subprocess
 import sys
 
 from astrai_core.plugins import load_plugins
+from astrai_core.specs import KINDS
 from astrai_core.testing import _CLI_PROBE, run_astrai
 
 HAS_VLLM = importlib.util.find_spec("vllm") is not None
@@ -20,8 +21,7 @@ def _registry_summaries() -> dict[tuple[str, str], tuple[str, str]]:
     registry = load_plugins()
     return {(spec.kind, spec.name): (registry.provider(spec.kind, spec.name).distribution,
                                      spec.summary)
-            for kind in ("strategy", "advantage_estimator", "sampler", "model_importer",
-                         "device_backend", "reward_function")
+            for kind in KINDS
             for spec in registry.specs(kind)}
 
 
@@ -41,6 +41,8 @@ def test_json_components_carry_every_summary_and_match_provides():
                 seen[(kind, item["name"])] = (entry["distribution"], item["summary"])
     assert seen == expected
     assert seen[("strategy", "ppo")][1].startswith("PPO")
+    assert {name for kind, name in seen if kind == "policy_loss"} >= {
+        "ppo_clip", "dual_clip", "gspo", "cispo"}
 
 
 def test_verbose_table_shows_one_row_per_component_with_its_summary(monkeypatch):

@@ -20,13 +20,15 @@ def test_list_plugins_json_contract_without_importing_torch():
     assert "TORCH_NOT_IMPORTED" in result.stderr
     plugins = json.loads(result.stdout)
     kinds = {"strategy", "advantage_estimator", "sampler", "model_importer", "device_backend",
-             "reward_function"}
+             "reward_function", "policy_loss"}
     for entry in plugins:
         assert {"name", "version", "status", "error", "provides"} <= set(entry)
         assert entry["status"] in {"ok", "error", "incompatible", "disabled"}
         assert set(entry["provides"]) <= kinds
     by_name = {entry["name"]: entry for entry in plugins}
     assert by_name["builtin"]["provides"]["device_backend"] == ["cpu", "cuda"]
+    assert by_name["builtin"]["provides"]["policy_loss"] == ["cispo", "dual_clip", "gspo",
+                                                             "ppo_clip"]
     assert by_name["rloo"]["provides"] == {"advantage_estimator": ["rloo"]}
     for name in ("grpo", "ppo", "dpo", "gae", "qwen3", "npu", "rloo"):
         assert by_name[name]["status"] == "ok", by_name[name]

@@ -46,3 +46,14 @@ def astrai(*args: str, cwd: Path | None = None, timeout: float = 600) -> subproc
 @pytest.fixture
 def tiny_run(tmp_path):
     return tiny_config(tmp_path)
+
+
+def install_plugin(tmp_path: Path, monkeypatch, plugin: str, modules: dict[str, str]) -> None:
+    """Write ``modules`` ({name: source}) to a fresh directory on sys.path and load
+    ``plugin`` (one of them) through ASTRAI_PLUGINS, as an outside plugin would be."""
+    plugin_dir = tmp_path / "plugin"
+    plugin_dir.mkdir()
+    for name, source in modules.items():
+        (plugin_dir / f"{name}.py").write_text(source)
+    monkeypatch.syspath_prepend(str(plugin_dir))
+    monkeypatch.setenv("ASTRAI_PLUGINS", plugin)

@@ -23,7 +23,8 @@ def astrai_strategies() -> list[StrategySpec]:
         StrategySpec(
             name="grpo",
             target="astrai_plugin_grpo.strategy:GRPO",
-            summary="GRPO: token-level PPO-clip on group-normalized advantages, online or offline",
+            summary="GRPO: a policy loss (PPO-clip by default) on group-normalized advantages, "
+                    "online or offline",
             default_advantage="grpo",
         )
     ]

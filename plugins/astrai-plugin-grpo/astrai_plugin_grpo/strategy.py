@@ -1,4 +1,5 @@
-"""The ``grpo`` strategy: token-level PPO-clip on group-normalized advantages.
+"""The ``grpo`` strategy: a policy loss (``policy_loss:``, PPO-clip by default) on
+group-normalized advantages.
 
 Online (default): each rollout (``data.batch_size`` prompts x ``group_size`` completions)
 comes from the rollout runner with the sampler's behaviour log-probs as the old policy;
@@ -10,7 +11,9 @@ old policy's, so the ratio is taken against the weights the step started from.
 
 KL to the frozen starting policy (the reference) is either a loss term (``kl_coef``) or
 token-reward shaping (``kl_in_reward_coef``); the reference exists only when one is on.
-Log-probs are taken at the sampler's temperature, like the behaviour log-probs.
+Log-probs are taken at the sampler's temperature, like the behaviour log-probs. The loss
+is the core's shared objective (:class:`astrai_core.api.PolicyObjective`): the run's
+policy loss, the KL term, the entropy bonus, and ``loss_aggregation``.
 """
 
 from __future__ import annotations
@@ -25,6 +28,7 @@ from torch import Tensor
 
 from astrai_core.api import (
     FieldError,
+    ObjectiveSettings,
     OnlineConfig,
     OnlineStrategy,
     RolloutBatch,
@@ -35,7 +39,6 @@ from astrai_core.api import (
     frozen_copy,
     policy_forward,
 )
-from astrai_plugin_grpo.loss import GRPOLossSettings, grpo_objective
 from astrai_plugin_grpo.offline import OfflineRollouts
 
 
@@ -45,9 +48,6 @@ class GRPOConfig(OnlineConfig):
     mode: Literal["online", "offline"] = Field(
         "online", description="online: rollouts from the sampler; offline: dataset rows "
         "with `response` and `reward` columns")
-    eps_low: float = Field(0.2, ge=0, lt=1, description="ratio clipped below at 1 - eps_low")
-    eps_high: float = Field(0.2, ge=0, description="ratio clipped above at 1 + eps_high "
-                            "(DAPO's clip-higher uses 0.28)")
     kl_coef: float = Field(0.0, ge=0, description="in-loss KL to the frozen reference")
     kl_estimator: Literal["k1", "k2", "k3"] = Field(
         "k3", description="KL estimator of the in-loss term and of the reward shaping")
@@ -60,18 +60,6 @@ class GRPOConfig(OnlineConfig):
     aux_loss_coef: float | None = Field(
         None, ge=0, description="MoE load-balancing weight (default: the model's config)")
 
-    @model_validator(mode="before")
-    @classmethod
-    def _symmetric_clip(cls, data: Any) -> Any:
-        """``clip_eps: e`` is shorthand for ``eps_low: e, eps_high: e``."""
-        if isinstance(data, dict) and "clip_eps" in data:
-            data = dict(data)
-            clip_eps = data.pop("clip_eps")
-            if "eps_low" in data or "eps_high" in data:
-                raise ValueError("give either clip_eps or eps_low/eps_high, not both")
-            data.update(eps_low=clip_eps, eps_high=clip_eps)
-        return data
-
     @model_validator(mode="after")
     def _consistent(self) -> GRPOConfig:
         if self.norm_length is not None and self.loss_aggregation != "seq-mean-token-sum-norm":
@@ -80,6 +68,9 @@ class GRPOConfig(OnlineConfig):
         if self.mode == "offline" and (self.epochs != 1 or self.mini_batches != 1):
             raise ValueError("offline mode takes one optimizer step per data batch: "
                              "epochs and mini_batches must be 1")
+        if self.mode == "offline" and self.rollout_correction is not None:
+            raise ValueError("rollout_correction needs a sampler's log-probs; offline data "
+                             "has none")
         return self
 
 
@@ -108,11 +99,10 @@ class GRPO(OnlineStrategy):
         super().__init__(config, run)
         self.reference = frozen_copy(run.model) if config.kl_coef or config.kl_in_reward_coef \
             else None
-        self.loss_settings = GRPOLossSettings(
-            eps_low=config.eps_low, eps_high=config.eps_high,
+        self.objective = self.policy_objective(ObjectiveSettings(
             loss_aggregation=config.loss_aggregation, norm_length=config.norm_length,
             kl_coef=config.kl_coef, kl_estimator=config.kl_estimator,
-            entropy_coef=config.entropy_coef)
+            entropy_coef=config.entropy_coef))
 
     def frozen_modules(self) -> dict[str, torch.nn.Module]:
         return {"reference": self.reference} if self.reference is not None else {}
@@ -139,9 +129,10 @@ class GRPO(OnlineStrategy):
         mask = batch.response_mask
         out = policy_forward(self.run.model, batch, self.run.logprob_temperature,
                              return_entropy=True)
-        loss, metrics = grpo_objective(
-            out["logprobs"], batch.old_logprobs, batch.advantages, mask, self.loss_settings,
-            ref_logprobs=batch.ref_logprobs, entropy=out["entropy"])
+        loss, metrics = self.objective(
+            logprobs=out["logprobs"], old_logprobs=batch.old_logprobs,
+            advantages=batch.advantages, response_mask=mask, ref_logprobs=batch.ref_logprobs,
+            entropy=out["entropy"], extras=batch.extras)
         loss = self.add_aux_loss(loss, out["aux_loss"], metrics)
         metrics["tokens"] = mask.sum()
         return loss, metrics

@@ -242,3 +242,20 @@ def test_offline_rows_need_a_numeric_reward(tmp_path):
     strategy, _ = build_strategy(config, tmp_path)
     with pytest.raises(DataError, match="numeric column 'reward'"):
         strategy.batch_source().next_step()
+
+
+def test_policy_loss_and_rollout_correction_options():
+    from astrai_plugin_grpo.strategy import GRPOConfig
+
+    config = GRPOConfig.model_validate({"policy_loss": {"name": "cispo", "eps_high": 2.0},
+                                        "rollout_correction": {"mode": "mask"}})
+    choice = config.policy_loss_choice()
+    assert (choice.name, choice.params, choice.path) == (
+        "cispo", {"eps_high": 2.0}, ("strategy", "policy_loss"))
+    assert config.rollout_correction.threshold == 2.0 and config.rollout_correction.level == "token"
+    default = GRPOConfig.model_validate({"eps_high": 0.28}).policy_loss_choice()
+    assert (default.name, default.params) == ("ppo_clip", {"eps_low": 0.2, "eps_high": 0.28})
+    with pytest.raises(ValueError, match="offline data has none"):
+        GRPOConfig.model_validate({"mode": "offline", "rollout_correction": {}})
+    with pytest.raises(ValueError, match="clip_eps"):
+        GRPOConfig.model_validate({"clip_eps": 0.1, "eps_low": 0.1})

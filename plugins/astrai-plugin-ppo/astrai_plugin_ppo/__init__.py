@@ -15,7 +15,8 @@ def astrai_strategies() -> list[StrategySpec]:
         StrategySpec(
             name="ppo",
             target="astrai_plugin_ppo.strategy:PPO",
-            summary="PPO: clipped policy objective + value critic (own optimizer), GAE advantages",
+            summary="PPO: a policy loss (PPO-clip by default) + value critic (own optimizer), "
+                    "GAE advantages",
             default_advantage="gae",
         )
     ]

@@ -1,4 +1,5 @@
-"""The ``ppo`` strategy: a clipped policy objective plus a value critic trained on GAE returns.
+"""The ``ppo`` strategy: a policy loss (``policy_loss:``, PPO-clip by default) plus a value
+critic trained on GAE returns.
 
 Per rollout (see :class:`OnlineStrategy`): the critic's values V(s_t) and, when a KL term
 is used, the frozen reference's log-probs are attached; the advantage estimator (``gae``
@@ -27,13 +28,11 @@ from astrai_core.api import (
     RolloutBatch,
     RunComponents,
     StrategyNeeds,
+    ObjectiveSettings,
     TrainedModule,
-    aggregate_loss,
-    clipped_policy_loss,
     explained_variance,
     frozen_copy,
     get_logger,
-    kl_estimate,
     masked_mean,
     masked_var,
     policy_forward,
@@ -50,8 +49,6 @@ class PPOConfig(OnlineConfig):
     group_size: int = Field(4, ge=1, description="completions sampled per prompt")
     epochs: int = Field(2, ge=1, description="passes over each rollout")
     mini_batches: int = Field(2, ge=1, description="optimizer steps per pass over a rollout")
-    eps_low: float = Field(0.2, ge=0, lt=1, description="ratio clip below: 1 - eps_low")
-    eps_high: float = Field(0.2, ge=0, description="ratio clip above: 1 + eps_high")
     loss_aggregation: Literal["token-mean", "seq-mean-token-mean"] = "token-mean"
     entropy_coef: float = Field(0.0, ge=0, description="entropy bonus weight")
     kl_coef: float = Field(0.0, ge=0, description="in-loss KL to the frozen reference")
@@ -86,6 +83,9 @@ class PPO(OnlineStrategy):
             else None
         self.critic: ValueCritic = build_critic(run.model, config.critic_init, config.critic_path,
                                                 config.value_head_init_std)
+        self.objective = self.policy_objective(ObjectiveSettings(
+            loss_aggregation=config.loss_aggregation, kl_coef=config.kl_coef,
+            kl_estimator=config.kl_estimator, entropy_coef=config.entropy_coef))
         log.info("critic", parameters=sum(p.numel() for p in self.critic.parameters()),
                  init=config.critic_path or config.critic_init, lr=config.critic_lr)
 
@@ -114,37 +114,26 @@ class PPO(OnlineStrategy):
         mask = batch.response_mask
         policy = policy_forward(self.run.model, batch, self.run.logprob_temperature,
                                 return_entropy=True)
-        per_token, metrics = clipped_policy_loss(
-            policy["logprobs"], batch.old_logprobs, batch.advantages, mask,
-            cfg.eps_low, cfg.eps_high)
-        policy_loss = aggregate_loss(per_token, mask, cfg.loss_aggregation)
+        policy_loss, metrics = self.objective(
+            logprobs=policy["logprobs"], old_logprobs=batch.old_logprobs,
+            advantages=batch.advantages, response_mask=mask,
+            ref_logprobs=batch.ref_logprobs,
+            entropy=policy["entropy"], extras=batch.extras)
         critic = self.critic(batch)
         value_loss, value_metrics = clipped_value_loss(
             critic["values"], batch.values, batch.returns, mask, clip_eps=cfg.value_clip_eps)
-        entropy = aggregate_loss(policy["entropy"], mask, cfg.loss_aggregation)
-        loss = policy_loss + cfg.vf_coef * value_loss - cfg.entropy_coef * entropy
-        if cfg.kl_coef:
-            # Padding gets log-ratio 0, so no garbage there can overflow exp() (k3) into NaN grads.
-            ref = torch.where(mask, batch.ref_logprobs, policy["logprobs"].detach())
-            kl = kl_estimate(policy["logprobs"], ref, cfg.kl_estimator)
-            kl_loss = aggregate_loss(kl, mask, cfg.loss_aggregation)
-            loss = loss + cfg.kl_coef * kl_loss
-            metrics["kl"] = kl_loss.detach()
+        loss = policy_loss + cfg.vf_coef * value_loss
         loss = self.add_aux_loss(loss, policy["aux_loss"], metrics)
         loss = self.add_aux_loss(loss, critic["aux_loss"], metrics, name="moe/critic_aux_loss")
         metrics.update(value_metrics)
-        metrics.update(self._loss_metrics(batch, policy_loss, value_loss, entropy,
-                                          critic["values"]))
+        metrics.update(self._loss_metrics(batch, value_loss, critic["values"]))
         return loss, metrics
 
     @staticmethod
-    def _loss_metrics(batch: RolloutBatch, policy_loss: Tensor, value_loss: Tensor,
-                      entropy: Tensor, values: Tensor) -> dict[str, Any]:
+    def _loss_metrics(batch: RolloutBatch, value_loss: Tensor, values: Tensor) -> dict[str, Any]:
         mask = batch.response_mask
         return {
-            "policy_loss": policy_loss.detach(),
             "value_loss": value_loss.detach(),
-            "entropy": entropy.detach(),
             "explained_variance": explained_variance(values.detach(), batch.returns, mask),
             "advantage_mean": masked_mean(batch.advantages, mask),
             "advantage_std": masked_var(batch.advantages, mask).sqrt(),
