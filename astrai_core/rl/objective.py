@@ -13,6 +13,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+import torch
 from torch import Tensor
 
 from astrai_core.rl.functional import aggregate_loss, kl_estimate, masked_mean
@@ -75,4 +76,12 @@ class PolicyObjective:
             metrics["entropy"] = masked_mean(entropy.detach(), mask)
             if settings.entropy_coef:
                 per_token = per_token - settings.entropy_coef * entropy.where(mask, 0.0)
+        metrics["loss_weight"] = self.loss_weight(mask)
         return self.aggregate(per_token, mask), metrics
+
+    def loss_weight(self, mask: Tensor) -> Tensor:
+        """What the aggregated loss averages over: tokens (token-mean) or sequences; the
+        trainer weights accumulated micro-batches by it."""
+        if self.settings.loss_aggregation == "token-mean":
+            return mask.sum()
+        return torch.tensor(float(mask.shape[0]))
