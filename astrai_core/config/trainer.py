@@ -35,7 +35,13 @@ class TrainerConfig(BaseModel):
     save_every: int = Field(0, ge=0, description="0 = only at the end")
     keep_last: int | None = Field(None, ge=1, description="delete older checkpoints")
     eval_max_new_tokens: int = Field(16, ge=1, description="generation length for eval/accuracy")
-    progress: bool = True
+    progress: bool = Field(True, description="on a terminal, show a live progress bar")
+    heartbeat_seconds: float = Field(
+        30.0, ge=0, description="off a terminal (CI, nohup, a pipe), log a progress line "
+        "(step, loss, tokens/s, ETA) at most this often, in seconds; 0 = never")
+    checkpoint_on_signal: bool = Field(
+        True, description="on SIGINT/SIGTERM, finish the current step, save a checkpoint, "
+        "and exit with 130/143; a second signal stops at once")
 
     @model_validator(mode="after")
     def _check(self) -> TrainerConfig:

@@ -1,11 +1,10 @@
-"""metrics.jsonl (one JSON object per logged step) and the terminal progress bar."""
+"""metrics.jsonl (one JSON object per logged step) and per-step throughput."""
 
 from __future__ import annotations
 
 import json
 import math
 import os
-import sys
 import time
 from pathlib import Path
 from typing import Any
@@ -48,35 +47,6 @@ class MetricsLog:
         with self.path.open("a") as handle:
             handle.write(json.dumps(record) + "\n")
             handle.flush()
-
-
-class Progress:
-    """A rich progress bar with loss, tokens/s and ETA; silent when not on a terminal."""
-
-    def __init__(self, total: int, start: int, enabled: bool) -> None:
-        self._bar = None
-        if not (enabled and sys.stderr.isatty()):
-            return
-        from rich.console import Console
-        from rich.progress import (BarColumn, MofNCompleteColumn, Progress as RichProgress,
-                                   TextColumn, TimeRemainingColumn)
-
-        self._bar = RichProgress(
-            TextColumn("[bold]train"), BarColumn(), MofNCompleteColumn(),
-            TextColumn("{task.fields[status]}"), TimeRemainingColumn(),
-            console=Console(stderr=True), transient=False,
-        )
-        self._task = self._bar.add_task("train", total=total, completed=start, status="")
-        self._bar.start()
-
-    def update(self, step: int, loss: float, tokens_per_s: float) -> None:
-        if self._bar is not None:
-            self._bar.update(self._task, completed=step,
-                             status=f"loss {loss:.4f}  {tokens_per_s:,.0f} tok/s")
-
-    def close(self) -> None:
-        if self._bar is not None:
-            self._bar.stop()
 
 
 class Throughput:
