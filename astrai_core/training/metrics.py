@@ -50,13 +50,10 @@ class MetricsLog:
 
 
 class Throughput:
-    """Wall time and tokens per second of the last optimizer step (generation included)."""
+    """Wall time and tokens per second of one optimizer step (generation included; the
+    trainer starts one per step, so evaluation and saving are not charged to a step)."""
 
     def __init__(self) -> None:
-        self._start = time.perf_counter()
-
-    def restart(self) -> None:
-        """Start timing anew (so evaluation and saving are not charged to the next step)."""
         self._start = time.perf_counter()
 
     def lap(self, tokens: float) -> tuple[float, float]:

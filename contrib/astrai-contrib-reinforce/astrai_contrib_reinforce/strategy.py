@@ -11,17 +11,21 @@ over the N sequences of the micro-batch and the valid tokens t of each response 
 the mean baseline A_it = A_i: the sequence's log-probability times its advantage), with
 log pi taken at the sampler's temperature (the distribution the rollout was drawn from).
 It has no ratio and no clipping, so it is only right on the policy that sampled: one
-optimizer step per rollout (``epochs`` and ``mini_batches`` must be 1).
+optimizer step per rollout (``epochs`` and ``mini_batches`` must be 1). With
+``kl_in_reward_coef`` the token rewards are shaped by the KL to a frozen copy of the
+starting policy (the reference), which then exists; otherwise there is none.
 """
 
 from __future__ import annotations
 
 from typing import Any, ClassVar
 
+import torch
 from pydantic import BaseModel, Field, model_validator
 from torch import Tensor
 
-from astrai_core.api import OnlineConfig, OnlineStrategy, RolloutBatch, policy_forward
+from astrai_core.api import (OnlineConfig, OnlineStrategy, RolloutBatch, RunComponents,
+                             frozen_copy, policy_forward)
 
 
 class ReinforceConfig(OnlineConfig):
@@ -42,6 +46,19 @@ class Reinforce(OnlineStrategy):
     """REINFORCE with a baseline; see the module docstring."""
 
     Config: ClassVar[type[BaseModel]] = ReinforceConfig
+
+    def __init__(self, config: ReinforceConfig, run: RunComponents) -> None:
+        super().__init__(config, run)
+        self.reference = frozen_copy(run.model) if config.kl_in_reward_coef else None
+
+    def frozen_modules(self) -> dict[str, torch.nn.Module]:
+        return {"reference": self.reference} if self.reference is not None else {}
+
+    def prepare_rollout(self, rollout: RolloutBatch) -> None:
+        """The reference's log-probs, which the KL shaping of the token rewards needs."""
+        if self.reference is not None:
+            ref = policy_forward(self.reference, rollout, self.run.logprob_temperature)
+            rollout.ref_logprobs = torch.where(rollout.response_mask, ref["logprobs"], 0.0)
 
     def compute_loss(self, batch: RolloutBatch) -> tuple[Tensor, dict[str, Any]]:
         mask = batch.response_mask

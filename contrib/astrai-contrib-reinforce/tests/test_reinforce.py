@@ -84,6 +84,25 @@ def test_loss_equals_the_formula_on_a_hand_made_batch(tmp_path, prompts, entropy
         assert loss.item() == pytest.approx(expected.item(), abs=1e-5)
 
 
+def test_kl_shaping_uses_a_frozen_reference(tmp_path, prompts):
+    config = tiny_run_config(tmp_path, prompts, {"name": "reinforce", "group_size": 2,
+                                                 "kl_in_reward_coef": 0.5})
+    strategy, run = build_strategy(config, tmp_path)
+    assert set(strategy.frozen_modules()) == {"reference"}
+    with torch.no_grad():  # make the reference differ from the policy
+        for param in strategy.reference.parameters():
+            param.add_(0.05 * torch.randn_like(param))
+    batch = strategy.batch_source().next_step()[0]
+    reference = reference_token_logprobs(strategy.reference, batch, run.logprob_temperature)
+    for row, expected in enumerate(reference):
+        got = batch.ref_logprobs[row][batch.response_mask[row]].double()
+        torch.testing.assert_close(got, expected, atol=1e-5, rtol=1e-5)
+    unshaped = build_strategy(tiny_run_config(tmp_path, prompts, {"name": "reinforce",
+                                                                  "group_size": 2}),
+                              tmp_path)[0]
+    assert unshaped.frozen_modules() == {}
+
+
 def test_a_short_run_raises_the_reward(tmp_path, prompts):
     # Reward: the completion contains a digit (~45% for the random tiny model).
     config = tiny_run_config(tmp_path, prompts, {"name": "reinforce", "group_size": 8},
