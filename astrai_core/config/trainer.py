@@ -37,8 +37,9 @@ class TrainerConfig(BaseModel):
     eval_max_new_tokens: int = Field(16, ge=1, description="generation length for eval/accuracy")
     progress: bool = Field(True, description="on a terminal, show a live progress bar")
     heartbeat_seconds: float = Field(
-        30.0, ge=0, description="off a terminal (CI, nohup, a pipe), log a progress line "
-        "(step, loss, tokens/s, ETA) at most this often, in seconds; 0 = never")
+        30.0, ge=0, description="without a progress bar (off a terminal: CI, nohup, a pipe; "
+        "or progress: false), log a progress line (step, loss, tokens/s, ETA) at most this "
+        "often, in seconds; 0 = never")
     checkpoint_on_signal: bool = Field(
         True, description="on SIGINT/SIGTERM, finish the current step, save a checkpoint, "
         "and exit with 130/143; a second signal stops at once")

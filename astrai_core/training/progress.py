@@ -3,7 +3,8 @@
 On a terminal (the shared console of :mod:`astrai_core.log` is one), a rich progress bar
 shows step, loss, tokens/s and ETA, evaluation adds its own transient bar, and log lines
 print above them. Off a terminal (CI, nohup, ``| tee``) nothing redraws: a heartbeat
-log line every ``heartbeat_seconds`` gives step, loss, tokens/s and ETA. Either way each
+log line every ``heartbeat_seconds`` gives step, loss, tokens/s and ETA (also on a
+terminal when ``trainer.progress`` turns the bar off). Either way each
 evaluation's metrics are logged when it finishes and a summary closes the run. The clock
 is injectable so that tests need no timing.
 """
@@ -91,8 +92,8 @@ class RunReporter:
         self.started = clock()
         terminal = console().is_terminal
         self._bar = _Bar(total, start) if bar and terminal else None
-        self._heartbeat = (Heartbeat(heartbeat_seconds, total, start, clock)
-                           if not terminal and heartbeat_seconds > 0 else None)
+        self._heartbeat = (Heartbeat(heartbeat_seconds, total, start, clock)  # no bar: beat
+                           if self._bar is None and heartbeat_seconds > 0 else None)
 
     def step(self, step: int, loss: float, tokens: float, tokens_per_s: float) -> None:
         if self._bar is not None:

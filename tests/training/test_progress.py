@@ -114,7 +114,7 @@ def test_a_run_off_a_terminal_beats_evaluates_and_summarizes(tmp_path, off_termi
 
 
 def test_summary_on_a_terminal_is_a_table(terminal):
-    reporter = RunReporter(total=2, start=0, bar=False, heartbeat_seconds=10, clock=FakeClock(30))
+    reporter = RunReporter(total=2, start=0, bar=False, heartbeat_seconds=0, clock=FakeClock(30))
     reporter.summary(steps=2, last={"loss": 0.5}, evaluation={"eval/accuracy": 0.75},
                      checkpoint=None)
     text = terminal.getvalue()
@@ -122,3 +122,16 @@ def test_summary_on_a_terminal_is_a_table(terminal):
     for row in (r"steps\s+.\s*2", r"wall_time\s+.\s*0:00:30", r"last_loss\s+.\s*0\.5",
                 r"eval/accuracy\s+.\s*0\.75", r"checkpoint\s+.\s*-"):
         assert re.search(row, text), (row, text)
+
+
+def test_without_the_bar_a_terminal_gets_the_heartbeat(terminal):
+    reporter = RunReporter(total=3, start=0, bar=False, heartbeat_seconds=5, clock=FakeClock(5))
+    with capture_logs() as logs:
+        for step in (1, 2, 3):
+            reporter.step(step, loss=1.0, tokens=10, tokens_per_s=0.0)
+    assert [entry["step"] for entry in logs if entry["event"] == "progress"] == [1, 2, 3]
+    quiet = RunReporter(total=3, start=0, bar=True, heartbeat_seconds=5, clock=FakeClock(5))
+    with capture_logs() as logs:
+        quiet.step(1, loss=1.0, tokens=10, tokens_per_s=0.0)
+    quiet.close()
+    assert logs == []  # the bar shows it
