@@ -29,6 +29,14 @@ class TrainerConfig(BaseModel):
         "no", description="autocast compute dtype (bf16); fp16 is not offered: it needs loss "
         "scaling, and bf16 trains without it")
     seed: int = 0
+    threads: int | None = Field(
+        1, ge=1, description="torch CPU threads (intra-op) for the run; fixed so that a run "
+        "repeats bit for bit on machines with other core counts (on CPU the thread count "
+        "changes the sampler's log-probs in the last bits); null = torch's default (one "
+        "per physical core)")
+    deterministic: bool = Field(
+        True, description="on a CPU device, torch.use_deterministic_algorithms (warn-only: "
+        "an op without a deterministic kernel warns instead of failing)")
     log_every: int = Field(1, ge=1)
     eval_every: int = Field(0, ge=0, description="0 = only at the end")
     eval_at_start: bool = True

@@ -67,6 +67,7 @@ def prepare_run(config: RunConfig, *, source: YamlSource | None = None, resume: 
                              **(plan.device.options if plan.device else {}))
     _seed_everything(config.trainer.seed, backend)
     device = backend.device(0)
+    _pin_numerics(config.trainer, device)
     from astrai_core.data.tokenizer import load_tokenizer
 
     tokenizer = load_tokenizer(tokenizer_dir)
@@ -149,6 +150,16 @@ def _check_output_dir(output_dir: Path, resume: bool, overwrite: bool, max_steps
         raise CheckpointError(
             f"{metrics} already holds an earlier run's metrics (and no checkpoint to resume "
             "from); start over with --overwrite, or pick another output_dir")
+
+
+def _pin_numerics(trainer: Any, device: torch.device) -> None:
+    """Fix what else decides the numbers on this machine: the CPU thread count (1 and 2
+    threads give the sampler different last bits) and, on a CPU device, deterministic
+    algorithms (measured not to change a run's numbers; see docs/user-guide.md)."""
+    if trainer.threads is not None:
+        torch.set_num_threads(trainer.threads)
+    if trainer.deterministic and device.type == "cpu":
+        torch.use_deterministic_algorithms(True, warn_only=True)
 
 
 def _seed_everything(seed: int, backend: Any) -> None:
