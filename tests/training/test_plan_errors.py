@@ -19,7 +19,7 @@ from astrai_core import StrategySpec, hookimpl
 
 @hookimpl
 def astrai_strategys():
-    return [StrategySpec(name="reinforce", target="json:dumps", summary="never registered")]
+    return [StrategySpec(name="my_reinforce", target="json:dumps", summary="never registered")]
 '''
 
 MISSING_ATTRIBUTE = '''
@@ -27,7 +27,7 @@ from astrai_core import StrategySpec, hookimpl
 
 @hookimpl
 def astrai_strategies():
-    return [StrategySpec(name="reinforce", target="plan_test_targets:Reinforce",
+    return [StrategySpec(name="my_reinforce", target="plan_test_targets:Reinforce",
                          summary="points at a class the module lacks")]
 '''
 
@@ -157,15 +157,15 @@ def _plugin(tmp_path, monkeypatch, name: str, text: str) -> None:
 
 def test_a_plugin_whose_hook_name_is_misspelt(tmp_path, capsys, monkeypatch):
     _plugin(tmp_path, monkeypatch, "plan_test_misspelt", MISSPELT_HOOK)
-    line, _ = _fails(tmp_path, _config(tmp_path, {"name": "reinforce"}), capsys, monkeypatch)
-    assert "strategy.name: unknown strategy 'reinforce'" in line
+    line, _ = _fails(tmp_path, _config(tmp_path, {"name": "my_reinforce"}), capsys, monkeypatch)
+    assert "strategy.name: unknown strategy 'my_reinforce'" in line
     assert "plan_test_misspelt (RuntimeError: unknown hook astrai_strategys" in line
 
 
 def test_a_spec_target_pointing_at_a_missing_attribute(tmp_path, capsys, monkeypatch):
     (tmp_path / "plan_test_targets.py").write_text("class Other:\n    pass\n")
     _plugin(tmp_path, monkeypatch, "plan_test_missing", MISSING_ATTRIBUTE)
-    line, _ = _fails(tmp_path, _config(tmp_path, {"name": "reinforce"}), capsys, monkeypatch)
+    line, _ = _fails(tmp_path, _config(tmp_path, {"name": "my_reinforce"}), capsys, monkeypatch)
     assert "strategy.name: plugin 'plan_test_missing'" in line
     assert "target 'plan_test_targets:Reinforce' cannot be loaded (AttributeError" in line
 
@@ -175,5 +175,5 @@ def test_a_strategy_that_does_not_extend_the_base(tmp_path, capsys, monkeypatch)
         "class Reinforce:\n    def compute_loss(self, batch):\n        return 0, {}\n")
     _plugin(tmp_path, monkeypatch, "plan_test_bare_plugin",
             MISSING_ATTRIBUTE.replace("plan_test_targets", "plan_test_bare"))
-    line, _ = _fails(tmp_path, _config(tmp_path, {"name": "reinforce"}), capsys, monkeypatch)
+    line, _ = _fails(tmp_path, _config(tmp_path, {"name": "my_reinforce"}), capsys, monkeypatch)
     assert "target 'plan_test_bare:Reinforce' lacks Config, needs, check_run" in line
