@@ -1,21 +1,59 @@
-"""Logging through structlog: readable on a terminal, JSON lines otherwise."""
+"""Logging through structlog: readable on a terminal, JSON lines otherwise.
+
+On a terminal, log lines go through one shared rich console (:func:`console`), the one
+the training progress bar draws on, so rich prints each line above the live bar instead
+of gluing it onto the bar's line.
+"""
 
 from __future__ import annotations
 
 import logging
 import sys
+from typing import Any
 
 import structlog
 
 _LEVELS = {"debug": logging.DEBUG, "info": logging.INFO, "warning": logging.WARNING,
            "error": logging.ERROR}
+_console: Any = None
+
+
+def console() -> Any:
+    """The process's rich console on stderr, shared by the log and the progress display."""
+    global _console
+    if _console is None:
+        from rich.console import Console
+
+        _console = Console(stderr=True)  # resolves sys.stderr at each write
+    return _console
+
+
+def set_console(replacement: Any) -> None:
+    """Use ``replacement`` (a rich Console) from now on; tests record output with it."""
+    global _console
+    _console = replacement
+
+
+class ConsoleLogger:
+    """A structlog logger that prints rendered lines through the shared rich console."""
+
+    def msg(self, message: str) -> None:
+        from rich.text import Text
+
+        console().print(Text.from_ansi(message), soft_wrap=True, highlight=False)
+
+    log = debug = info = warn = warning = error = critical = exception = fatal = msg
 
 
 def configure_logging(log_format: str = "auto", level: str = "info") -> None:
     """Set up structlog for this process; ``auto`` picks console on a TTY, else JSON."""
     use_json = log_format == "json" or (log_format == "auto" and not sys.stderr.isatty())
-    renderer = (structlog.processors.JSONRenderer() if use_json
-                else structlog.dev.ConsoleRenderer(colors=sys.stderr.isatty()))
+    if use_json:
+        renderer: Any = structlog.processors.JSONRenderer()
+        factory: Any = structlog.PrintLoggerFactory(file=sys.stderr)
+    else:
+        renderer = structlog.dev.ConsoleRenderer(colors=sys.stderr.isatty())
+        factory = lambda *args: ConsoleLogger()  # noqa: E731
     structlog.configure(
         processors=[
             structlog.contextvars.merge_contextvars,
@@ -24,7 +62,7 @@ def configure_logging(log_format: str = "auto", level: str = "info") -> None:
             renderer,
         ],
         wrapper_class=structlog.make_filtering_bound_logger(_LEVELS[level]),
-        logger_factory=structlog.PrintLoggerFactory(file=sys.stderr),
+        logger_factory=factory,
         cache_logger_on_first_use=False,
     )
 

@@ -12,7 +12,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--resume", action="store_true",
                         help="continue from the newest complete checkpoint in output_dir")
     parser.add_argument("--overwrite", action="store_true",
-                        help="start over in an output_dir that already holds checkpoints")
+                        help="start over in an output_dir that already holds checkpoints or metrics")
 
 
 def run(args: argparse.Namespace) -> int:

@@ -29,13 +29,28 @@ class TrainerConfig(BaseModel):
         "no", description="autocast compute dtype (bf16); fp16 is not offered: it needs loss "
         "scaling, and bf16 trains without it")
     seed: int = 0
+    threads: int | None = Field(
+        1, ge=1, description="torch CPU threads (intra-op) for the run; fixed so that a run "
+        "repeats bit for bit on machines with other core counts (on CPU the thread count "
+        "changes the sampler's log-probs in the last bits); null = torch's default (one "
+        "per physical core)")
+    deterministic: bool = Field(
+        True, description="on a CPU device, torch.use_deterministic_algorithms (warn-only: "
+        "an op without a deterministic kernel warns instead of failing)")
     log_every: int = Field(1, ge=1)
     eval_every: int = Field(0, ge=0, description="0 = only at the end")
     eval_at_start: bool = True
     save_every: int = Field(0, ge=0, description="0 = only at the end")
     keep_last: int | None = Field(None, ge=1, description="delete older checkpoints")
     eval_max_new_tokens: int = Field(16, ge=1, description="generation length for eval/accuracy")
-    progress: bool = True
+    progress: bool = Field(True, description="on a terminal, show a live progress bar")
+    heartbeat_seconds: float = Field(
+        30.0, ge=0, description="without a progress bar (off a terminal: CI, nohup, a pipe; "
+        "or progress: false), log a progress line (step, loss, tokens/s, ETA) at most this "
+        "often, in seconds; 0 = never")
+    checkpoint_on_signal: bool = Field(
+        True, description="on SIGINT/SIGTERM, finish the current step, save a checkpoint, "
+        "and exit with 130/143; a second signal stops at once")
 
     @model_validator(mode="after")
     def _check(self) -> TrainerConfig:

@@ -5,6 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+from astrai_core.data.columns import Required, check_required_columns
 from astrai_core.data.config import BATCH_KIND, DEFAULT_CACHE_DIR, DataConfig
 from astrai_core.data.loader import (EvalLoader, PreferenceLoader, PromptExamples, PromptLoader,
                                      SequenceLoader)
@@ -59,12 +60,15 @@ def _check_formats(formats: tuple[str, ...] | None, fmt: str, field: str) -> Non
 
 def build_train_loader(cfg: DataConfig, tokenizer: Any, *, base_dir: str | Path | None = None,
                        formats: tuple[str, ...] | None = None,
+                       required_columns: Required | None = None,
                        ) -> SequenceLoader | PreferenceLoader | PromptLoader:
     """The endless, resumable training loader.
 
     ``base_dir``: resolve relative paths against it (`astrai train` passes the current
     directory); without it, ``cfg`` paths are used as they are. ``formats``: the source formats the caller
     accepts (e.g. a strategy's); another format is a DataError naming the field.
+    ``required_columns``: {reward: columns} every prompt row must carry (DataError naming
+    the file, line and column otherwise).
     """
     cfg = _prepare(cfg, base_dir)
     fields = [f"data.sources[{i}].path" for i in range(len(cfg.sources))]
@@ -72,20 +76,24 @@ def build_train_loader(cfg: DataConfig, tokenizer: Any, *, base_dir: str | Path 
         _check_formats(formats, source.format, f"data.sources[{i}].format")
     sources = [tokenize_source(s.path, s.format, tokenizer, _cache_dir(cfg), f)
                for s, f in zip(cfg.sources, fields)]
+    for source, field in zip(sources, fields):
+        check_required_columns(source, required_columns, field)
     return _loader(cfg, tokenizer, cfg.sources[0].format, sources, [s.weight for s in cfg.sources],
                    fields, batch_size=cfg.batch_size, shuffle=cfg.shuffle, finite=False)
 
 
 def build_eval_loader(cfg: DataConfig, tokenizer: Any, *, base_dir: str | Path | None = None,
-                      formats: tuple[str, ...] | None = None) -> EvalLoader | None:
+                      formats: tuple[str, ...] | None = None,
+                      required_columns: Required | None = None) -> EvalLoader | None:
     """One pass over ``cfg.eval`` in file order per iteration, or None without one.
-    ``base_dir`` and ``formats`` as for ``build_train_loader``."""
+    ``base_dir``, ``formats`` and ``required_columns`` as for ``build_train_loader``."""
     cfg = _prepare(cfg, base_dir)
     if cfg.eval is None:
         return None
     _check_formats(formats, cfg.eval.format, "data.eval.format")
     field = "data.eval.path"
     source = tokenize_source(cfg.eval.path, cfg.eval.format, tokenizer, _cache_dir(cfg), field)
+    check_required_columns(source, required_columns, field)
     batch_size = cfg.eval_batch_size or cfg.batch_size
 
     def make() -> Any:

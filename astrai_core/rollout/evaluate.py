@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from astrai_core.rewards.reward_set import RewardSet
@@ -14,12 +14,14 @@ ACCURACY_REWARD = "exact_match"
 
 def evaluate_generation(sampler: Any, tokenizer: Any, prompt_records: Sequence[Any], rewards: RewardSet,
                         max_new_tokens: int, batch_size: int = 64,
-                        stop_token_ids: Sequence[int] | None = None) -> dict[str, float]:
+                        stop_token_ids: Sequence[int] | None = None,
+                        progress: Callable[[int, int], None] | None = None) -> dict[str, float]:
     """Greedy-decode every prompt and average the rewards.
 
     Returns ``eval/reward/<name>`` (mean of each reward), ``eval/reward`` (mean weighted
     total), ``eval/response_length`` and, when ``exact_match`` is one of the rewards,
     ``eval/accuracy`` (its mean). Stops at ``stop_token_ids`` (default: the tokenizer's EOS).
+    ``progress(done, total)`` is called after each batch with the prompts done so far.
     """
     records = [as_prompt_record(r) for r in prompt_records]
     if not records:
@@ -44,6 +46,8 @@ def evaluate_generation(sampler: Any, tokenizer: Any, prompt_records: Sequence[A
         for name, values in chunk_components.items():
             components[name] += values
         lengths += [len(c.token_ids) for c in completions]
+        if progress is not None:
+            progress(len(lengths), len(records))
     metrics = {f"eval/reward/{name}": _mean(values) for name, values in components.items()}
     metrics["eval/reward"] = _mean(totals)
     metrics["eval/response_length"] = _mean(lengths)

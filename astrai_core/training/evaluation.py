@@ -16,10 +16,15 @@ from astrai_core.rollout.evaluate import evaluate_generation
 from astrai_core.training.components import RunComponents
 
 LossFn = Callable[[Any], tuple[torch.Tensor, dict[str, Any]]]
+ProgressFn = Callable[[int, "int | None"], None]
 
 
-def evaluate(run: RunComponents, compute_loss: LossFn) -> dict[str, float]:
-    """`eval/...` metrics over `data.eval`; nothing when the run has no eval source."""
+def evaluate(run: RunComponents, compute_loss: LossFn,
+             progress: ProgressFn | None = None) -> dict[str, float]:
+    """`eval/...` metrics over `data.eval`; nothing when the run has no eval source.
+
+    ``progress(done, total)`` is called after each batch: prompts done of all prompts
+    for generation, batches done (of an unknown total) for the loss."""
     loader = run.eval_loader
     if loader is None:
         return {}
@@ -27,17 +32,21 @@ def evaluate(run: RunComponents, compute_loss: LossFn) -> dict[str, float]:
         records = [record for batch in loader for record in batch]
         return evaluate_generation(run.sampler, run.tokenizer, records, run.rewards,
                                    max_new_tokens=run.trainer.eval_max_new_tokens,
-                                   batch_size=run.data.eval_batch_size or run.data.batch_size)
-    return _loss_metrics(run, compute_loss, loader)
+                                   batch_size=run.data.eval_batch_size or run.data.batch_size,
+                                   progress=progress)
+    return _loss_metrics(run, compute_loss, loader, progress)
 
 
-def _loss_metrics(run: RunComponents, compute_loss: LossFn, loader: Any) -> dict[str, float]:
+def _loss_metrics(run: RunComponents, compute_loss: LossFn, loader: Any,
+                  progress: ProgressFn | None) -> dict[str, float]:
     """Token-weighted mean of the strategy's loss over one pass of the eval data."""
     total, weight = 0.0, 0.0
     with torch.no_grad(), run.autocast():
-        for batch in loader:
+        for done, batch in enumerate(loader, start=1):
             loss, metrics = compute_loss(batch)
             tokens = float(metrics.get("tokens", 1))
             total += loss.item() * tokens
             weight += tokens
+            if progress is not None:
+                progress(done, None)
     return {"eval/loss": total / weight} if weight else {}

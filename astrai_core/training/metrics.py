@@ -1,11 +1,10 @@
-"""metrics.jsonl (one JSON object per logged step) and the terminal progress bar."""
+"""metrics.jsonl (one JSON object per logged step) and per-step throughput."""
 
 from __future__ import annotations
 
 import json
 import math
 import os
-import sys
 import time
 from pathlib import Path
 from typing import Any
@@ -50,43 +49,11 @@ class MetricsLog:
             handle.flush()
 
 
-class Progress:
-    """A rich progress bar with loss, tokens/s and ETA; silent when not on a terminal."""
-
-    def __init__(self, total: int, start: int, enabled: bool) -> None:
-        self._bar = None
-        if not (enabled and sys.stderr.isatty()):
-            return
-        from rich.console import Console
-        from rich.progress import (BarColumn, MofNCompleteColumn, Progress as RichProgress,
-                                   TextColumn, TimeRemainingColumn)
-
-        self._bar = RichProgress(
-            TextColumn("[bold]train"), BarColumn(), MofNCompleteColumn(),
-            TextColumn("{task.fields[status]}"), TimeRemainingColumn(),
-            console=Console(stderr=True), transient=False,
-        )
-        self._task = self._bar.add_task("train", total=total, completed=start, status="")
-        self._bar.start()
-
-    def update(self, step: int, loss: float, tokens_per_s: float) -> None:
-        if self._bar is not None:
-            self._bar.update(self._task, completed=step,
-                             status=f"loss {loss:.4f}  {tokens_per_s:,.0f} tok/s")
-
-    def close(self) -> None:
-        if self._bar is not None:
-            self._bar.stop()
-
-
 class Throughput:
-    """Wall time and tokens per second of the last optimizer step (generation included)."""
+    """Wall time and tokens per second of one optimizer step (generation included; the
+    trainer starts one per step, so evaluation and saving are not charged to a step)."""
 
     def __init__(self) -> None:
-        self._start = time.perf_counter()
-
-    def restart(self) -> None:
-        """Start timing anew (so evaluation and saving are not charged to the next step)."""
         self._start = time.perf_counter()
 
     def lap(self, tokens: float) -> tuple[float, float]:

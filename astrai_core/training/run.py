@@ -34,9 +34,21 @@ DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch
 
 def train(config: RunConfig, *, source: YamlSource | None = None, resume: bool = False,
           overwrite: bool = False) -> dict[str, Any]:
-    """Run ``config`` to completion; returns the last logged metrics."""
-    run, strategy = prepare_run(config, source=source, resume=resume, overwrite=overwrite)
+    """Run ``config`` to completion; returns the last logged metrics.
+
+    A ``resume`` whose checkpoint already reached ``trainer.max_steps`` has nothing to
+    do: it says so in one line and returns ``{}`` (the CLI exits 0).
+    """
+    try:
+        run, strategy = prepare_run(config, source=source, resume=resume, overwrite=overwrite)
+    except NothingToResume as done:
+        log.warning(str(done))
+        return {}
     return Trainer(run, strategy).fit(resume=resume)
+
+
+class NothingToResume(CheckpointError):
+    """``--resume`` found a checkpoint at or past ``trainer.max_steps``."""
 
 
 def prepare_run(config: RunConfig, *, source: YamlSource | None = None, resume: bool = False,
@@ -49,12 +61,13 @@ def prepare_run(config: RunConfig, *, source: YamlSource | None = None, resume: 
     base_dir = base_dir or Path.cwd()
     plan = plan_run(config, source, registry, base_dir)
     output_dir = Path(config.output_dir)
-    _check_output_dir(output_dir, resume, overwrite)
+    _check_output_dir(output_dir, resume, overwrite, config.trainer.max_steps)
     tokenizer_dir = _tokenizer_dir(config.model)
     backend = resolve_device(plan.registry, config.device.name,
                              **(plan.device.options if plan.device else {}))
     _seed_everything(config.trainer.seed, backend)
     device = backend.device(0)
+    _pin_numerics(config.trainer, device)
     from astrai_core.data.tokenizer import load_tokenizer
 
     tokenizer = load_tokenizer(tokenizer_dir)
@@ -76,8 +89,10 @@ def wire_components(plan: RunPlan, *, backend: Any, device: torch.device, model:
     from astrai_core.rollout.runner import RecordStream, RolloutRunner
     config, needs = plan.config, plan.needs
     data = config.data.resolve_paths(base_dir)
-    train_loader = build_train_loader(data, tokenizer, formats=needs.data_formats)
-    eval_loader = build_eval_loader(data, tokenizer)
+    required = {choice.label: choice.required_columns for choice in plan.rewards}
+    train_loader = build_train_loader(data, tokenizer, formats=needs.data_formats,
+                                      required_columns=required if needs.rollouts else {})
+    eval_loader = build_eval_loader(data, tokenizer, required_columns=required)
     rewards = RewardSet.from_choices(plan.rewards)
     sampling = rollout_sampling(plan, tokenizer)
     generates = needs.rollouts or (eval_loader is not None and eval_loader.kind == "prompt")
@@ -114,18 +129,40 @@ def rollout_sampling(plan: RunPlan, tokenizer: Any) -> Any:
     return SamplingParams(**fields)
 
 
-def _check_output_dir(output_dir: Path, resume: bool, overwrite: bool) -> None:
+def _check_output_dir(output_dir: Path, resume: bool, overwrite: bool, max_steps: int) -> None:
+    """Refuse to overwrite an earlier run's checkpoints or metrics without --overwrite."""
     if resume:
-        ckpt.latest_checkpoint(output_dir)  # fails now, before any work, when there is none
+        newest = ckpt.latest_checkpoint(output_dir)  # fails now, before any work, when none
+        step = ckpt.list_checkpoints(output_dir)[-1][0]
+        if step >= max_steps:
+            raise NothingToResume(
+                f"nothing to do: {newest} is at step {step} and trainer.max_steps is "
+                f"{max_steps}; raise it (--set trainer.max_steps=N) to train further")
         return
     existing = ckpt.list_checkpoints(output_dir)
-    if existing and not overwrite:
+    metrics = output_dir / "metrics.jsonl"
+    if overwrite:
+        shutil.rmtree(output_dir / "checkpoints", ignore_errors=True)
+        return
+    if existing:
         raise CheckpointError(
             f"{output_dir} already holds checkpoints (newest: {existing[-1][1].name}); "
             "continue it with --resume, start over with --overwrite, or pick another output_dir"
         )
-    if overwrite:
-        shutil.rmtree(output_dir / "checkpoints", ignore_errors=True)
+    if metrics.is_file() and metrics.stat().st_size > 0:
+        raise CheckpointError(
+            f"{metrics} already holds an earlier run's metrics (and no checkpoint to resume "
+            "from); start over with --overwrite, or pick another output_dir")
+
+
+def _pin_numerics(trainer: Any, device: torch.device) -> None:
+    """Fix what else decides the numbers on this machine: the CPU thread count (1 and 2
+    threads give the sampler different last bits) and, on a CPU device, deterministic
+    algorithms (measured not to change a run's numbers; see docs/user-guide.md)."""
+    if trainer.threads is not None:
+        torch.set_num_threads(trainer.threads)
+    if trainer.deterministic and device.type == "cpu":
+        torch.use_deterministic_algorithms(True, warn_only=True)
 
 
 def _seed_everything(seed: int, backend: Any) -> None:

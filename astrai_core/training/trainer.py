@@ -10,6 +10,7 @@ run's rollout runner, at the step boundary.
 
 from __future__ import annotations
 
+import time
 from collections import defaultdict
 from dataclasses import dataclass
 from typing import Any
@@ -24,8 +25,10 @@ from astrai_core.training import checkpointing as ckpt
 from astrai_core.training import faults
 from astrai_core.training.components import RunComponents
 from astrai_core.training.evaluation import evaluate
-from astrai_core.training.metrics import MetricsLog, Progress, Throughput, to_number
+from astrai_core.training.metrics import MetricsLog, Throughput, to_number
 from astrai_core.training.optim import build_optimizer, build_scheduler
+from astrai_core.training.progress import Clock, RunReporter
+from astrai_core.training.signals import StopOnSignal, TrainingInterrupted
 from astrai_core.training.sources import TENSORS
 from astrai_core.training.strategy import Strategy
 
@@ -77,8 +80,10 @@ class OptimizedModule:
 class Trainer:
     """Runs ``strategy`` for ``trainer.max_steps`` optimizer steps."""
 
-    def __init__(self, run: RunComponents, strategy: Strategy) -> None:
+    def __init__(self, run: RunComponents, strategy: Strategy,
+                 clock: Clock = time.monotonic) -> None:
         self.run = run
+        self.clock = clock  # the progress display's; injectable so tests need no timing
         self.cfg = run.trainer
         self.strategy = strategy
         for module in strategy.frozen_modules().values():
@@ -90,6 +95,7 @@ class Trainer:
             self.modules.append(OptimizedModule.build(name, trained.module, config, limit))
         self.source = strategy.batch_source()
         self.step = 0
+        self.reporter: RunReporter | None = None
 
     # -- resume ---------------------------------------------------------------------
     def resume(self) -> int:
@@ -145,37 +151,61 @@ class Trainer:
         """Train to ``max_steps``; returns the last logged metrics."""
         start = self.resume() if resume else 0
         metrics_log = MetricsLog(self.run.output_dir, start if resume else None)
+        self.reporter = RunReporter(self.cfg.max_steps, start, bar=self.cfg.progress,
+                                    heartbeat_seconds=self.cfg.heartbeat_seconds,
+                                    clock=self.clock)
         last: dict[str, Any] = {}
-        if not resume and self.cfg.eval_at_start:
-            last = self._evaluate()
-            metrics_log.write(0, last)
-        progress = Progress(self.cfg.max_steps, start, self.cfg.progress)
-        throughput = Throughput()
+        evaluation: dict[str, Any] = {}
         try:
-            while self.step < self.cfg.max_steps:
-                metrics = self._train_step()
-                self.step += 1
-                self.strategy.after_optimizer_step(self.step)
-                if self.run.rollouts is not None:
-                    self.run.rollouts.publish_from(self.run.model)
-                seconds, tokens_per_s = throughput.lap(metrics.get("tokens", 0))
-                metrics["time/step_seconds"] = seconds
-                metrics["throughput/tokens_per_s"] = tokens_per_s
-                if self._due(self.cfg.eval_every):
-                    metrics.update(self._evaluate())
-                # Logged before the checkpoint: a run killed right after a checkpoint has
-                # logged every step it holds (a resume drops lines past its checkpoint).
-                if self.step % self.cfg.log_every == 0 or self.step == self.cfg.max_steps:
-                    metrics_log.write(self.step, metrics)
-                if self._due(self.cfg.save_every):
-                    self.save()
-                progress.update(self.step, float(metrics["loss"]),
-                                metrics["throughput/tokens_per_s"])
-                last = metrics
-                throughput.restart()
+            if not resume and self.cfg.eval_at_start:
+                last = evaluation = self._evaluate()
+                metrics_log.write(0, last)
+            with StopOnSignal() as stop:
+                while self.step < self.cfg.max_steps:
+                    last = self._one_step(metrics_log)
+                    evaluation = {k: v for k, v in last.items() if k.startswith("eval/")} \
+                        or evaluation
+                    if stop.received is not None and self.step < self.cfg.max_steps:
+                        self._stop(stop)
         finally:
-            progress.close()
+            self.reporter.close()
+        kept = ckpt.list_checkpoints(self.run.output_dir)
+        self.reporter.summary(steps=self.step, last=last, evaluation=evaluation,
+                              checkpoint=kept[-1][1] if kept else None)
         return last
+
+    def _one_step(self, metrics_log: MetricsLog) -> dict[str, Any]:
+        throughput = Throughput()
+        metrics = self._train_step()
+        self.step += 1
+        self.strategy.after_optimizer_step(self.step)
+        if self.run.rollouts is not None:
+            self.run.rollouts.publish_from(self.run.model)
+        seconds, tokens_per_s = throughput.lap(metrics.get("tokens", 0))
+        metrics["time/step_seconds"] = seconds
+        metrics["throughput/tokens_per_s"] = tokens_per_s
+        self.reporter.step(self.step, float(metrics["loss"]), float(metrics.get("tokens", 0)),
+                           tokens_per_s)
+        if self._due(self.cfg.eval_every):
+            metrics.update(self._evaluate())
+        # Logged before the checkpoint: a run killed right after a checkpoint has
+        # logged every step it holds (a resume drops lines past its checkpoint).
+        if self.step % self.cfg.log_every == 0 or self.step == self.cfg.max_steps:
+            metrics_log.write(self.step, metrics)
+        if self._due(self.cfg.save_every):
+            self.save()
+        return metrics
+
+    def _stop(self, stop: StopOnSignal) -> None:
+        """A signal arrived during the step just finished: checkpoint it, then stop."""
+        if self.cfg.checkpoint_on_signal:
+            self.save()
+            saved = (f"saved {ckpt.checkpoint_dir(self.run.output_dir, self.step)}; "
+                     "continue with --resume")
+        else:
+            saved = "no checkpoint written (trainer.checkpoint_on_signal is off)"
+        raise TrainingInterrupted(stop.received, f"stopped by {stop.name} after step "
+                                  f"{self.step}: {saved}")
 
     def _due(self, every: int) -> bool:
         return self.step == self.cfg.max_steps or (every > 0 and self.step % every == 0)
@@ -244,7 +274,10 @@ class Trainer:
             trained.module.eval()
         try:
             with torch.no_grad():
-                return evaluate(self.run, self.strategy.compute_loss)
+                metrics = evaluate(self.run, self.strategy.compute_loss,
+                                   progress=self.reporter.eval_progress)
         finally:
             for trained in self.modules:
                 trained.module.train()
+        self.reporter.eval_finished(self.step, metrics)
+        return metrics

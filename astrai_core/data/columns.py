@@ -1,0 +1,39 @@
+"""Prompt rows must carry every column a reward reads, or the run stops before training.
+
+A row without its ``answer`` would otherwise be scored 0 by ``exact_match`` and look
+like a wrong completion. Checked when the data is loaded (the tokenized records carry
+each row's columns, cached or not); the message names the file, the line and the column.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+
+from astrai_core.data.sources import read_rows
+from astrai_core.data.tokenize import TokenizedSource
+from astrai_core.errors import DataError
+
+# reward name -> the columns it reads, e.g. {"exact_match": ("answer",)}
+Required = Mapping[str, Sequence[str]]
+
+
+def check_required_columns(source: TokenizedSource, required: Required | None,
+                           field: str) -> None:
+    """A DataError for the first prompt row lacking a column that a reward needs."""
+    if source.records is None or not required or not any(required.values()):
+        return
+    for index, record in enumerate(source.records):
+        for reward, columns in required.items():
+            absent = [c for c in columns if c not in record["columns"]]
+            if absent:
+                raise DataError(f"data file {source.path}, line {_line_of(source, index)} "
+                                f"({field}): no column {absent[0]!r}, which reward "
+                                f"{reward!r} needs; add it to every row")
+
+
+def _line_of(source: TokenizedSource, index: int) -> int:
+    """The file line of the ``index``-th row (blank lines are not rows); read only on error."""
+    for position, (line_number, _) in enumerate(read_rows(source.path, source.format)):
+        if position == index:
+            return line_number
+    return index + 1  # pragma: no cover - the records came from this file

@@ -1,0 +1,130 @@
+"""Data safety of `astrai train`: an earlier run's metrics are never silently replaced, a
+signal checkpoints at the step boundary, a no-op resume says so, and a prompt row that
+lacks a column a reward reads is an error naming file, line and column."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+
+import pytest
+
+from astrai_core.config.schema import RunConfig
+from astrai_core.errors import CheckpointError, DataError
+from astrai_core.testing import read_metrics, run_astrai, tiny_run_config, write_arith_prompts
+from astrai_core.training.run import prepare_run, train
+from astrai_core.training.signals import TrainingInterrupted
+from astrai_core.training.trainer import Trainer
+from tests.training.conftest import tiny_config, write_config
+
+
+def _sft(tmp_path, **trainer):
+    return RunConfig.model_validate(tiny_config(tmp_path, **trainer))
+
+
+def test_fresh_run_refuses_an_output_dir_with_metrics_and_overwrite_allows_it(tmp_path):
+    config = _sft(tmp_path, max_steps=2, save_every=0)
+    run_dir = tmp_path / "run"
+    run_dir.mkdir()
+    old = "".join(json.dumps({"step": s, "loss": 1.0}) + "\n" for s in range(1, 47))
+    (run_dir / "metrics.jsonl").write_text(old)
+    with pytest.raises(CheckpointError, match="metrics.jsonl already holds") as raised:
+        train(config)
+    assert "--overwrite" in str(raised.value)
+    assert (run_dir / "metrics.jsonl").read_text() == old  # untouched
+    train(config, overwrite=True)
+    assert [r["step"] for r in read_metrics(run_dir)] == [1, 2]
+
+
+def test_noop_resume_says_there_is_nothing_to_do(tmp_path):
+    path = write_config(tmp_path, tiny_config(tmp_path, max_steps=2, save_every=0))
+    assert run_astrai("train", str(path)).returncode == 0
+    before = (tmp_path / "run" / "metrics.jsonl").read_text()
+    again = run_astrai("--log-format", "console", "train", str(path), "--resume")
+    assert again.returncode == 0, again.stderr
+    lines = [line for line in again.stderr.splitlines() if "nothing to do" in line]
+    assert len(lines) == 1, again.stderr
+    assert "step 2" in lines[0] and "trainer.max_steps is 2" in lines[0]
+    assert "parameters=" not in again.stderr  # no model was built
+    assert (tmp_path / "run" / "metrics.jsonl").read_text() == before
+
+
+def _signal_at(trainer: Trainer, step: int, *signums: int) -> None:
+    """Deliver ``signums`` to this process when optimizer step ``step`` is done."""
+    original = trainer.strategy.after_optimizer_step
+
+    def hook(done: int) -> None:
+        original(done)
+        if done == step:
+            for signum in signums:
+                os.kill(os.getpid(), signum)
+
+    trainer.strategy.after_optimizer_step = hook
+
+
+@pytest.mark.parametrize("signum,code", [(signal.SIGTERM, 143), (signal.SIGINT, 130)])
+def test_signal_checkpoints_at_the_step_boundary_then_resume_finishes(tmp_path, signum, code):
+    config = _sft(tmp_path, max_steps=4, save_every=0)
+    trainer = Trainer(*prepare_run(config))
+    _signal_at(trainer, 2, signum)
+    with pytest.raises(TrainingInterrupted) as raised:
+        trainer.fit()
+    assert raised.value.exit_code == code
+    checkpoint = tmp_path / "run" / "checkpoints" / "step_2"
+    assert str(raised.value) == (f"stopped by {signal.Signals(signum).name} after step 2: "
+                                 f"saved {checkpoint}; continue with --resume")
+    assert sorted(p.name for p in checkpoint.parent.iterdir()) == ["step_2"]
+    assert [r["step"] for r in read_metrics(tmp_path / "run")] == [1, 2]
+    assert signal.getsignal(signum) is not None  # handlers restored
+    train(config, resume=True)
+    assert [r["step"] for r in read_metrics(tmp_path / "run")] == [1, 2, 3, 4]
+
+
+def test_signal_without_checkpoint_on_signal(tmp_path):
+    config = _sft(tmp_path, max_steps=4, save_every=0, checkpoint_on_signal=False)
+    trainer = Trainer(*prepare_run(config))
+    _signal_at(trainer, 1, signal.SIGTERM)
+    with pytest.raises(TrainingInterrupted, match="no checkpoint written"):
+        trainer.fit()
+    assert not (tmp_path / "run" / "checkpoints").exists()
+
+
+def test_second_sigint_stops_at_once(tmp_path):
+    trainer = Trainer(*prepare_run(_sft(tmp_path, max_steps=4, save_every=0)))
+    _signal_at(trainer, 1, signal.SIGINT, signal.SIGINT)
+    with pytest.raises(KeyboardInterrupt):
+        trainer.fit()
+    assert not (tmp_path / "run" / "checkpoints").exists()
+    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
+
+
+def _rows_missing_answer_on_line_3(path):
+    write_arith_prompts(path, count=6)
+    rows = path.read_text().splitlines()
+    row = json.loads(rows[2])
+    del row["answer"]
+    rows[2] = json.dumps(row)
+    path.write_text("\n".join(rows) + "\n")
+    return path
+
+
+def test_prompt_row_without_the_rewards_column_names_file_line_and_column(tmp_path):
+    prompts = _rows_missing_answer_on_line_3(tmp_path / "prompts.jsonl")
+    config = tiny_run_config(tmp_path, prompts, {"name": "grpo", "group_size": 2},
+                             rewards=[{"name": "exact_match"}])
+    with pytest.raises(DataError) as raised:
+        prepare_run(RunConfig.model_validate(config))
+    message = str(raised.value)
+    assert message.startswith(f"data file {prompts}, line 3 (data.sources[0].path): "
+                              "no column 'answer', which reward 'exact_match' needs")
+
+
+def test_eval_prompt_row_without_the_rewards_column(tmp_path):
+    config = tiny_config(tmp_path)
+    evaluation = _rows_missing_answer_on_line_3(tmp_path / "eval.jsonl")
+    config["data"]["eval"] = {"path": str(evaluation), "format": "prompt"}
+    config["rewards"] = [{"name": "exact_match"}]
+    with pytest.raises(DataError, match=r"eval.jsonl, line 3 \(data.eval.path\): no column "
+                                        r"'answer'"):
+        prepare_run(RunConfig.model_validate(config))
