@@ -21,11 +21,10 @@ import tempfile
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 from pydantic import BaseModel
 
-from astrai_core.cli.options import Option, model_options, model_types, type_name
+from astrai_core.cli.options import Option, model_options, model_types
 
 DOC = Path(__file__).resolve().parents[2] / "docs" / "config-reference.md"
 COLUMNS = ("key", "type", "default", "meaning")

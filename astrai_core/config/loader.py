@@ -107,7 +107,6 @@ def format_validation_error(exc: ValidationError, source: YamlSource | None,
     problems = []
     for error in exc.errors():
         field_path = prefix + tuple(part for part in error["loc"] if not _is_union_tag(part))
-        where = _where(source, field_path)
         message = error["msg"]
         if error["type"] == "extra_forbidden":
             message = "unknown field"

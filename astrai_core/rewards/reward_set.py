@@ -15,7 +15,6 @@ and must return one finite number per completion.
 
 from __future__ import annotations
 
-import inspect
 import math
 import numbers
 import traceback
@@ -23,7 +22,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from astrai_core.errors import AstraiError, ConfigError
+from astrai_core.errors import AstraiError
 
 RewardFn = Callable[..., Sequence[float]]
 

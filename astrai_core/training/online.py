@@ -135,6 +135,12 @@ class OnlineStrategy(Strategy):
     def prepare_rollout(self, rollout: RolloutBatch) -> None:
         """Attach per-token tensors (``ref_logprobs``, ``values``) before advantages."""
 
+    def attach_reference_logprobs(self, rollout: RolloutBatch, reference: torch.nn.Module) -> None:
+        """``rollout.ref_logprobs``: a frozen reference's log-probs at the rollout's
+        temperature, 0 on padding (for KL terms)."""
+        ref = policy_forward(reference, rollout, self.run.logprob_temperature)["logprobs"]
+        rollout.ref_logprobs = torch.where(rollout.response_mask, ref, 0.0)
+
     def token_rewards(self, rollout: RolloutBatch) -> torch.Tensor:
         """Scalar reward on each last response token, minus optional KL shaping."""
         shaping = self.config.kl_in_reward_coef

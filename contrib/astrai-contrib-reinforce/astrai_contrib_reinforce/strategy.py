@@ -57,8 +57,7 @@ class Reinforce(OnlineStrategy):
     def prepare_rollout(self, rollout: RolloutBatch) -> None:
         """The reference's log-probs, which the KL shaping of the token rewards needs."""
         if self.reference is not None:
-            ref = policy_forward(self.reference, rollout, self.run.logprob_temperature)
-            rollout.ref_logprobs = torch.where(rollout.response_mask, ref["logprobs"], 0.0)
+            self.attach_reference_logprobs(rollout, self.reference)
 
     def compute_loss(self, batch: RolloutBatch) -> tuple[Tensor, dict[str, Any]]:
         mask = batch.response_mask

@@ -121,8 +121,7 @@ class GRPO(OnlineStrategy):
     def prepare_rollout(self, rollout: RolloutBatch) -> None:
         """The reference's log-probs, when a KL term needs them."""
         if self.reference is not None:
-            ref = policy_forward(self.reference, rollout, self.run.logprob_temperature)
-            rollout.ref_logprobs = torch.where(rollout.response_mask, ref["logprobs"], 0.0)
+            self.attach_reference_logprobs(rollout, self.reference)
 
     # -- the loss ---------------------------------------------------------------------
     def compute_loss(self, batch: RolloutBatch) -> tuple[Tensor, dict[str, Any]]:

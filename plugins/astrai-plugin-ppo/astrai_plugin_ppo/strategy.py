@@ -105,8 +105,7 @@ class PPO(OnlineStrategy):
         mask = rollout.response_mask
         rollout.values = torch.where(mask, self.critic(rollout)["values"], 0.0)
         if self.reference is not None:
-            ref = policy_forward(self.reference, rollout, self.run.logprob_temperature)
-            rollout.ref_logprobs = torch.where(mask, ref["logprobs"], 0.0)
+            self.attach_reference_logprobs(rollout, self.reference)
 
     # -- the loss ---------------------------------------------------------------------
     def compute_loss(self, batch: RolloutBatch) -> tuple[Tensor, dict[str, Any]]:
