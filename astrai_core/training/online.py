@@ -131,9 +131,19 @@ class OnlineStrategy(Strategy):
         """The shared objective around the run's policy loss (built by the wiring)."""
         return PolicyObjective(self.run.policy_loss, settings)
 
+    # A frozen reference policy, for KL terms: a subclass that sets it (frozen_copy of the
+    # policy) gets it frozen by the trainer and its log-probs attached to every rollout.
+    reference: torch.nn.Module | None = None
+
+    def frozen_modules(self) -> dict[str, torch.nn.Module]:
+        return {"reference": self.reference} if self.reference is not None else {}
+
     # -- per-rollout work -------------------------------------------------------------
     def prepare_rollout(self, rollout: RolloutBatch) -> None:
-        """Attach per-token tensors (``ref_logprobs``, ``values``) before advantages."""
+        """Attach per-token tensors before advantages: by default the reference's
+        ``ref_logprobs`` (subclasses add theirs, e.g. a critic's ``values``)."""
+        if self.reference is not None:
+            self.attach_reference_logprobs(rollout, self.reference)
 
     def attach_reference_logprobs(self, rollout: RolloutBatch, reference: torch.nn.Module) -> None:
         """``rollout.ref_logprobs``: a frozen reference's log-probs at the rollout's

@@ -20,7 +20,6 @@ from __future__ import annotations
 
 from typing import Any, ClassVar
 
-import torch
 from pydantic import BaseModel, Field, model_validator
 from torch import Tensor
 
@@ -50,14 +49,6 @@ class Reinforce(OnlineStrategy):
     def __init__(self, config: ReinforceConfig, run: RunComponents) -> None:
         super().__init__(config, run)
         self.reference = frozen_copy(run.model) if config.kl_in_reward_coef else None
-
-    def frozen_modules(self) -> dict[str, torch.nn.Module]:
-        return {"reference": self.reference} if self.reference is not None else {}
-
-    def prepare_rollout(self, rollout: RolloutBatch) -> None:
-        """The reference's log-probs, which the KL shaping of the token rewards needs."""
-        if self.reference is not None:
-            self.attach_reference_logprobs(rollout, self.reference)
 
     def compute_loss(self, batch: RolloutBatch) -> tuple[Tensor, dict[str, Any]]:
         mask = batch.response_mask

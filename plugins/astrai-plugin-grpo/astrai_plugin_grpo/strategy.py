@@ -22,7 +22,6 @@ from dataclasses import replace
 from functools import partial
 from typing import Any, ClassVar, Literal
 
-import torch
 from pydantic import BaseModel, Field, model_validator
 from torch import Tensor
 
@@ -104,9 +103,6 @@ class GRPO(OnlineStrategy):
             kl_coef=config.kl_coef, kl_estimator=config.kl_estimator,
             entropy_coef=config.entropy_coef))
 
-    def frozen_modules(self) -> dict[str, torch.nn.Module]:
-        return {"reference": self.reference} if self.reference is not None else {}
-
     def batch_source(self) -> RolloutSource:
         if self.config.mode == "online":
             return super().batch_source()
@@ -116,12 +112,6 @@ class GRPO(OnlineStrategy):
                              epochs=1, mini_batches=1,
                              micro_batches=self.run.trainer.grad_accum_steps,
                              seed=self.run.trainer.seed, device=self.run.device, shuffle=False)
-
-    # -- per rollout ------------------------------------------------------------------
-    def prepare_rollout(self, rollout: RolloutBatch) -> None:
-        """The reference's log-probs, when a KL term needs them."""
-        if self.reference is not None:
-            self.attach_reference_logprobs(rollout, self.reference)
 
     # -- the loss ---------------------------------------------------------------------
     def compute_loss(self, batch: RolloutBatch) -> tuple[Tensor, dict[str, Any]]:

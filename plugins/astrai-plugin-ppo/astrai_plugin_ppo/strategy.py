@@ -96,16 +96,11 @@ class PPO(OnlineStrategy):
                                     "weight_decay": cfg.critic_weight_decay},
             max_grad_norm=cfg.critic_max_grad_norm)}
 
-    def frozen_modules(self) -> dict[str, torch.nn.Module]:
-        return {"reference": self.reference} if self.reference is not None else {}
-
     # -- per rollout ------------------------------------------------------------------
     def prepare_rollout(self, rollout: RolloutBatch) -> None:
         """Old values V(s_t) from the critic and, for a KL term, the reference's log-probs."""
-        mask = rollout.response_mask
-        rollout.values = torch.where(mask, self.critic(rollout)["values"], 0.0)
-        if self.reference is not None:
-            self.attach_reference_logprobs(rollout, self.reference)
+        rollout.values = torch.where(rollout.response_mask, self.critic(rollout)["values"], 0.0)
+        super().prepare_rollout(rollout)
 
     # -- the loss ---------------------------------------------------------------------
     def compute_loss(self, batch: RolloutBatch) -> tuple[Tensor, dict[str, Any]]:
