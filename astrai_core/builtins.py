@@ -60,6 +60,10 @@ def astrai_reward_functions() -> list[RewardFunctionSpec]:
                            summary="1 when the completion matches `pattern` (search or fullmatch)"),
         RewardFunctionSpec(name="length_penalty", target="astrai_core.rewards.builtin:LengthPenalty",
                            summary="-coef x (length - target) beyond a target length"),
+        RewardFunctionSpec(name="overlong_penalty",
+                           target="astrai_core.rewards.builtin:OverlongPenalty",
+                           summary="DAPO's soft overlong punishment: a ramp to -1 over the "
+                           "last `cache` tokens before `max_length`"),
     ]
 
 

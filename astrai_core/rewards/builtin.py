@@ -101,3 +101,37 @@ class LengthPenalty:
             lengths = [len(text) for text in completions]
         target, coef = self.config.target, self.config.coef
         return [-coef * max(0, length - target) for length in lengths]
+
+
+class OverlongPenalty:
+    """DAPO's soft overlong punishment: 0 up to ``max_length - cache``, then a linear ramp
+    down to ``-1`` at ``max_length`` tokens, and ``-1`` beyond (completion tokens).
+
+    ``max_length`` is the generation budget (set it to the sampler's ``max_new_tokens``);
+    ``cache`` is the ramp's length L. Add it beside the task reward with a weight.
+    """
+
+    class Config(_Options):
+        max_length: int = Field(ge=1, description="the generation budget L_max, in tokens")
+        cache: int = Field(ge=1, description="the ramp's length L: shaping starts at L_max - L")
+
+        @field_validator("cache")
+        @classmethod
+        def _fits(cls, value: int, info: Any) -> int:
+            budget = info.data.get("max_length")
+            if budget is not None and value > budget:
+                raise ValueError(f"cache ({value}) must not exceed max_length ({budget})")
+            return value
+
+    def __init__(self, **params: Any) -> None:
+        self.config = self.Config(**params)
+
+    def __call__(self, prompts: list[str], completions: list[str],
+                 completion_ids: list[list[int]] | None = None, **columns: Any) -> list[float]:
+        if completion_ids is None:
+            raise ValueError("needs completion_ids (the rollout runner passes them)")
+        budget, ramp = self.config.max_length, self.config.cache
+        start = budget - ramp
+        return [0.0 if length <= start else -1.0 if length > budget
+                else (start - length) / ramp
+                for length in (len(ids) for ids in completion_ids)]

@@ -56,6 +56,19 @@ def test_length_penalty_in_tokens_and_chars():
     assert chars(["", ""], ["abcde", "a"]) == [-1.0, 0.0]
 
 
+def test_overlong_penalty_at_its_boundaries():
+    # L_max 10, ramp L 4: no penalty up to 6 tokens, (6 - n) / 4 from 7 to 10, -1 beyond
+    overlong = build_reward("overlong_penalty", {"max_length": 10, "cache": 4})
+    lengths = [0, 6, 7, 8, 10, 11, 30]
+    values = overlong([""] * len(lengths), [""] * len(lengths),
+                      completion_ids=[[1] * n for n in lengths])
+    assert values == [0.0, 0.0, -0.25, -0.5, -1.0, -1.0, -1.0]
+    with pytest.raises(ConfigError, match="cache .5. must not exceed max_length .4."):
+        build_reward("overlong_penalty", {"max_length": 4, "cache": 5})
+    with pytest.raises(ValueError, match="needs completion_ids"):
+        overlong(["p"], ["c"])
+
+
 def test_bad_options_are_config_errors():
     with pytest.raises(ConfigError, match="format_regex"):
         build_reward("format_regex", {"pattern": "("})
