@@ -10,6 +10,7 @@ run's rollout runner, at the step boundary.
 
 from __future__ import annotations
 
+import math
 import time
 from collections import defaultdict
 from dataclasses import dataclass
@@ -243,7 +244,7 @@ class Trainer:
             self._unweight(total)
         for trained in self.modules:
             norm = trained.clip()
-            if not torch.isfinite(torch.tensor(norm)):
+            if not math.isfinite(norm):
                 self._diverged(f"the {trained.name}'s gradient norm is {norm}")
             sums[trained.metric("grad_norm")] = norm
         for trained in self.modules:
