@@ -23,6 +23,9 @@ class TrainerConfig(BaseModel):
     eps: float = Field(1e-8, gt=0)
     muon_lr: float | None = Field(None, gt=0, description="Muon's lr (default: lr)")
     muon_momentum: float = Field(0.95, ge=0, lt=1)
+    muon_experts: bool = Field(
+        False, description="with muon, also orthogonalize each MoE expert's matrices "
+        "(off: the fused 3-D expert tensors train with AdamW)")
     grad_accum_steps: int = Field(1, ge=1)
     max_grad_norm: float | None = Field(1.0, gt=0, description="None disables clipping")
     mixed_precision: Literal["no", "bf16"] = Field(

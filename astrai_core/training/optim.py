@@ -9,6 +9,7 @@ import torch
 from torch import nn
 
 from astrai_core.config.trainer import TrainerConfig
+from astrai_core.training.muon import Muon
 
 
 class OptimizerGroup(torch.optim.Optimizer):
@@ -42,10 +43,11 @@ class OptimizerGroup(torch.optim.Optimizer):
             optimizer.load_state_dict(state)
 
 
-def _is_muon_matrix(name: str, param: nn.Parameter) -> bool:
-    # Muon orthogonalises 2-D hidden weights; embeddings, the output head, norms, biases
-    # and the 3-D fused expert tensors stay on AdamW.
-    return param.ndim == 2 and not name.startswith(("embed.", "lm_head."))
+def _is_muon_matrix(name: str, param: nn.Parameter, experts: bool) -> bool:
+    # Muon orthogonalises 2-D hidden weights (and, with muon_experts, each expert of the
+    # 3-D fused expert tensors); embeddings, the output head, norms and biases stay on AdamW.
+    dims = (2, 3) if experts else (2,)
+    return param.ndim in dims and not name.startswith(("embed.", "lm_head."))
 
 
 def build_optimizer(named_params: list[tuple[str, nn.Parameter]],
@@ -62,10 +64,12 @@ def build_optimizer(named_params: list[tuple[str, nn.Parameter]],
     if config.optimizer == "adamw":
         return adamw([{"params": decay, "weight_decay": config.weight_decay},
                       {"params": no_decay, "weight_decay": 0.0}])
-    muon_params = [p for n, p in params if _is_muon_matrix(n, p)]
+    muon_params = [p for n, p in params if _is_muon_matrix(n, p, config.muon_experts)]
     muon_ids = {id(p) for p in muon_params}
     rest_decay = [p for p in decay if id(p) not in muon_ids]
-    muon = torch.optim.Muon(muon_params, lr=config.muon_lr or config.lr,
+    # astrai's Muon: torch.optim.Muon's numbers on plain tensors, whole-matrix
+    # Newton–Schulz on FSDP2-sharded ones (training/muon.py).
+    muon = Muon(muon_params, lr=config.muon_lr or config.lr,
                             weight_decay=config.weight_decay, momentum=config.muon_momentum,
                             adjust_lr_fn="match_rms_adamw")
     rest = adamw([{"params": rest_decay, "weight_decay": config.weight_decay},
