@@ -2,9 +2,9 @@
 
 from astrai_core.model.checkpoint import load_pretrained, load_state_dict_strict, save_pretrained
 from astrai_core.model.config import ModelConfig
-from astrai_core.model.decoder import CausalLM
+from astrai_core.model.decoder import CausalLM, enable_activation_checkpointing
 from astrai_core.model.kv_cache import KVCache
 from astrai_core.model.masks import positions_from_attention_mask
 
 __all__ = ["CausalLM", "KVCache", "ModelConfig", "load_pretrained", "load_state_dict_strict",
-           "positions_from_attention_mask", "save_pretrained"]
+           "enable_activation_checkpointing", "positions_from_attention_mask", "save_pretrained"]

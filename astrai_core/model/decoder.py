@@ -54,6 +54,8 @@ class CausalLM(nn.Module):
         self.lm_head = None if config.tie_word_embeddings else nn.Linear(
             config.hidden_size, config.vocab_size, bias=False)
         self.rotary = RotaryEmbedding(config)
+        # Activation checkpointing (see enable_activation_checkpointing): each layer's
+        # activations are recomputed in the backward instead of kept.
         self.gradient_checkpointing = False
         self.reset_parameters()
 
@@ -79,6 +81,9 @@ class CausalLM(nn.Module):
         return KVCache(self.config, batch_size, max_length, dtype=weight.dtype, device=weight.device)
 
     def _run_layer(self, layer: DecoderLayer, *args: Any) -> tuple[torch.Tensor, RouterOutput | None]:
+        # Only training forwards are checkpointed: generation (a KV cache) and no-grad
+        # forwards keep nothing for a backward anyway. Non-reentrant, so it composes with
+        # FSDP2's per-layer hooks (the recompute all-gathers the layer again).
         if self.gradient_checkpointing and self.training and torch.is_grad_enabled() and args[-1] is None:
             return checkpoint(layer, *args, use_reentrant=False)
         return layer(*args)
@@ -145,3 +150,15 @@ class CausalLM(nn.Module):
             "aux_loss": torch.stack(losses).mean(),
             "router_stats": [router_statistics(r, num_experts, valid) for r in routers],
         }
+
+
+def enable_activation_checkpointing(module: nn.Module, enabled: bool = True) -> int:
+    """Checkpoint every decoder layer of every native model inside ``module`` (a policy,
+    or a critic around its backbone): the layer's forward runs under
+    ``torch.utils.checkpoint`` (non-reentrant), its activations recomputed in the backward,
+    which trades about one more forward of compute for the layers' activation memory.
+    Returns how many models were switched; 0 means ``module`` holds no native model."""
+    models = [sub for sub in module.modules() if isinstance(sub, CausalLM)]
+    for model in models:
+        model.gradient_checkpointing = enabled
+    return len(models)
