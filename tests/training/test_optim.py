@@ -165,3 +165,19 @@ def test_optimizer_group_state_round_trips():
             for key, value in a.state[p].items():
                 other = b.state[p][key]
                 assert torch.equal(value, other) if torch.is_tensor(value) else value == other
+
+
+@pytest.mark.parametrize("experts", [False, True])
+def test_muon_experts_moves_the_fused_expert_tensors_to_muon(experts):
+    config = ModelConfig(vocab_size=40, hidden_size=32, intermediate_size=64, num_layers=1,
+                         num_heads=4, num_kv_heads=2, num_experts=4, moe_intermediate_size=16)
+    model = CausalLM(config)
+    built = build_optimizer(list(model.named_parameters()),
+                            _cfg(optimizer="muon", muon_experts=experts))
+    muon, adamw = built.optimizers
+    on_muon = {id(p) for g in muon.param_groups for p in g["params"]}
+    expert_tensors = [p for n, p in model.named_parameters() if ".experts." in n]
+    assert len(expert_tensors) == 3 and all(p.ndim == 3 for p in expert_tensors)
+    assert all((id(p) in on_muon) == experts for p in expert_tensors)
+    assert id(model.layers[0].mlp.router.weight) in on_muon  # a 2-D hidden matrix either way
+    assert id(model.embed.weight) not in on_muon
