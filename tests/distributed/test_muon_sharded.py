@@ -61,11 +61,14 @@ def test_optimizer_state_saved_with_dcp_resumes_exactly(sharded_run):
 
 
 def test_fsdp_trained_native_model_equals_the_unsharded_one(tmp_path):
-    # build_optimizer's Muon + AdamW on a model sharded per layer, real FSDP2 backwards.
+    # build_optimizer's Muon + AdamW on a model sharded per layer, real FSDP2 backwards,
+    # with and without activation checkpointing.
     run_torchrun(MODEL_WORKER, str(tmp_path))
     for rank in range(2):
         result = json.loads((tmp_path / f"rank{rank}.json").read_text())
         assert max(result["diffs"]) <= 1e-6, result["diffs"]
+        assert max(result["checkpointed_diffs"]) <= 1e-6, result["checkpointed_diffs"]
+        assert result["layer_calls_per_step"] == 4  # 2 layers, each run again in the backward
         sharded_losses, reference_losses = result["losses"][1::2], result["losses"][0::2]
         assert sharded_losses == pytest.approx(reference_losses, abs=1e-6)
         assert len(set(reference_losses)) == len(reference_losses)  # the weights moved
