@@ -24,8 +24,8 @@ shard, and the update equals the single-process one. Under HSDP (a replicate × 
 mesh) each replica group does the same work on its identical copy.
 
 3-D tensors (MoE experts fused as ``[E, out, in]``) are stacks of independent matrices:
-each expert is orthogonalized on its own, with the lr adjustment of its ``[out, in]``
-shape. FSDP2 shards them on dim 0, the expert dim, so every expert is whole on one rank
+each expert is orthogonalized on its own (one batched call per stack), with the lr
+adjustment of its ``[out, in]`` shape. FSDP2 shards them on dim 0, the expert dim, so every expert is whole on one rank
 and is orthogonalized there, without communication.
 """
 
@@ -53,21 +53,28 @@ ADJUST_LR_FNS = (None, "original", "match_rms_adamw")
 
 def newton_schulz(matrix: Tensor, coefficients: tuple[float, float, float] = NS_COEFFICIENTS,
                   steps: int = NS_STEPS, eps: float = EPS) -> Tensor:
-    """The (approximate) orthogonalization of a 2-D ``matrix``, in bf16.
+    """The (approximate) orthogonalization of a 2-D ``matrix``, or of each matrix of a 3-D
+    stack (batched: one call for all of a layer's experts), in bf16.
 
-    The op sequence is torch.optim.Muon's, so the result is bit-identical to it."""
-    if matrix.ndim != 2:
-        raise ValueError(f"newton_schulz takes a 2-D matrix, got shape {tuple(matrix.shape)}")
+    The 2-D op sequence is torch.optim.Muon's, so the result is bit-identical to it; the
+    3-D one is the same with batched matmuls."""
+    if matrix.ndim not in (2, 3):
+        raise ValueError(f"newton_schulz takes a matrix or a stack of them, got shape {tuple(matrix.shape)}")
     a, b, c = coefficients
     x = matrix.to(torch.bfloat16, copy=True)  # a copy even from bf16: div_ below is in place
-    tall = matrix.size(0) > matrix.size(1)
+    tall = matrix.size(-2) > matrix.size(-1)
     if tall:
-        x = x.T
-    x.div_(x.norm().clamp(min=eps))  # spectral norm <= Frobenius norm <= 1
+        x = x.mT
+    if x.ndim == 2:
+        x.div_(x.norm().clamp(min=eps))  # spectral norm <= Frobenius norm <= 1
+        multiply_add = torch.addmm
+    else:
+        x.div_(x.norm(dim=(-2, -1), keepdim=True).clamp(min=eps))
+        multiply_add = torch.baddbmm
     for _ in range(steps):
-        gram = x @ x.T
-        x = torch.addmm(x, torch.addmm(gram, gram, gram, beta=b, alpha=c), x, beta=a)
-    return x.T if tall else x
+        gram = x @ x.mT
+        x = multiply_add(x, multiply_add(gram, gram, gram, beta=b, alpha=c), x, beta=a)
+    return x.mT if tall else x
 
 
 def adjusted_lr(lr: float, adjust_lr_fn: str | None, shape: tuple[int, ...]) -> float:
@@ -126,7 +133,7 @@ def balance(sizes: list[int], ranks: int) -> list[int]:
 
 
 class Muon(torch.optim.Optimizer):
-    """Muon for 2-D hidden matrices (and 3-D stacks of them), plain or FSDP2-sharded.
+    """Muon for 2-D hidden matrices (and 3-D stacks of them, batched), plain or FSDP2-sharded.
 
     Same arguments and defaults as ``torch.optim.Muon``; see the module docstring."""
 
@@ -188,13 +195,9 @@ class Muon(torch.optim.Optimizer):
 
     @staticmethod
     def _apply_local(param: Tensor, update: Tensor, group: dict[str, Any]) -> None:
-        """The matrix (or each expert of a 3-D stack) is whole on this rank."""
+        """The matrix (or every expert of a 3-D stack, in one batched call) is whole here."""
         local = _local(param)
-        if local.ndim == 2:
-            _apply(local, _ns(update, group), group, tuple(local.shape))
-            return
-        for expert in range(local.shape[0]):
-            _apply(local[expert], _ns(update[expert], group), group, tuple(local.shape[1:]))
+        _apply(local, _ns(update, group), group, tuple(local.shape[-2:]))
 
 
 def _ns(matrix: Tensor, group: dict[str, Any]) -> Tensor:

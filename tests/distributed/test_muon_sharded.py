@@ -49,8 +49,10 @@ def test_newton_schulz_runs_once_per_full_matrix_across_ranks(sharded_run):
     for shape in sharded_run[0]["shapes"]:
         expected[tuple(shape[-2:])] += shape[0] if len(shape) == 3 else 1
     for step in range(5):
-        seen = Counter(tuple(call[1:]) for rank in sharded_run for call in rank["calls"]
-                       if call[0] == step)
+        seen = Counter()
+        for call in (c for rank in sharded_run for c in rank["calls"] if c[0] == step):
+            shape = call[1:]  # a 3-D call is one batched call for a rank's local experts
+            seen[tuple(shape[-2:])] += shape[0] if len(shape) == 3 else 1
         assert seen == expected, (step, seen)  # never a shard's shape, never twice
     # Both ranks share the work (5 matrices are split, experts stay where they are).
     assert all(rank["calls"] for rank in sharded_run)
@@ -125,6 +127,8 @@ def test_newton_schulz_orthogonalizes():
     assert singular.min() > 0.5 and singular.max() < 1.5  # Muon's US'V^T, S' ~ U(0.5, 1.5)
     assert newton_schulz(matrix.T).shape == (48, 16)
     assert torch.equal(newton_schulz(matrix.T), newton_schulz(matrix).T)
+    stack = torch.stack([matrix, 2 * matrix, matrix.flip(0)])  # batched = one by one
+    assert torch.equal(newton_schulz(stack), torch.stack([newton_schulz(m) for m in stack]))
 
 
 def test_bad_parameters_are_refused():
