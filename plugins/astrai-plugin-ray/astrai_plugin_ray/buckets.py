@@ -40,11 +40,11 @@ def plan_buckets(tensors: dict[str, Tensor], limit_bytes: int) -> list[Bucket]:
     size = 0
     for name, tensor in tensors.items():
         nbytes = tensor.numel() * tensor.element_size()
-        if entries and size + nbytes > limit_bytes:
-            buckets.append(Bucket(size, tuple(entries)))
-            entries, size = [], 0
-        dtype = str(tensor.dtype).removeprefix("torch.")
         offset = -(-size // ALIGN) * ALIGN  # a view as a wider dtype needs an aligned start
+        if entries and offset + nbytes > limit_bytes:
+            buckets.append(Bucket(size, tuple(entries)))
+            entries, size, offset = [], 0, 0
+        dtype = str(tensor.dtype).removeprefix("torch.")
         entries.append(Entry(name, dtype, tuple(tensor.shape), offset, nbytes))
         size = offset + nbytes
     if entries:

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from typing import Any, Literal
 
-from pydantic import BaseModel, Field, ValidationError, model_validator
+from pydantic import BaseModel, Field, ValidationError, field_validator, model_validator
 
 from astrai_core.api import SamplingParams
 
@@ -58,18 +58,24 @@ class RaySamplerConfig(SamplingParams):
         data["worker_sampler"] = inner
         return data
 
-    @model_validator(mode="after")
-    def _check_worker_sampler(self) -> RaySamplerConfig:
-        name = self.worker_sampler.get("name")
+    @field_validator("worker_sampler")
+    @classmethod
+    def _check_worker_sampler(cls, section: dict[str, Any]) -> dict[str, Any]:
+        name = section.get("name")
         if not isinstance(name, str):
-            raise ValueError("worker_sampler needs a name (torch, vllm, ...)")
+            raise ValueError("needs a name (torch, vllm, ...)")
         if name == "ray":
-            raise ValueError("worker_sampler cannot be ray itself; name the sampler each "
-                             "worker runs (torch, vllm, ...)")
-        engine_options(name, self.worker_sampler)  # unknown name or bad options: raises
-        if any(v <= 0 for v in self.worker_resources.values()):
-            raise ValueError("worker_resources amounts must be > 0")
-        return self
+            raise ValueError("cannot be ray itself; name the sampler each worker runs "
+                             "(torch, vllm, ...)")
+        engine_options(name, section)  # unknown name or bad options: raises
+        return section
+
+    @field_validator("worker_resources")
+    @classmethod
+    def _positive(cls, resources: dict[str, float]) -> dict[str, float]:
+        if not resources or any(v <= 0 for v in resources.values()):
+            raise ValueError("give each worker's resources as positive amounts, e.g. {CPU: 1}")
+        return resources
 
 
 def engine_options(name: str, section: dict[str, Any]) -> dict[str, Any]:
@@ -80,7 +86,7 @@ def engine_options(name: str, section: dict[str, Any]) -> dict[str, Any]:
     try:
         target = process_registry().load("sampler", name)
     except PluginError as exc:
-        raise ValueError(f"worker_sampler: {exc}") from None
+        raise ValueError(str(exc)) from None
     options = {k: v for k, v in section.items() if k != "name"}
     config = getattr(target, "Config", None)
     if not (isinstance(config, type) and issubclass(config, BaseModel)):
@@ -90,5 +96,5 @@ def engine_options(name: str, section: dict[str, Any]) -> dict[str, Any]:
     except ValidationError as exc:
         error = exc.errors()[0]
         where = ".".join(str(part) for part in error["loc"])
-        raise ValueError(f"worker_sampler.{where}: {error['msg']}") from None
+        raise ValueError(f"{where}: {error['msg']}") from None
     return {k: v for k, v in validated.model_dump().items() if k not in SAMPLING_FIELDS}

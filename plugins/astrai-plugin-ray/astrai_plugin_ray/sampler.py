@@ -188,8 +188,14 @@ def split_groups(sizes: Sequence[int], parts: int) -> list[int]:
     bounds = [0]
     running = 0
     for index, size in enumerate(sizes):
+        target = total * len(bounds) / parts
+        # Cut before this prompt when that lands nearer the next run's share than after it.
+        if (len(bounds) < parts and index > bounds[-1] and running + size > target
+                and target - running <= running + size - target):
+            bounds.append(index)
+            target = total * len(bounds) / parts
         running += size
-        if len(bounds) < parts and running * parts >= total * len(bounds):
+        if len(bounds) < parts and running >= target:
             bounds.append(index + 1)
     bounds += [len(sizes)] * (parts + 1 - len(bounds))
     bounds[-1] = len(sizes)

@@ -36,6 +36,7 @@ class WorkerSet:
         self.actors = [actor_class.options(**actor_options(bundle, group, i)).remote(
             i, model_ref, tokenizer, sampler_name, sampler_options, device_name)
             for i in range(count)]
+        self.dead: set[int] = set()
         self.info: list[dict[str, Any]] = [{"index": i} for i in range(count)]
         self.info = self.get([a.describe.remote() for a in self.actors], "starting",
                              timeout=timeout_s)
@@ -55,6 +56,7 @@ class WorkerSet:
         try:
             return ray.get(ref, timeout=timeout)
         except RayActorError as exc:
+            self.dead.add(index)
             raise RolloutWorkerDied(self.died_message(index, what, exc)) from None
         except GetTimeoutError:
             raise RolloutWorkerDied(f"{self.name(index)} did not answer {what} within "
@@ -70,6 +72,7 @@ class WorkerSet:
             try:
                 ray.get(ref, timeout=0)
             except RayActorError as exc:
+                self.dead.add(index)
                 return RolloutWorkerDied(self.died_message(index, what, exc))
             except Exception:  # alive, failed because a peer died, or still running
                 continue
@@ -92,10 +95,8 @@ class WorkerSet:
     def kill(self) -> None:
         import ray
 
+        closing = [a.close.remote() for i, a in enumerate(self.actors) if i not in self.dead]
+        ray.wait(closing, num_returns=len(closing), timeout=10)  # let samplers stop engines
         for actor in self.actors:
-            try:
-                ray.get(actor.close.remote(), timeout=10)
-            except Exception:  # dead already, or stuck: killed below either way
-                pass
             ray.kill(actor, no_restart=True)
         self.actors = []
