@@ -83,4 +83,6 @@ class RunConfig(Section):
     sampler: ComponentSection | None = None
     device: ComponentSection = Field(default_factory=lambda: ComponentSection(name="auto"))
     trainer: TrainerConfig
-    rollout: RolloutSection = Field(default_factory=RolloutSection)
+    rollout: RolloutSection = Field(default_factory=RolloutSection, description=(
+        "how online strategies draw rollouts: max_staleness (overlap of sampling and "
+        "training); validated as the `rollout` table below"))
