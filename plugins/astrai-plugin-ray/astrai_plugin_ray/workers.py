@@ -86,7 +86,9 @@ class WorkerSet:
         return f"rollout worker {index} of {len(self.actors)}{where}"
 
     def died_message(self, index: int, what: str, exc: BaseException) -> str:
-        cause = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        lines = [line.strip() for line in str(exc).splitlines() if line.strip()]
+        # Ray's first line says how the actor died; a failed start ends with its exception.
+        cause = " ... ".join(dict.fromkeys([lines[0], lines[-1]])) if lines else type(exc).__name__
         return (f"{self.name(index)} died during {what}: {cause}. Rollout workers are not "
                 "restarted (one would come back with other weights); the run stops here and "
                 "can continue from its last checkpoint with --resume")

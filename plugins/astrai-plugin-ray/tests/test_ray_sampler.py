@@ -138,3 +138,25 @@ def test_split_groups_keeps_runs_contiguous_and_balanced():
     assert split_groups([4] * 8, 3) == [0, 3, 5, 8]
     assert split_groups([1, 1, 1, 9], 2) == [0, 3, 4]
     assert split_groups([2], 3) == [0, 1, 1, 1]
+
+
+def test_a_worker_that_cannot_start_is_named_with_its_cause(ray_session):
+    from astrai_plugin_ray.workers import RolloutWorkerDied
+
+    def placed() -> set[str]:
+        table = ray_session.util.placement_group_table()
+        return {key for key, group in table.items() if group["state"] != "REMOVED"}
+
+    before = placed()
+    with pytest.raises(RolloutWorkerDied, match=r"rollout worker 0 of 1 died during starting"
+                       r".*device 'npu' is not available"):
+        RaySampler(model=_tiny_model(), workers=1, worker_resources={"CPU": 0.5},
+                   worker_device="npu")
+    assert placed() <= before  # the failed start let go of its placement group
+
+
+def test_missing_resources_fail_at_once_naming_them(ray_session):
+    from astrai_plugin_ray.cluster import RayClusterError
+
+    with pytest.raises(RayClusterError, match=r"NPU: 2 \(cluster has 0\).*ray start --resources"):
+        RaySampler(model=_tiny_model(), workers=2, worker_resources={"NPU": 1})
