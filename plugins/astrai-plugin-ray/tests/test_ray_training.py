@@ -103,3 +103,32 @@ def test_worker_sampler_is_checked_and_its_sampling_fields_lifted(tmp_path):
     config["sampler"]["worker_sampler"] = {"name": "torch", "max_batchsize": 3}
     with pytest.raises(ConfigError, match="worker_sampler.*max_batchsize: Extra inputs"):
         plan_run(RunConfig.model_validate(config))
+
+
+def test_astrai_train_joins_the_cluster_at_ray_address_and_leaves_it_running(ray_session,
+                                                                            tmp_path):
+    """A run given RAY_ADDRESS joins that cluster (it does not start its own Ray) and, at
+    its end, removes its workers but leaves the cluster up."""
+    import json
+    import os
+    import subprocess
+    import sys
+
+    import yaml
+
+    prompts = write_arith_prompts(tmp_path / "prompts.jsonl", count=16)
+    config = tiny_run_config(tmp_path, prompts, GRPO, sampler=RAY, max_steps=2,
+                             data={"batch_size": 4})
+    (tmp_path / "run.yaml").write_text(yaml.safe_dump(config))
+    address = ray_session.get_runtime_context().gcs_address
+    env = {**os.environ, "RAY_ADDRESS": address}
+    result = subprocess.run([sys.executable, "-m", "astrai_core.cli.main", "train",
+                             str(tmp_path / "run.yaml")], env=env, capture_output=True,
+                            text=True, timeout=600, cwd=tmp_path)
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert "Started a local Ray instance" not in result.stderr
+    rows = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in rows] == [1, 2]
+    assert ray_session.cluster_resources()["CPU"] == 2  # the cluster lives on
+    table = ray_session.util.placement_group_table()
+    assert all(group["state"] == "REMOVED" for group in table.values())
