@@ -9,7 +9,7 @@ CONSTRAINTS := -c constraints.txt
 # Plugins installed with their dependencies, and those installed with --no-deps:
 # vllm gets its own venv (make test-vllm) and torch_npu breaks `import torch`
 # on a machine without Ascend hardware.
-PLUGINS := grpo gae ppo dpo qwen3
+PLUGINS := grpo gae ppo dpo qwen3 ray
 NODEPS_PLUGINS := vllm npu
 CONTRIB := $(wildcard contrib/*/pyproject.toml)
 
@@ -77,6 +77,7 @@ bench: $(STAMP)
 	$(PY) bench/bench_sampler.py
 	$(PY) bench/bench_grpo_trl.py
 	$(PY) bench/bench_serve.py
+	$(PY) bench/bench_ray.py
 
 # `make dist`: the sdist and wheel of every distribution (core, plugins, contrib) into
 # dist/, built offline by tools/build_dists.py in a small venv of its own (no torch).

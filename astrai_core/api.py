@@ -10,6 +10,7 @@ module level: targets do (see docs/plugins.md).
 from astrai_core.config.schema import RunConfig
 from astrai_core.config.trainer import TrainerConfig
 from astrai_core.devices.base import DeviceBackend
+from astrai_core.devices.select import resolve_device
 from astrai_core.errors import (
     AstraiError,
     CheckpointError,
@@ -102,7 +103,7 @@ __all__ = [
     "stack_experts",
     # devices, plugins, errors, logging
     "AdvantageEstimatorProtocol", "AstraiError", "CheckpointError", "ConfigError",
-    "DataError", "DeviceBackend", "FieldError", "PluginError", "PolicyLossProtocol",
+    "DataError", "DeviceBackend", "FieldError", "resolve_device", "PluginError", "PolicyLossProtocol",
     "RewardFunctionProtocol",
     "SamplerProtocol", "StrategyProtocol", "get_logger", "process_registry",
 ]

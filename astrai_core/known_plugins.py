@@ -14,6 +14,7 @@ SHIPPED: dict[tuple[str, str], str] = {
     ("advantage_estimator", "gae"): "astrai-plugin-gae",
     ("advantage_estimator", "rloo"): "astrai-contrib-rloo",
     ("sampler", "vllm"): "astrai-plugin-vllm",
+    ("sampler", "ray"): "astrai-plugin-ray",
     ("model_importer", "qwen3"): "astrai-plugin-qwen3",
     ("device_backend", "npu"): "astrai-plugin-npu",
 }

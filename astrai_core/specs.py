@@ -102,6 +102,11 @@ class SamplerSpec(Spec):
     """A generation engine behind the sampler contract (torch, vllm, ...)."""
 
     kind: ClassVar[str] = "sampler"
+    asynchronous: bool = Field(
+        default=False,
+        description="generates apart from the trainer's process and has generate_async(), so "
+        "rollouts may overlap training (`rollout.max_staleness` > 0)",
+    )
 
 
 class ModelImporterSpec(Spec):

@@ -189,6 +189,10 @@ def plan_run(config: RunConfig, source: YamlSource | None = None,
         raise resolve.error(exc.path, exc.message) from None
     sampler_section = config.sampler or ComponentSection(name=DEFAULT_SAMPLER)
     sampler = resolve.section("sampler", sampler_section, ("sampler",))
+    try:
+        _check_staleness(config, needs, registry, sampler)
+    except FieldError as exc:
+        raise resolve.error(exc.path, exc.message) from None
     device = (None if config.device.name == "auto"
               else resolve.section("device_backend", config.device, ("device",)))
     return RunPlan(config=config, source=source, registry=registry, strategy=strategy,
@@ -272,6 +276,26 @@ def _check_rewards(config: RunConfig, needs: StrategyNeeds,
                                  f"reward {reward.label!r} needs column(s) {', '.join(absent)}, "
                                  f"which data.sources.{number} ({source.path}) does not "
                                  "declare in its `columns`")
+
+
+def _check_staleness(config: RunConfig, needs: StrategyNeeds, registry: Registry,
+                     sampler: Component) -> None:
+    """``rollout.max_staleness > 0`` needs an online strategy and a sampler that generates
+    apart from the trainer (its spec says ``asynchronous``)."""
+    if config.rollout.max_staleness == 0:
+        return
+    path = ("rollout", "max_staleness")
+    if not needs.rollouts:
+        raise FieldError(path, f"strategy {config.strategy.name!r} trains offline: it draws "
+                         "no rollouts, so there is nothing to overlap (remove rollout:)")
+    spec = registry.get("sampler", sampler.name)
+    if getattr(spec, "asynchronous", False):
+        return
+    allowed = sorted(s.name for s in registry.specs("sampler") if getattr(s, "asynchronous", False))
+    hint = (f"samplers that allow it: {', '.join(allowed)}" if allowed else
+            "no installed sampler allows it (pip install astrai-plugin-ray for the ray sampler)")
+    raise FieldError(path, f"sampler {sampler.name!r} generates inside the trainer's process, so "
+                     f"rollouts cannot overlap training; {hint} (or set max_staleness: 0)")
 
 
 def _keywords(target: Any) -> list[str]:

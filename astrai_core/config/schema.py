@@ -62,6 +62,15 @@ class ModelSection(Section):
         return self
 
 
+class RolloutSection(Section):
+    """How online strategies draw rollouts (ignored by offline strategies)."""
+
+    max_staleness: int = Field(
+        default=0, ge=0, description="optimizer steps a rollout's sampling policy may lag the "
+        "policy that trains on it: k >= 1 samples the next rollout while training on this one "
+        "(needs an asynchronous sampler, e.g. ray); 0 = on-policy")
+
+
 class RunConfig(Section):
     """A whole `astrai train` config."""
 
@@ -74,3 +83,6 @@ class RunConfig(Section):
     sampler: ComponentSection | None = None
     device: ComponentSection = Field(default_factory=lambda: ComponentSection(name="auto"))
     trainer: TrainerConfig
+    rollout: RolloutSection = Field(default_factory=RolloutSection, description=(
+        "how online strategies draw rollouts: max_staleness (overlap of sampling and "
+        "training); validated as the `rollout` table below"))

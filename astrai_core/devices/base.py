@@ -7,6 +7,7 @@ distributed backend, synchronisation, RNG state, memory figures and autocast.
 from __future__ import annotations
 
 import contextlib
+from datetime import timedelta
 from typing import Any
 
 import torch
@@ -65,3 +66,17 @@ class DeviceBackend:
 
     def empty_cache(self) -> None:
         """Return cached memory to the device."""
+
+    def ray_resources(self) -> dict[str, float]:
+        """Ray custom resources for this machine's devices of this family, registered when
+        astrai starts a local Ray (e.g. ``{"NPU": 8}``). Empty when Ray detects the devices
+        itself (CPUs, CUDA GPUs) or the family has none here."""
+        return {}
+
+    def process_group(self, store: Any, rank: int, world_size: int, timeout: timedelta) -> Any:
+        """A stand-alone collective group of :attr:`dist_backend` over ``store``, apart from
+        the default group (e.g. the trainer-to-rollout-workers group of the ray sampler).
+        Its ``broadcast`` moves tensors on :meth:`device`; the base group is gloo (CPU)."""
+        import torch.distributed as dist
+
+        return dist.ProcessGroupGloo(store, rank, world_size, timeout)

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+from datetime import timedelta
+from typing import Any
+
 import torch
 
 from astrai_core.devices.base import DeviceBackend
@@ -49,3 +52,10 @@ class CudaBackend(DeviceBackend):
 
     def empty_cache(self) -> None:
         torch.cuda.empty_cache()
+
+    def process_group(self, store: Any, rank: int, world_size: int, timeout: timedelta) -> Any:
+        import torch.distributed as dist
+
+        options = dist.ProcessGroupNCCL.Options()
+        options._timeout = timeout
+        return dist.ProcessGroupNCCL(store, rank, world_size, options)

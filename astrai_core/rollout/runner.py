@@ -74,6 +74,20 @@ class RolloutRunner:
         self.rollouts_drawn += 1
         return rollout
 
+    # -- requested ahead (rollout.max_staleness > 0) ----------------------------------
+    def submit(self) -> PendingRollout:
+        """Request the next training rollout without waiting for it (an asynchronous
+        sampler's ``generate_async``): it takes the same prompts and seeds as :meth:`draw`
+        would, and is sampled by the policy published so far, since the sampler serves
+        requests and weight updates in the order they arrive."""
+        records = self._next_prompts()
+        params = self._per_prompt_params(self.sampling_params, len(records), self.group_size)
+        with self._lock:
+            version = self.policy_version
+            handle = self.sampler.generate_async([r.prompt_ids for r in records], params)
+        self.rollouts_drawn += 1
+        return PendingRollout(lambda: self._build(records, handle.result(), version))
+
     def publish(self, state_dict: dict[str, torch.Tensor] | None = None) -> int:
         """Hand new policy weights to the sampler (None: the live model changed in place);
         returns the new policy version."""
@@ -81,6 +95,11 @@ class RolloutRunner:
             self.sampler.update_weights(state_dict)
             self.policy_version += 1
             return self.policy_version
+
+    def sampler_metrics(self) -> dict[str, float]:
+        """The sampler's own metrics since the last call (a ray sampler's push times)."""
+        metrics = getattr(self.sampler, "metrics", None)
+        return dict(metrics()) if callable(metrics) else {}
 
     # ---------------------------------------------------------------- resume
     def state_dict(self) -> dict[str, Any]:
@@ -179,6 +198,16 @@ class RolloutRunner:
         if self.tokenizer is None:
             return ""
         return self.tokenizer.decode(list(token_ids), skip_special_tokens=True)
+
+
+class PendingRollout:
+    """A rollout requested ahead; :meth:`result` waits for its completions and scores them."""
+
+    def __init__(self, finish: Any) -> None:
+        self._finish = finish
+
+    def result(self) -> RolloutBatch:
+        return self._finish()
 
 
 def _behaviour_logprobs(completions: Sequence[Completion]) -> torch.Tensor | None:

@@ -120,12 +120,19 @@ class OnlineStrategy(Strategy):
                              f"strategy.group_size={config.group_size}) cannot be cut into "
                              f"strategy.mini_batches={config.mini_batches} x "
                              f"trainer.grad_accum_steps={accum} equal micro-batches")
+        if (run_config.rollout.max_staleness and config.recompute_old_logprobs
+                and config.rollout_correction is None):
+            raise FieldError(("strategy", "recompute_old_logprobs"),
+                             "with rollout.max_staleness > 0 the trainer's log-probs are not "
+                             "the sampling policy's: keep the sampler's (false), or add "
+                             "rollout_correction to weigh the two")
 
     def batch_source(self) -> RolloutSource:
         return RolloutSource(self.run.rollouts, self.process_rollout, epochs=self.config.epochs,
                              mini_batches=self.config.mini_batches,
                              micro_batches=self.run.trainer.grad_accum_steps,
-                             seed=self.run.trainer.seed, device=self.run.device)
+                             seed=self.run.trainer.seed, device=self.run.device,
+                             max_staleness=self.run.plan.config.rollout.max_staleness)
 
     def policy_objective(self, settings: ObjectiveSettings) -> PolicyObjective:
         """The shared objective around the run's policy loss (built by the wiring)."""

@@ -44,7 +44,12 @@ def train(config: RunConfig, *, source: YamlSource | None = None, resume: bool =
     except NothingToResume as done:
         log.warning(str(done))
         return {}
-    return Trainer(run, strategy).fit(resume=resume)
+    try:
+        return Trainer(run, strategy).fit(resume=resume)
+    finally:  # a sampler holding processes (ray workers, a vLLM engine) lets them go
+        close = getattr(run.sampler, "close", None)
+        if close is not None:
+            close()
 
 
 class NothingToResume(CheckpointError):

@@ -10,7 +10,12 @@ at a time (``next_step()``: a list of ``trainer.grad_accum_steps`` of them) and 
   for each of ``epochs`` passes, cuts each pass into ``mini_batches`` optimizer steps and
   each step into micro-batches. Its checkpoint state holds the processed rollout itself
   (as tensors, saved through safetensors), its order and the position in it, so a run
-  killed in the middle of a rollout resumes exactly there.
+  killed in the middle of a rollout resumes exactly there. With ``max_staleness: k > 0``
+  it requests rollouts ahead from an asynchronous sampler (``drawer.submit()``) so that
+  sampling overlaps training, never more than k optimizer steps ahead, and logs
+  ``rollout/staleness``. A checkpoint does not hold the rollouts requested ahead: a
+  resumed k > 0 run skips their prompts and samples the next ones with the checkpoint's
+  policy (valid, but not bit-identical to the uninterrupted run; k = 0 resumes exactly).
 """
 
 from __future__ import annotations
@@ -81,7 +86,7 @@ class RolloutSource:
 
     def __init__(self, drawer: Drawer, process: ProcessFn, *, epochs: int, mini_batches: int,
                  micro_batches: int, seed: int, device: torch.device | str = "cpu",
-                 shuffle: bool = True) -> None:
+                 shuffle: bool = True, max_staleness: int = 0) -> None:
         self.drawer = drawer
         self.process = process
         self.epochs, self.mini_batches, self.micro_batches = epochs, mini_batches, micro_batches
@@ -91,16 +96,37 @@ class RolloutSource:
         self._rollout: RolloutBatch | None = None
         self._order: list[torch.Tensor] = []
         self._position = 0
+        self.max_staleness = max_staleness
+        self._ahead: list[Any] = []  # rollouts requested ahead, oldest first
 
     def next_step(self) -> list[RolloutBatch]:
         if self._rollout is None or self._position == len(self._order):
-            self._rollout, self.stats = self.process(self.drawer.draw())
+            drawn = self._ahead.pop(0).result() if self._ahead else self.drawer.draw()
+            staleness = self._staleness(drawn)
+            self._rollout, self.stats = self.process(drawn)
+            self.stats["rollout/staleness"] = staleness
             self.drawn += 1
             self._order = self._schedule(len(self._rollout))
             self._position = 0
+        self._request_ahead()
         rows = self._order[self._position]
         self._position += 1
         return split_micro_batches(self._rollout.select(rows), self.micro_batches)
+
+    # -- bounded staleness (rollout.max_staleness) ------------------------------------
+    def _request_ahead(self) -> None:
+        """Before training on this step, request the rollouts that will still be at most
+        ``max_staleness`` optimizer steps old when they are trained on: the j-th rollout
+        ahead starts training after ``(j + 1) x steps per rollout - position`` more steps
+        (the trainer publishes the policy after every step)."""
+        steps = len(self._order)
+        while (len(self._ahead) + 1) * steps - self._position <= self.max_staleness:
+            self._ahead.append(self.drawer.submit())
+
+    def _staleness(self, rollout: RolloutBatch) -> float:
+        """Policy versions between the rollout's sampling policy and the trainer's."""
+        current = getattr(self.drawer, "policy_version", rollout.policy_version)
+        return float(current - rollout.policy_version)
 
     def _schedule(self, count: int) -> list[torch.Tensor]:
         """Row indices of each optimizer step: a fresh shuffle per epoch, cut in parts."""
@@ -126,6 +152,7 @@ class RolloutSource:
         self.drawer.load_state_dict(state["drawer"])
         self.drawn = int(state["drawn"])
         self.stats = dict(state.get("stats", {}))
+        self._ahead = []
         if TENSORS in state:  # stopped inside a rollout: serve the rest of it
             rollout = RolloutBatch.from_tensors(state[TENSORS], int(state["policy_version"]))
             self._rollout = rollout.to(self.device)

@@ -182,6 +182,7 @@ class Trainer:
         self.strategy.after_optimizer_step(self.step)
         if self.run.rollouts is not None:
             self.run.rollouts.publish_from(self.run.model)
+            metrics.update(self.run.rollouts.sampler_metrics())  # e.g. weight-push times
         seconds, tokens_per_s = throughput.lap(metrics.get("tokens", 0))
         metrics["time/step_seconds"] = seconds
         metrics["throughput/tokens_per_s"] = tokens_per_s

@@ -58,7 +58,7 @@ def test_each_rollout_serves_epochs_times_mini_batches_steps(fake_sampler, make_
     source, processed = _source(fake_sampler, make_records)
     steps = [source.next_step() for _ in range(8)]
     assert len(processed) == 2 and len(fake_sampler.calls) == 2   # 2 x 2 steps per rollout
-    assert source.stats == {"rollout/marker": 2.0}
+    assert source.stats == {"rollout/marker": 2.0, "rollout/staleness": 0.0}
     # each epoch (2 mini-batch steps) covers the whole rollout once: prompts 0 and 1 twice each
     first_epoch = _rows(steps[0] + steps[1])
     assert first_epoch == [0, 0, 1, 1]

@@ -22,6 +22,7 @@ from torch import Tensor
 
 from astrai_core.api import (
     BatchSource,
+    FieldError,
     RolloutBatch,
     RunComponents,
     Strategy,
@@ -70,6 +71,14 @@ class DPO(Strategy):
             return super().needs(config)
         return StrategyNeeds(data_formats=("prompt",), rollouts=True,
                              group_size=config.group_size)
+
+    @classmethod
+    def check_run(cls, config: Any, run_config: Any) -> None:
+        super().check_run(config, run_config)
+        if config.mode == "online" and run_config.rollout.max_staleness:
+            raise FieldError(("rollout", "max_staleness"), "online DPO pairs each rollout's "
+                             "completions on-policy; max_staleness > 0 applies to grpo, ppo "
+                             "and reinforce")
 
     def __init__(self, config: DPOConfig, run: RunComponents) -> None:
         super().__init__(config, run)

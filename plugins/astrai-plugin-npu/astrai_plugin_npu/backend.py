@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import importlib
 import importlib.util
+from datetime import timedelta
 from typing import Any
 
 import torch
@@ -70,3 +71,16 @@ class NpuBackend(DeviceBackend):
 
     def empty_cache(self) -> None:
         self._npu.empty_cache()
+
+    def ray_resources(self) -> dict[str, float]:
+        """Ray does not detect Ascend NPUs by itself: they become the custom resource "NPU"."""
+        count = self.device_count()
+        return {"NPU": float(count)} if count else {}
+
+    def process_group(self, store: Any, rank: int, world_size: int, timeout: timedelta) -> Any:
+        """A stand-alone HCCL group (torch_npu's ProcessGroupHCCL)."""
+        from torch_npu._C._distributed_c10d import ProcessGroupHCCL
+
+        options = ProcessGroupHCCL.Options()
+        options._timeout = timeout
+        return ProcessGroupHCCL(store, rank, world_size, options)

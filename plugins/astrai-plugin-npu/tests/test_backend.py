@@ -59,3 +59,10 @@ def test_backend_dispatches_to_torch_npu(fake_torch_npu):
     assert backend.supports_bf16() is False
     assert fake_torch_npu == [("set_device", 2), ("manual_seed_all", 5), ("set_rng_state", 7),
                               ("synchronize",)]
+
+
+def test_npus_become_a_ray_custom_resource(fake_torch_npu):
+    """Ray does not detect Ascend NPUs: the backend declares them (the ray plugin registers it)."""
+    from astrai_plugin_npu.backend import NpuBackend
+
+    assert NpuBackend().ray_resources() == {"NPU": 8.0}

@@ -1,0 +1,113 @@
+"""Weight pushes from the trainer to every rollout worker, in size-bounded buckets.
+
+* **collective**: a torch.distributed group of the trainer (rank 0) and the workers,
+  formed once through a TCPStore the trainer hosts and kept apart from any default group
+  the trainer itself uses (FSDP). Each bucket is one broadcast. The group is the device
+  backend's own (NCCL, HCCL; ``DeviceBackend.process_group``) when the trainer and every
+  worker are on devices of one family, else gloo with the buckets staged on CPU.
+* **object_store**: each bucket is put once in Ray's object store and every worker
+  fetches it: for clusters where the workers cannot reach the trainer's address (a Ray
+  Client connection) or a group cannot be formed.
+
+A push logs ``rollout/weight_push_seconds`` (the slowest worker's transfer),
+``rollout/weight_push_wait_seconds`` (the trainer's whole wait, including a generation
+the workers were finishing) and ``rollout/weight_push_mb``.
+"""
+
+from __future__ import annotations
+
+import time
+import uuid
+from datetime import timedelta
+from typing import Any
+
+import torch
+
+from astrai_core.api import DeviceBackend, get_logger, process_registry, resolve_device
+from astrai_plugin_ray.buckets import pack, plan_buckets, total_bytes
+from astrai_plugin_ray.workers import WorkerSet
+
+log = get_logger("astrai.ray")
+FORM_TIMEOUT_S = 60.0  # `auto` gives up forming a group after this and uses the object store
+
+
+class WeightPusher:
+    """Pushes tensors to ``workers`` by ``mode`` (collective, object_store or auto)."""
+
+    def __init__(self, workers: WorkerSet, trainer_backend: DeviceBackend, mode: str,
+                 bucket_bytes: int, timeout_s: float, client: bool) -> None:
+        self.workers = workers
+        self.bucket_bytes = bucket_bytes
+        self.timeout_s = timeout_s
+        self.group: Any = None
+        self.group_device = torch.device("cpu")
+        self.transport = "object_store"
+        if mode == "collective" or (mode == "auto" and not client):
+            try:
+                self._form_group(trainer_backend, timeout_s if mode == "collective"
+                                 else min(timeout_s, FORM_TIMEOUT_S))
+            except Exception as exc:
+                if mode == "collective":
+                    raise
+                log.warning("no weight-push group could be formed; pushing through Ray's "
+                            "object store", error=str(exc).splitlines()[0])
+        log.info("weight pushes", transport=self.transport, workers=len(workers),
+                 bucket_mb=bucket_bytes / 2**20)
+
+    def _form_group(self, trainer: DeviceBackend, timeout_s: float) -> None:
+        import ray
+        import torch.distributed as dist
+
+        worker_backends = {info["dist_backend"] for info in self.workers.info}
+        on_device = trainer.type != "cpu" and worker_backends == {trainer.dist_backend}
+        backend = trainer if on_device else resolve_device(process_registry(), "cpu")
+        world = len(self.workers) + 1
+        host = ray.util.get_node_ip_address()
+        timeout = timedelta(seconds=timeout_s)
+        store = dist.TCPStore(host, 0, world_size=world, is_master=True, timeout=timeout,
+                              wait_for_workers=False)
+        prefix = f"astrai-weights-{uuid.uuid4().hex}"
+        refs = [actor.join_group.remote(host, store.port, prefix, rank + 1, world, on_device,
+                                        timeout_s)
+                for rank, actor in enumerate(self.workers.actors)]
+        self.group = backend.process_group(dist.PrefixStore(prefix, store), 0, world, timeout)
+        self.workers.get(refs, "joining the weight-push group", timeout=timeout_s)
+        self._store = store  # the group's rendezvous lives as long as the group
+        self.group_device = trainer.device(0) if on_device else torch.device("cpu")
+        self.transport = f"collective ({backend.dist_backend})"
+
+    def push(self, tensors: dict[str, torch.Tensor]) -> dict[str, float]:
+        """Send ``tensors`` (names of the workers' policy) to every worker; the metrics."""
+        import ray
+
+        buckets = plan_buckets(tensors, self.bucket_bytes)
+        start = time.perf_counter()
+        actors = self.workers.actors
+        if self.group is None:
+            objects = [ray.put(pack(b, tensors, torch.device("cpu"))) for b in buckets]
+            refs = [actor.receive_weights.remote(buckets, objects) for actor in actors]
+        else:
+            refs = [actor.receive_weights.remote(buckets) for actor in actors]
+            self._broadcast(buckets, tensors, refs)
+        seconds = self.workers.get(refs, "a weight push", timeout=self.timeout_s)
+        return {"rollout/weight_push_seconds": max(seconds),
+                "rollout/weight_push_wait_seconds": time.perf_counter() - start,
+                "rollout/weight_push_mb": total_bytes(buckets) / 2**20}
+
+    def _broadcast(self, buckets: list[Any], tensors: dict[str, torch.Tensor],
+                   refs: list[Any]) -> None:
+        import torch.distributed as dist
+
+        options = dist.BroadcastOptions()
+        options.rootRank = 0
+        for bucket in buckets:
+            buffer = pack(bucket, tensors, self.group_device)
+            try:
+                self.group.broadcast([buffer], options).wait(timedelta(seconds=self.timeout_s))
+            except RuntimeError as exc:  # a peer died (gloo sees it at once) or timed out
+                self.group = None
+                raise self.workers.first_death(refs, "a weight push", exc) from None
+
+    def close(self) -> None:
+        self.group = None
+        self._store = None

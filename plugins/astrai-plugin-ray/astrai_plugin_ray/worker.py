@@ -1,0 +1,110 @@
+"""One rollout worker: a Ray actor holding its own copy of the policy and its own sampler.
+
+The actor gets the policy module once (through Ray's object store, on CPU), moves it to
+its device and builds the sampler the config names, found through this process's
+registry. Weights then arrive as buckets (:mod:`astrai_plugin_ray.buckets`), either by
+a broadcast over the trainer-and-workers group or from Ray's object store, are copied
+into the worker's policy in place, and the sampler is told that its policy changed
+(``update_weights(None)``, which a vLLM sampler turns into an engine reload). Ray runs an
+actor's calls one at a time in the order they were sent, so a generation requested
+before a weight push always samples with the weights before it.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from collections.abc import Sequence
+from datetime import timedelta
+from typing import Any
+
+import torch
+
+from astrai_core.api import Completion, SamplingParams, process_registry, resolve_device
+from astrai_plugin_ray.buckets import Bucket, unpack
+
+
+class RolloutWorker:
+    """Built by Ray as ``ray.remote(RolloutWorker).options(...).remote(...)``."""
+
+    def __init__(self, index: int, model: torch.nn.Module, tokenizer: Any, sampler_name: str,
+                 sampler_options: dict[str, Any], device_name: str) -> None:
+        registry = process_registry()
+        self.index = index
+        self.backend = resolve_device(registry, device_name)
+        self.device = self.backend.device(0)
+        self.model = model.to(self.device).eval().requires_grad_(False)
+        # Every name, tied ones included: a push may name either of two tied tensors.
+        self._parameters = dict(self.model.named_parameters(remove_duplicate=False))
+        self._parameters.update(self.model.named_buffers(remove_duplicate=False))
+        sampler_class = registry.load("sampler", sampler_name)
+        self.sampler = sampler_class(model=self.model, tokenizer=tokenizer, **sampler_options)
+        self.group: Any = None
+        self.group_device = torch.device("cpu")
+
+    def describe(self) -> dict[str, Any]:
+        """Where this worker runs (for error messages and the logs)."""
+        import ray
+
+        context = ray.get_runtime_context()
+        return {"index": self.index, "node_id": context.get_node_id(),
+                "node_ip": ray.util.get_node_ip_address(), "pid": os.getpid(),
+                "device": str(self.device), "dist_backend": self.backend.dist_backend}
+
+    # ---------------------------------------------------------------- generation
+    def generate(self, prompts: Sequence[Sequence[int]],
+                 params: SamplingParams | Sequence[SamplingParams]) -> list[Completion]:
+        return self.sampler.generate(prompts, params)
+
+    # ---------------------------------------------------------------- weights
+    def join_group(self, host: str, port: int, prefix: str, rank: int, world_size: int,
+                   on_device: bool, timeout_s: float) -> str:
+        """Join the trainer's weight-push group; returns its backend's name."""
+        import torch.distributed as dist
+
+        timeout = timedelta(seconds=timeout_s)
+        store = dist.PrefixStore(prefix, dist.TCPStore(host, port, world_size=world_size,
+                                                       is_master=False, timeout=timeout))
+        backend = self.backend if on_device else resolve_device(process_registry(), "cpu")
+        self.group = backend.process_group(store, rank, world_size, timeout)
+        self.group_device = self.device if on_device else torch.device("cpu")
+        return backend.dist_backend
+
+    def receive_weights(self, buckets: list[Bucket], refs: list[Any] | None = None) -> float:
+        """Take new weights bucket by bucket (broadcast from rank 0, or ``refs`` from the
+        object store), copy them into the policy and tell the sampler; returns the seconds
+        the transfer took here."""
+        import torch.distributed as dist
+
+        start = time.perf_counter()
+        for number, bucket in enumerate(buckets):
+            if refs is None:
+                buffer = torch.empty(bucket.nbytes, dtype=torch.uint8, device=self.group_device)
+                options = dist.BroadcastOptions()
+                options.rootRank = 0
+                self.group.broadcast([buffer], options).wait()
+            else:
+                import ray
+
+                buffer = ray.get(refs[number])
+            self._copy_in(unpack(bucket, buffer))
+        self.sampler.update_weights(None)
+        return time.perf_counter() - start
+
+    def _copy_in(self, tensors: dict[str, torch.Tensor]) -> None:
+        with torch.no_grad():
+            for name, tensor in tensors.items():
+                target = self._parameters.get(name)
+                if target is None:
+                    raise KeyError(f"rollout worker {self.index}: the policy has no tensor {name!r}")
+                target.copy_(tensor)
+
+    def weights(self) -> dict[str, torch.Tensor]:
+        """The policy's state on CPU (tests compare it with the trainer's)."""
+        return {k: v.detach().cpu().clone() for k, v in self.model.state_dict().items()}
+
+    def close(self) -> None:
+        close = getattr(self.sampler, "close", None)
+        if close is not None:
+            close()
+        self.group = None

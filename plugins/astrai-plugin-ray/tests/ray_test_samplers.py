@@ -1,0 +1,48 @@
+"""Samplers for the ray sampler's tests, loaded as a plugin (ASTRAI_PLUGINS) by the test
+process and by every Ray worker: a torch sampler that is deliberately slow, and one whose
+process dies at a given generate call."""
+
+from __future__ import annotations
+
+import os
+import time
+
+from astrai_core import SamplerSpec, hookimpl
+from astrai_core.sampling.torch_sampler import TorchSampler
+
+
+@hookimpl
+def astrai_samplers():
+    return [SamplerSpec(name="slow_torch", target="ray_test_samplers:SlowTorchSampler",
+                        summary="the torch sampler, delay_s slower per generate call"),
+            SamplerSpec(name="dying_torch", target="ray_test_samplers:DyingTorchSampler",
+                        summary="the torch sampler, whose process exits at call die_at_call")]
+
+
+class SlowTorchSampler(TorchSampler):
+    class Config(TorchSampler.Config):
+        delay_s: float = 0.0
+
+    def __init__(self, model, tokenizer=None, max_batch_size: int = 64, delay_s: float = 0.0):
+        super().__init__(model, tokenizer, max_batch_size)
+        self.delay_s = delay_s
+
+    def generate(self, prompts, params, on_token=None):
+        time.sleep(self.delay_s)  # slower than a training step: sampling is the bottleneck
+        return super().generate(prompts, params, on_token)
+
+
+class DyingTorchSampler(TorchSampler):
+    class Config(TorchSampler.Config):
+        die_at_call: int = 1
+
+    def __init__(self, model, tokenizer=None, max_batch_size: int = 64, die_at_call: int = 1):
+        super().__init__(model, tokenizer, max_batch_size)
+        self.die_at_call = die_at_call
+        self.calls = 0
+
+    def generate(self, prompts, params, on_token=None):
+        self.calls += 1
+        if self.calls == self.die_at_call:
+            os._exit(1)  # the worker's process dies, as when it is killed or its node fails
+        return super().generate(prompts, params, on_token)
