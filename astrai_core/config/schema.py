@@ -12,6 +12,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
+from astrai_core.config.parallel import ParallelConfig
 from astrai_core.config.trainer import TrainerConfig
 from astrai_core.data.config import DataConfig
 
@@ -74,3 +75,4 @@ class RunConfig(Section):
     sampler: ComponentSection | None = None
     device: ComponentSection = Field(default_factory=lambda: ComponentSection(name="auto"))
     trainer: TrainerConfig
+    parallel: ParallelConfig = Field(default_factory=ParallelConfig)
