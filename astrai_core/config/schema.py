@@ -75,4 +75,6 @@ class RunConfig(Section):
     sampler: ComponentSection | None = None
     device: ComponentSection = Field(default_factory=lambda: ComponentSection(name="auto"))
     trainer: TrainerConfig
-    parallel: ParallelConfig = Field(default_factory=ParallelConfig)
+    parallel: ParallelConfig = Field(
+        default_factory=ParallelConfig, description="the data-parallel mesh of a distributed "
+        "run (torchrun): FSDP2 sharding, replication, activation checkpointing")

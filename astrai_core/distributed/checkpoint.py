@@ -10,6 +10,9 @@ names (not positions), so they do not depend on how the modules are wrapped.
 
 from __future__ import annotations
 
+import contextlib
+import warnings
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -18,6 +21,20 @@ from torch import nn
 from astrai_core.distributed.context import DistContext
 
 DCP_DIR = "dcp"
+
+
+def _distributed() -> bool:
+    import torch.distributed as dist
+
+    return dist.is_available() and dist.is_initialized()
+
+
+@contextlib.contextmanager
+def _single_process_quiet() -> Iterator[None]:
+    """DCP warns that a one-process save "assumes" one process: that is the intent here."""
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message="torch.distributed is", category=UserWarning)
+        yield
 
 
 def _optimizers(optimizer: Any) -> list[Any]:
@@ -51,7 +68,9 @@ def save_sharded(directory: Path, modules: list[Any]) -> None:
     """Every rank's shards of ``modules`` into ``directory/dcp`` (a collective)."""
     import torch.distributed.checkpoint as dcp
 
-    dcp.save(sharded_state(modules), checkpoint_id=str(directory / DCP_DIR))
+    with _single_process_quiet():
+        dcp.save(sharded_state(modules), checkpoint_id=str(directory / DCP_DIR),
+                 no_dist=not _distributed())
 
 
 def has_sharded(directory: Path) -> bool:
@@ -62,15 +81,40 @@ def load_sharded(directory: Path, modules: list[Any]) -> None:
     """Restore ``modules`` and their optimizers from ``directory/dcp``, resharded to this
     run's mesh (a collective)."""
     import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint import DefaultLoadPlanner
     from torch.distributed.checkpoint.state_dict import (set_model_state_dict,
                                                          set_optimizer_state_dict)
 
     state = sharded_state(modules)
-    dcp.load(state, checkpoint_id=str(directory / DCP_DIR))
+    # Partial: the template has optimizer state for every trainable parameter (DCP makes
+    # it with a zero-lr step), the checkpoint only for those that ever had a gradient
+    # (a critic's unused lm_head); AdamW skips the others, as the saved run did.
+    with _single_process_quiet():
+        dcp.load(state, checkpoint_id=str(directory / DCP_DIR), no_dist=not _distributed(),
+                 planner=DefaultLoadPlanner(allow_partial_load=True))
+    saved = _saved_keys(directory)
     for m in modules:
         set_model_state_dict(m.module, state["modules"][m.name])
         set_optimizer_state_dict(m.module, _optimizers(m.optimizer),
                                  state["optimizers"][m.name])
+        _drop_unsaved_state(m, saved)
+
+
+def _saved_keys(directory: Path) -> set[str]:
+    """The flattened keys the checkpoint holds (``optimizers.policy.state.<fqn>.<key>``)."""
+    from torch.distributed.checkpoint import FileSystemReader
+
+    return set(FileSystemReader(str(directory / DCP_DIR)).read_metadata().state_dict_metadata)
+
+
+def _drop_unsaved_state(m: Any, saved: set[str]) -> None:
+    """Forget the optimizer state the load template invented for parameters that had none
+    when the checkpoint was written, so the resumed optimizer is the saved one exactly."""
+    prefix = f"optimizers.{m.name}.state."
+    for name, param in m.module.named_parameters():
+        if not any(key.startswith(f"{prefix}{name}.") for key in saved):
+            for optimizer in _optimizers(m.optimizer):
+                optimizer.state.pop(param, None)
 
 
 def read_sharded(directory: Path) -> dict[str, Any]:
@@ -78,4 +122,5 @@ def read_sharded(directory: Path) -> dict[str, Any]:
     and tests: compare two runs' optimizer states)."""
     from torch.distributed.checkpoint.state_dict_loader import _load_state_dict_from_keys
 
-    return _load_state_dict_from_keys(checkpoint_id=str(directory / DCP_DIR))
+    with _single_process_quiet():
+        return _load_state_dict_from_keys(checkpoint_id=str(directory / DCP_DIR))
