@@ -45,11 +45,16 @@ def reduce_micro_batches(records: list[MicroBatchRecord], dist: DistContext
     for index, record in enumerate(records):
         row = summed[index * width:(index + 1) * width]
         total = row[0] or 1.0
-        metrics = {n: row[2 + i] if n in SUMMED else row[2 + i] / total
-                   for i, n in enumerate(names)}
+        metrics = {n: _summed(row[2 + i], record.metrics[n]) if n in SUMMED
+                   else row[2 + i] / total for i, n in enumerate(names)}
         reduced.append(MicroBatchRecord(row[1] / total,
                                         None if record.weight is None else row[0], metrics))
     return reduced
+
+
+def _summed(total: float, local: Any) -> Any:
+    """A summed count keeps the type it had on one rank (an int stays an int)."""
+    return round(total) if isinstance(local, int) else total
 
 
 class NullMetricsLog:
