@@ -2,9 +2,6 @@
 data, global reductions and sharded checkpoints (DESIGN.md, "Scale").
 
 A one-process run uses :data:`SINGLE` and every helper here is then the identity, so the
-trainer and the strategies have one code path for 1 and N processes.
+trainer and the strategies have one code path for 1 and N processes. (Nothing is
+imported here: the run plan reads the world size without importing torch.)
 """
-
-from astrai_core.distributed.context import SINGLE, DistContext
-
-__all__ = ["SINGLE", "DistContext"]

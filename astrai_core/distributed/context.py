@@ -16,17 +16,10 @@ from typing import Any
 
 import torch
 
+from astrai_core.distributed.world import launched_world_size
 from astrai_core.log import get_logger
 
 log = get_logger("astrai.distributed")
-
-
-def launched_world_size() -> int:
-    """The number of processes torchrun started (1 outside torchrun)."""
-    try:
-        return max(int(os.environ.get("WORLD_SIZE", "1")), 1)
-    except ValueError:
-        return 1
 
 
 @dataclass(frozen=True)

@@ -17,7 +17,7 @@ import sys
 from collections.abc import Iterator
 from typing import Any
 
-from astrai_core.distributed.context import launched_world_size
+from astrai_core.distributed.world import launched_world_size
 
 DEFAULT_PORT = 29500
 

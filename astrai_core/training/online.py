@@ -27,7 +27,7 @@ import torch
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from astrai_core.config.schema import ComponentSection, RunConfig
-from astrai_core.distributed.context import launched_world_size
+from astrai_core.distributed.world import launched_world_size
 from astrai_core.distributed.rollouts import gather_rollout
 from astrai_core.errors import ConfigError, FieldError
 from astrai_core.rl.functional import token_rewards_from_scores

@@ -21,6 +21,9 @@ import torch
 from torch import nn
 
 from astrai_core.config.trainer import TrainerConfig
+from astrai_core.distributed.checkpoint import has_sharded, load_sharded
+from astrai_core.distributed.fsdp import full_tensor
+from astrai_core.distributed.metrics import MicroBatchRecord, NullMetricsLog, reduce_micro_batches
 from astrai_core.errors import AstraiError
 from astrai_core.log import get_logger
 from astrai_core.training import checkpointing as ckpt
@@ -30,9 +33,6 @@ from astrai_core.training.evaluation import evaluate
 from astrai_core.training.metrics import MetricsLog, Throughput, to_number
 from astrai_core.training.optim import build_optimizer, build_scheduler
 from astrai_core.training.progress import Clock, RunReporter
-from astrai_core.distributed.checkpoint import has_sharded, load_sharded
-from astrai_core.distributed.fsdp import full_tensor
-from astrai_core.distributed.metrics import MicroBatchRecord, NullMetricsLog, reduce_micro_batches
 from astrai_core.training.signals import StopOnSignal, TrainingInterrupted
 from astrai_core.training.sources import TENSORS
 from astrai_core.training.strategy import Strategy
@@ -224,8 +224,9 @@ class Trainer:
                      "continue with --resume")
         else:
             saved = "no checkpoint written (trainer.checkpoint_on_signal is off)"
-        raise TrainingInterrupted(stop.received or signal.SIGTERM, f"stopped by {stop.name} after step "
-                                  f"{self.step}: {saved}")
+        # another rank's signal stops this one too: it reports SIGTERM, as a scheduler sends
+        raise TrainingInterrupted(stop.received or signal.SIGTERM, f"stopped by "
+                                  f"{stop.name or 'SIGTERM'} after step {self.step}: {saved}")
 
     def _due(self, every: int) -> bool:
         return self.step == self.cfg.max_steps or (every > 0 and self.step % every == 0)
