@@ -33,6 +33,7 @@ def digit(prompts, completions, **columns):
         raise RuntimeError("dist_digit exploded on rank " + os.environ["RANK"])
     return [float(any(ch.isdigit() for ch in text)) for text in completions]
 '''
+pytestmark = pytest.mark.slow  # runs of 2 processes under torchrun
 STEPS = 3
 SHARED = ("loss", "policy_loss", "grad_norm", "tokens", "rollout/reward_mean",
           "rollout/advantage_mean", "rollout/advantage_std")

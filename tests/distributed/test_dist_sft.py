@@ -15,6 +15,7 @@ from tests.distributed.conftest import (assert_close_metrics, assert_close_weigh
                                         copy_checkpoint, ok, train, weights, without_timing)
 from tests.training.conftest import tiny_config
 
+pytestmark = pytest.mark.slow  # runs of 2 processes under torchrun
 STEPS = 10
 LOSSES = ("loss", "lm_loss", "grad_norm", "tokens")
 
