@@ -57,7 +57,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         result = _command_module(args._module).run(args)
         sys.stdout.flush()  # inside the try: a closed pipe is reported here, not at exit
     except AstraiError as error:
-        print(f"error: {error}", file=sys.stderr)
+        print(f"error: {_rank_prefix()}{error}", file=sys.stderr)
         raise SystemExit(error.exit_code) from None
     except KeyboardInterrupt:
         print("interrupted", file=sys.stderr)
@@ -66,6 +66,13 @@ def main(argv: Sequence[str] | None = None) -> int:
         _silence_stdout()
         raise SystemExit(141) from None
     raise SystemExit(result or 0)
+
+
+def _rank_prefix() -> str:
+    """``[rank R] `` inside a distributed run (which process failed), else nothing."""
+    import os
+
+    return f"[rank {os.environ['RANK']}] " if int(os.environ.get("WORLD_SIZE", "1")) > 1 else ""
 
 
 def _silence_stdout() -> None:

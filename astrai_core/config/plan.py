@@ -24,6 +24,8 @@ from astrai_core.config.loader import field_message, format_validation_error
 from astrai_core.config.schema import ComponentSection, RunConfig
 from astrai_core.config.yaml_source import FieldPath, YamlSource
 from astrai_core.data.config import BATCH_KIND
+from astrai_core.distributed.world import launched_world_size
+from astrai_core.distributed.mesh import check_parallel
 from astrai_core.errors import ConfigError, FieldError, PluginError
 from astrai_core.protocols import missing_members
 from astrai_core.registry import Registry
@@ -185,6 +187,7 @@ def plan_run(config: RunConfig, source: YamlSource | None = None,
                         for i, entry in enumerate(config.rewards))
         _check_rewards(config, needs, rewards)
         strategy.target.check_run(strategy.config, config)
+        check_parallel(config, launched_world_size())
     except FieldError as exc:
         raise resolve.error(exc.path, exc.message) from None
     sampler_section = config.sampler or ComponentSection(name=DEFAULT_SAMPLER)

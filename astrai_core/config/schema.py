@@ -12,6 +12,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
+from astrai_core.config.parallel import ParallelConfig
 from astrai_core.config.trainer import TrainerConfig
 from astrai_core.data.config import DataConfig
 
@@ -86,3 +87,6 @@ class RunConfig(Section):
     rollout: RolloutSection = Field(default_factory=RolloutSection, description=(
         "how online strategies draw rollouts: max_staleness (overlap of sampling and "
         "training); validated as the `rollout` table below"))
+    parallel: ParallelConfig = Field(
+        default_factory=ParallelConfig, description="the data-parallel mesh of a distributed "
+        "run (torchrun): FSDP2 sharding, replication, activation checkpointing")

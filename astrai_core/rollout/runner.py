@@ -46,7 +46,7 @@ class RolloutRunner:
 
     def __init__(self, sampler: Any, tokenizer: Any, rewards: RewardSet, sampling_params: SamplingParams,
                  group_size: int, prompt_source: Iterable[Any], prompts_per_rollout: int = 8,
-                 pad_token_id: int = 0) -> None:
+                 pad_token_id: int = 0, seed_offset: int = 0) -> None:
         if group_size < 1 or prompts_per_rollout < 1:
             raise ValueError("group_size and prompts_per_rollout must be >= 1")
         self.sampler = sampler
@@ -56,6 +56,9 @@ class RolloutRunner:
         self.group_size = group_size
         self.prompts_per_rollout = prompts_per_rollout
         self.pad_token_id = pad_token_id
+        # Distributed: this rank's first prompt's index in the global rollout, so that each
+        # prompt gets the seed it gets in a one-process run.
+        self.seed_offset = seed_offset
         self._source = prompt_source
         self._prompts: Iterator[Any] = iter(prompt_source)
         self._lock = threading.Lock()
@@ -70,7 +73,7 @@ class RolloutRunner:
     # ---------------------------------------------------------------- training rollouts
     def draw(self) -> RolloutBatch:
         """The next training rollout, from the next ``prompts_per_rollout`` prompts."""
-        rollout = self.rollout(self._next_prompts())
+        rollout = self.rollout(self._next_prompts(), seed_offset=self.seed_offset)
         self.rollouts_drawn += 1
         return rollout
 
@@ -140,22 +143,22 @@ class RolloutRunner:
 
     # ---------------------------------------------------------------- one rollout
     def rollout(self, records: Sequence[PromptRecord], sampling_params: SamplingParams | None = None,
-                group_size: int | None = None) -> RolloutBatch:
+                group_size: int | None = None, seed_offset: int = 0) -> RolloutBatch:
         """Sample ``group_size`` completions per record and score them."""
         params = self._per_prompt_params(sampling_params or self.sampling_params, len(records),
-                                         group_size or self.group_size)
+                                         group_size or self.group_size, seed_offset)
         with self._lock:  # no publish while sampling: one policy version per rollout
             version = self.policy_version
             completions = self.sampler.generate([r.prompt_ids for r in records], params)
         return self._build(records, completions, version)
 
-    def _per_prompt_params(self, params: SamplingParams, count: int, group_size: int
-                           ) -> list[SamplingParams]:
+    def _per_prompt_params(self, params: SamplingParams, count: int, group_size: int,
+                           seed_offset: int = 0) -> list[SamplingParams]:
         """G completions per prompt; a seeded run draws fresh (still reproducible) seeds per rollout."""
         grouped = params.model_copy(update={"n": group_size})
         if params.seed is None:
             return [grouped] * count
-        base = params.seed + 1_000_003 * self.rollouts_drawn
+        base = params.seed + 1_000_003 * self.rollouts_drawn + seed_offset
         return [grouped.model_copy(update={"seed": base + i}) for i in range(count)]
 
     def _next_prompts(self) -> list[PromptRecord]:

@@ -6,7 +6,9 @@ RNG states, the strategy's state (data position, critic...) and the step. Everyt
 is written into a hidden staging directory that is renamed into place at the end, so
 a directory named `step_<N>` is always complete.
 
-Optimizer and RNG state go through ``torch.save`` and come back with
+Trained modules and their optimizer state go through torch.distributed.checkpoint
+(``dcp/``, sharded per rank, loadable on any world size; see astrai_core.distributed.
+checkpoint); schedulers, RNG and data positions through ``torch.save``, read back with
 ``torch.load(weights_only=True)``, which refuses arbitrary pickled objects.
 """
 
@@ -19,10 +21,15 @@ import shutil
 from pathlib import Path
 from typing import Any
 
+from collections.abc import Iterator
+from contextlib import contextmanager
+
 import torch
 from safetensors.torch import load_file, save_file
 from torch import nn
 
+from astrai_core.distributed.checkpoint import full_model_state, save_sharded
+from astrai_core.distributed.context import SINGLE, DistContext
 from astrai_core.errors import CheckpointError
 from astrai_core.importers.base import HF_SOURCE_FILE
 from astrai_core.model.checkpoint import (
@@ -60,22 +67,35 @@ def restore_rng_state(state: dict[str, Any], backend: Any) -> None:
 def save_checkpoint(target: Path, *, model: nn.Module, tokenizer_dir: Path,
                     extra_modules: dict[str, nn.Module], training_state: dict[str, Any],
                     summary: dict[str, Any], initial_model_dir: Path | None = None,
-                    state_tensors: dict[str, torch.Tensor] | None = None) -> Path:
+                    state_tensors: dict[str, torch.Tensor] | None = None,
+                    sharded_modules: list[Any] = (), dist: DistContext = SINGLE) -> Path:
     """Write one complete checkpoint directory atomically.
 
     ``initial_model_dir``: the checkpoint the run started from; its record of the original
     Hugging Face config (``hf_source.json``) travels along so `astrai export` stays exact.
     ``state_tensors``: tensors of the training state (the rollout being served), written
     through safetensors rather than inside ``training_state.pt``.
+    ``sharded_modules``: the trained modules (``name``, ``module``, ``optimizer``) whose
+    weights and optimizer state go to ``dcp/`` through torch.distributed.checkpoint.
+    Distributed (``dist``): every rank calls this; each writes its shards, rank 0 writes
+    the rest (the consolidated weights included) and renames the directory into place
+    once every rank has finished.
     """
-    with atomic_directory(target) as staging:
+    weights = full_model_state(model, dist)  # gathered on rank 0 (collectives: all ranks)
+    extra_weights = {name: full_model_state(module, dist)
+                     for name, module in extra_modules.items()}
+    with _staging(target, dist) as staging:
+        if sharded_modules:
+            save_sharded(staging, list(sharded_modules))
+        if not dist.is_main:
+            return target
         write_config(model.config, staging)
-        write_weights(model.state_dict(), staging, max_shard_bytes=2 * 1024**3)
+        write_weights(weights, staging, max_shard_bytes=2 * 1024**3)
         copy_tokenizer_files(tokenizer_dir, staging)
         if initial_model_dir is not None and (initial_model_dir / HF_SOURCE_FILE).is_file():
             shutil.copy2(initial_model_dir / HF_SOURCE_FILE, staging / HF_SOURCE_FILE)
-        for name, module in extra_modules.items():
-            tensors = {k: v.detach().contiguous() for k, v in module.state_dict().items()}
+        for name, state in extra_weights.items():
+            tensors = {k: v.detach().contiguous() for k, v in state.items()}
             save_file(tensors, str(staging / f"{name}.safetensors"))
         if state_tensors:
             save_file({k: v.detach().cpu().contiguous() for k, v in state_tensors.items()},
@@ -83,6 +103,22 @@ def save_checkpoint(target: Path, *, model: nn.Module, tokenizer_dir: Path,
         torch.save(training_state, staging / TRAINING_STATE)
         (staging / TRAINER_JSON).write_text(json.dumps(summary, indent=2) + "\n")
     return target
+
+
+@contextmanager
+def _staging(target: Path, dist: DistContext) -> Iterator[Path]:
+    """Rank 0's staging directory for ``target``, shared with every rank; renamed into
+    place by rank 0 after every rank has written its part (barrier), and the ranks leave
+    only once it is in place."""
+    if dist.is_main:
+        with atomic_directory(target) as staging:
+            dist.broadcast_object(str(staging))
+            yield staging
+            dist.barrier()  # every rank's shards are written
+    else:
+        yield Path(dist.broadcast_object(None))
+        dist.barrier()
+    dist.barrier()  # renamed: the checkpoint exists for every rank
 
 
 def list_checkpoints(output_dir: Path) -> list[tuple[int, Path]]:

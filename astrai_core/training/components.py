@@ -18,6 +18,7 @@ from astrai_core.config.plan import RunPlan
 from astrai_core.config.trainer import TrainerConfig
 from astrai_core.data.config import DataConfig
 from astrai_core.devices.base import DeviceBackend
+from astrai_core.distributed.context import SINGLE, DistContext
 from astrai_core.registry import Registry
 from astrai_core.rewards.reward_set import RewardSet
 from astrai_core.rollout.runner import RolloutRunner
@@ -49,6 +50,7 @@ class RunComponents:
     estimator: Any | None                # the advantage estimator, built with its options
     rollouts: RolloutRunner | None       # online strategies: draws rollouts
     policy_loss: Any | None = None       # the policy loss, built with its options
+    dist: DistContext = SINGLE           # this process's rank, the world size, the mesh
 
     @property
     def logprob_temperature(self) -> float:

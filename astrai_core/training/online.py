@@ -27,6 +27,8 @@ import torch
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from astrai_core.config.schema import ComponentSection, RunConfig
+from astrai_core.distributed.world import launched_world_size
+from astrai_core.distributed.rollouts import gather_rollout
 from astrai_core.errors import ConfigError, FieldError
 from astrai_core.rl.functional import token_rewards_from_scores
 from astrai_core.rl.objective import ObjectiveSettings, PolicyObjective
@@ -126,13 +128,22 @@ class OnlineStrategy(Strategy):
                              "with rollout.max_staleness > 0 the trainer's log-probs are not "
                              "the sampling policy's: keep the sampler's (false), or add "
                              "rollout_correction to weigh the two")
+        world = launched_world_size()
+        if rows // (config.mini_batches * accum) % world:
+            raise FieldError(("trainer", "grad_accum_steps"),
+                             f"a micro-batch of {rows // (config.mini_batches * accum)} "
+                             f"sequences cannot be split evenly over {world} data-parallel "
+                             "ranks; make data.batch_size x strategy.group_size / "
+                             "(strategy.mini_batches x trainer.grad_accum_steps) a multiple "
+                             f"of {world}")
 
     def batch_source(self) -> RolloutSource:
         return RolloutSource(self.run.rollouts, self.process_rollout, epochs=self.config.epochs,
                              mini_batches=self.config.mini_batches,
                              micro_batches=self.run.trainer.grad_accum_steps,
                              seed=self.run.trainer.seed, device=self.run.device,
-                             max_staleness=self.run.plan.config.rollout.max_staleness)
+                             max_staleness=self.run.plan.config.rollout.max_staleness,
+                             shard=self.run.dist.shard_rows)
 
     def policy_objective(self, settings: ObjectiveSettings) -> PolicyObjective:
         """The shared objective around the run's policy loss (built by the wiring)."""
@@ -189,7 +200,12 @@ class OnlineStrategy(Strategy):
             model.eval()
             trainer_logprobs = policy_forward(model, rollout, self.run.logprob_temperature)
             model.train()
-        trainer_logprobs = trainer_logprobs["logprobs"]
+            self.prepare_rollout(rollout)  # this rank's rows: values, reference log-probs
+        # Distributed: every rank's share gathered into the global rollout, so that the
+        # advantages (GAE whitening), statistics and step schedule are the global ones.
+        rollout, tokens = gather_rollout(rollout, self.run.dist,
+                                         {"logprobs": trainer_logprobs["logprobs"]})
+        trainer_logprobs = tokens["logprobs"]
         mask = rollout.response_mask
         stats = rollout_metrics(rollout, prefix=prefix)
         if not missing:
@@ -204,7 +220,6 @@ class OnlineStrategy(Strategy):
         if recompute:
             rollout.old_logprobs = torch.where(mask, trainer_logprobs, 0.0)
         with torch.no_grad():
-            self.prepare_rollout(rollout)
             rollout.advantages, rollout.returns = self.run.estimator(
                 token_rewards=self.token_rewards(rollout), response_mask=mask,
                 group_ids=rollout.group_ids, values=rollout.values)

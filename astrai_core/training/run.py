@@ -20,6 +20,9 @@ from astrai_core.config.plan import RunPlan, plan_run
 from astrai_core.config.schema import ModelSection, RunConfig
 from astrai_core.config.yaml_source import YamlSource
 from astrai_core.devices.select import resolve_device
+from astrai_core.distributed.context import SINGLE, DistContext, init_distributed
+from astrai_core.distributed.data import shard_loader
+from astrai_core.distributed.fsdp import UnshardedSampler, shard_run
 from astrai_core.errors import CheckpointError, ConfigError
 from astrai_core.log import get_logger
 from astrai_core.registry import Registry
@@ -70,39 +73,47 @@ def prepare_run(config: RunConfig, *, source: YamlSource | None = None, resume: 
     tokenizer_dir = _tokenizer_dir(config.model)
     backend = resolve_device(plan.registry, config.device.name,
                              **(plan.device.options if plan.device else {}))
-    _seed_everything(config.trainer.seed, backend)
-    device = backend.device(0)
+    dist = init_distributed(backend, config.parallel)
+    _seed_everything(config.trainer.seed, backend)  # the same on every rank: one initial model
+    device = dist.device if dist.enabled else backend.device(0)
     _pin_numerics(config.trainer, device)
     from astrai_core.data.tokenizer import load_tokenizer
 
     tokenizer = load_tokenizer(tokenizer_dir)
     model = build_model(config.model, tokenizer, source).to(device)
     run = wire_components(plan, backend=backend, device=device, model=model,
-                          tokenizer=tokenizer, tokenizer_dir=tokenizer_dir, base_dir=base_dir)
+                          tokenizer=tokenizer, tokenizer_dir=tokenizer_dir, base_dir=base_dir,
+                          dist=dist)
     strategy = plan.strategy.target(plan.strategy.config, run)
+    shard_run(run, strategy)  # FSDP2 over the mesh (distributed), activation checkpointing
     log.info("training", strategy=plan.strategy.name, device=str(device),
              parameters=sum(p.numel() for p in model.parameters()), output_dir=str(output_dir))
     return run, strategy
 
 
 def wire_components(plan: RunPlan, *, backend: Any, device: torch.device, model: torch.nn.Module,
-                    tokenizer: Any, tokenizer_dir: Path, base_dir: Path) -> RunComponents:
+                    tokenizer: Any, tokenizer_dir: Path, base_dir: Path,
+                    dist: DistContext = SINGLE) -> RunComponents:
     """Data loaders, rewards, sampler, estimator, policy loss and rollout runner, as the
-    plan says."""
+    plan says. Distributed (``dist``): the training loader and the rollouts are this
+    rank's share; evaluation runs whole on every rank."""
     from astrai_core.data import build_eval_loader, build_train_loader
     from astrai_core.rewards.reward_set import RewardSet
     from astrai_core.rollout.runner import RecordStream, RolloutRunner
     config, needs = plan.config, plan.needs
     data = config.data.resolve_paths(base_dir)
     required = {choice.label: choice.required_columns for choice in plan.rewards}
-    train_loader = build_train_loader(data, tokenizer, formats=needs.data_formats,
-                                      required_columns=required if needs.rollouts else {})
+    train_loader = shard_loader(
+        build_train_loader(data, tokenizer, formats=needs.data_formats,
+                           required_columns=required if needs.rollouts else {}), dist)
     eval_loader = build_eval_loader(data, tokenizer, required_columns=required)
     rewards = RewardSet.from_choices(plan.rewards)
     sampling = rollout_sampling(plan, tokenizer)
     generates = needs.rollouts or (eval_loader is not None and eval_loader.kind == "prompt")
     engine = plan.sampling_fields()[1]
     sampler = plan.sampler.target(model=model, tokenizer=tokenizer, **engine) if generates else None
+    if sampler is not None and dist.enabled:
+        sampler = UnshardedSampler(sampler, model)  # gathers the policy once per generate
     estimator = plan.advantage.target(**plan.advantage.options) if plan.advantage else None
     policy_loss = (plan.policy_loss.target(**plan.policy_loss.options)
                    if plan.policy_loss else None)
@@ -110,15 +121,16 @@ def wire_components(plan: RunPlan, *, backend: Any, device: torch.device, model:
     if needs.rollouts:
         rollouts = RolloutRunner(sampler, tokenizer, rewards, sampling, group_size=needs.group_size,
                                  prompt_source=RecordStream(train_loader),
-                                 prompts_per_rollout=data.batch_size,
-                                 pad_token_id=getattr(tokenizer, "pad_token_id", None) or 0)
+                                 prompts_per_rollout=data.batch_size // dist.world_size,
+                                 pad_token_id=getattr(tokenizer, "pad_token_id", None) or 0,
+                                 seed_offset=dist.rank_slice(data.batch_size, "prompts").start)
     initial = Path(config.model.path) if config.model.path is not None else None
     return RunComponents(
         plan=plan, trainer=config.trainer, data=data, registry=plan.registry, backend=backend,
         device=device, model=model, tokenizer=tokenizer, tokenizer_dir=tokenizer_dir,
         output_dir=Path(config.output_dir), initial_model_dir=initial, sampling=sampling,
         rewards=rewards, train_loader=train_loader, eval_loader=eval_loader, sampler=sampler,
-        estimator=estimator, rollouts=rollouts, policy_loss=policy_loss)
+        estimator=estimator, rollouts=rollouts, policy_loss=policy_loss, dist=dist)
 
 
 def rollout_sampling(plan: RunPlan, tokenizer: Any) -> Any:

@@ -86,11 +86,15 @@ class RolloutSource:
 
     def __init__(self, drawer: Drawer, process: ProcessFn, *, epochs: int, mini_batches: int,
                  micro_batches: int, seed: int, device: torch.device | str = "cpu",
-                 shuffle: bool = True, max_staleness: int = 0) -> None:
+                 shuffle: bool = True, max_staleness: int = 0,
+                 shard: Callable[[RolloutBatch], RolloutBatch] | None = None) -> None:
         self.drawer = drawer
         self.process = process
         self.epochs, self.mini_batches, self.micro_batches = epochs, mini_batches, micro_batches
         self.seed, self.device, self.shuffle = seed, device, shuffle
+        # Distributed: the rollout is the global one; each rank trains its share of rows
+        # of every micro-batch (DistContext.shard_rows).
+        self.shard = shard or (lambda batch: batch)
         self.stats: dict[str, float] = {}
         self.drawn = 0
         self._rollout: RolloutBatch | None = None
@@ -111,7 +115,8 @@ class RolloutSource:
         self._request_ahead()
         rows = self._order[self._position]
         self._position += 1
-        return split_micro_batches(self._rollout.select(rows), self.micro_batches)
+        return [self.shard(part) for part in
+                split_micro_batches(self._rollout.select(rows), self.micro_batches)]
 
     # -- bounded staleness (rollout.max_staleness) ------------------------------------
     def _request_ahead(self) -> None:

@@ -11,6 +11,7 @@ run's rollout runner, at the step boundary.
 from __future__ import annotations
 
 import math
+import signal
 import time
 from collections import defaultdict
 from dataclasses import dataclass
@@ -20,6 +21,9 @@ import torch
 from torch import nn
 
 from astrai_core.config.trainer import TrainerConfig
+from astrai_core.distributed.checkpoint import has_sharded, load_sharded
+from astrai_core.distributed.fsdp import full_tensor
+from astrai_core.distributed.metrics import MicroBatchRecord, NullMetricsLog, reduce_micro_batches
 from astrai_core.errors import AstraiError
 from astrai_core.log import get_logger
 from astrai_core.training import checkpointing as ckpt
@@ -66,7 +70,7 @@ class OptimizedModule:
         limit = self.max_grad_norm if self.max_grad_norm is not None else float("inf")
         grads = [p for p in self.module.parameters() if p.requires_grad and p.grad is not None]
         norm = torch.nn.utils.clip_grad_norm_(grads, limit) if grads else torch.tensor(0.0)
-        return norm.item()
+        return full_tensor(norm).item()  # sharded gradients: the global norm
 
     def step(self) -> None:
         self.optimizer.step()
@@ -102,11 +106,15 @@ class Trainer:
     def resume(self) -> int:
         """Restore the newest complete checkpoint; returns its step."""
         directory = ckpt.latest_checkpoint(self.run.output_dir)
-        ckpt.load_model_weights(self.run.model, directory)
-        ckpt.load_extra_modules(directory, self._saved_modules())
         state = ckpt.load_training_state(directory)
+        if has_sharded(directory):  # modules and optimizers, resharded to this world size
+            load_sharded(directory, self.modules)
+        else:  # a checkpoint from before the sharded format
+            ckpt.load_model_weights(self.run.model, directory)
+            ckpt.load_extra_modules(directory, self._saved_modules())
+            for trained in self.modules:
+                trained.optimizer.load_state_dict(state["optimizers"][trained.name])
         for trained in self.modules:
-            trained.optimizer.load_state_dict(state["optimizers"][trained.name])
             trained.scheduler.load_state_dict(state["schedulers"][trained.name])
         batches = dict(state["batches"])
         tensors = ckpt.load_state_tensors(directory)
@@ -116,7 +124,10 @@ class Trainer:
         self.strategy.load_state_dict(state["strategy"])
         if self.run.rollouts is not None:
             self.run.rollouts.sync_from(self.run.model)
-        ckpt.restore_rng_state(state["rng"], self.run.backend)
+        ranks = state.get("rng_ranks") or [state["rng"]]  # a new rank continues rank 0's
+        dist = self.run.dist
+        ckpt.restore_rng_state(ranks[dist.rank] if dist.rank < len(ranks) else ranks[0],
+                               self.run.backend)
         self.step = int(state["step"])
         log.info("resumed", checkpoint=str(directory), step=self.step)
         return self.step
@@ -127,20 +138,23 @@ class Trainer:
             return
         batches = self.source.state_dict()
         tensors = batches.pop(TENSORS, None)
-        state = {
+        rng = ckpt.rng_state(self.run.backend)
+        state = {  # the same on every rank but the RNG (the rollout and positions are global)
             "step": self.step,
-            "optimizers": {m.name: m.optimizer.state_dict() for m in self.modules},
             "schedulers": {m.name: m.scheduler.state_dict() for m in self.modules},
             "batches": batches,
             "strategy": self.strategy.state_dict(),
-            "rng": ckpt.rng_state(self.run.backend),
+            "rng": rng,
+            "rng_ranks": self.run.dist.all_gather_object(rng),
         }
         ckpt.save_checkpoint(target, model=self.run.model, tokenizer_dir=self.run.tokenizer_dir,
                              extra_modules=self._saved_modules(), training_state=state,
                              summary={"step": self.step, "max_steps": self.cfg.max_steps},
-                             initial_model_dir=self.run.initial_model_dir, state_tensors=tensors)
+                             initial_model_dir=self.run.initial_model_dir, state_tensors=tensors,
+                             sharded_modules=self.modules, dist=self.run.dist)
         faults.after_checkpoint_saved(self.step)  # tests of exact resume kill the run here
-        ckpt.prune_checkpoints(self.run.output_dir, self.cfg.keep_last)
+        if self.run.dist.is_main:
+            ckpt.prune_checkpoints(self.run.output_dir, self.cfg.keep_last)
         log.info("checkpoint saved", path=str(target))
 
     def _saved_modules(self) -> dict[str, nn.Module]:
@@ -151,9 +165,11 @@ class Trainer:
     def fit(self, resume: bool = False) -> dict[str, Any]:
         """Train to ``max_steps``; returns the last logged metrics."""
         start = self.resume() if resume else 0
-        metrics_log = MetricsLog(self.run.output_dir, start if resume else None)
-        self.reporter = RunReporter(self.cfg.max_steps, start, bar=self.cfg.progress,
-                                    heartbeat_seconds=self.cfg.heartbeat_seconds,
+        main = self.run.dist.is_main  # rank 0 alone writes metrics.jsonl and the terminal
+        metrics_log = MetricsLog(self.run.output_dir, start if resume else None) if main \
+            else NullMetricsLog()
+        self.reporter = RunReporter(self.cfg.max_steps, start, bar=self.cfg.progress and main,
+                                    heartbeat_seconds=self.cfg.heartbeat_seconds if main else 0,
                                     clock=self.clock)
         last: dict[str, Any] = {}
         evaluation: dict[str, Any] = {}
@@ -166,13 +182,16 @@ class Trainer:
                     last = self._one_step(metrics_log)
                     evaluation = {k: v for k, v in last.items() if k.startswith("eval/")} \
                         or evaluation
-                    if stop.received is not None and self.step < self.cfg.max_steps:
+                    # every rank stops after the same step (one signalled rank suffices)
+                    if self.run.dist.any(stop.received is not None) \
+                            and self.step < self.cfg.max_steps:
                         self._stop(stop)
         finally:
             self.reporter.close()
         kept = ckpt.list_checkpoints(self.run.output_dir)
-        self.reporter.summary(steps=self.step, last=last, evaluation=evaluation,
-                              checkpoint=kept[-1][1] if kept else None)
+        if main:
+            self.reporter.summary(steps=self.step, last=last, evaluation=evaluation,
+                                  checkpoint=kept[-1][1] if kept else None)
         return last
 
     def _one_step(self, metrics_log: MetricsLog) -> dict[str, Any]:
@@ -206,8 +225,9 @@ class Trainer:
                      "continue with --resume")
         else:
             saved = "no checkpoint written (trainer.checkpoint_on_signal is off)"
-        raise TrainingInterrupted(stop.received, f"stopped by {stop.name} after step "
-                                  f"{self.step}: {saved}")
+        # another rank's signal stops this one too: it reports SIGTERM, as a scheduler sends
+        raise TrainingInterrupted(stop.received or signal.SIGTERM, f"stopped by "
+                                  f"{stop.name or 'SIGTERM'} after step {self.step}: {saved}")
 
     def _due(self, every: int) -> bool:
         return self.step == self.cfg.max_steps or (every > 0 and self.step % every == 0)
@@ -218,7 +238,9 @@ class Trainer:
         sums: dict[str, float] = defaultdict(float)
         micro_batches = self.source.next_step()
         accum = len(micro_batches)
+        dist = self.run.dist
         weights: list[float] = []  # loss weights, when the strategy reports them
+        records: list[MicroBatchRecord] = []
         for index, batch in enumerate(micro_batches):
             with self.run.autocast():
                 loss, metrics = self.strategy.compute_loss(batch)
@@ -226,23 +248,36 @@ class Trainer:
             if not torch.isfinite(loss.detach()):
                 self._diverged(f"loss is {loss_value}")
             weight = metrics.pop(LOSS_WEIGHT, None)
-            if accum > 1 and weight is not None and len(weights) == index:
+            # Distributed, each rank's loss is a mean over its share: weighted by it, the
+            # sum over ranks and micro-batches divided by the global total (_unweight) is
+            # the one-process gradient.
+            if (accum > 1 or dist.enabled) and weight is not None and len(weights) == index:
                 weights.append(float(to_number(weight)))
-                (loss * weights[-1]).backward()  # divided by the total in _unweight
-                sums["loss"] += loss_value * weights[-1]
+                (loss * weights[-1]).backward()
             else:
                 (loss / accum).backward()
+            records.append(MicroBatchRecord(loss_value, weights[-1] if len(weights) > index
+                                            else None,
+                                            {k: to_number(v) for k, v in metrics.items()}))
+        if weights and len(weights) != accum:
+            raise RuntimeError(f"{type(self.strategy).__name__}.compute_loss reported "
+                               f"{LOSS_WEIGHT!r} for some micro-batches of a step only")
+        records = reduce_micro_batches(records, dist)  # the global values (identity: 1 rank)
+        for index, record in enumerate(records):
+            loss_value, metrics = record.loss, record.metrics
+            if weights:
+                weights[index] = record.weight
+                sums["loss"] += loss_value * record.weight
+            else:
                 sums["loss"] += loss_value / accum
             for name, value in metrics.items():
                 # "tokens" is a count summed over micro-batches; the rest are averaged
                 sums[name] += to_number(value) * (1 if name == "tokens" else 1 / accum)
         if weights:
-            if len(weights) != accum:
-                raise RuntimeError(f"{type(self.strategy).__name__}.compute_loss reported "
-                                   f"{LOSS_WEIGHT!r} for some micro-batches of a step only")
             total = sum(weights) or 1.0  # all zero: no targets, zero gradients anyway
             sums["loss"] /= total
-            self._unweight(total)
+            # the gradient reduction already averaged over the ranks
+            self._unweight(total / dist.world_size)
         for trained in self.modules:
             norm = trained.clip()
             if not math.isfinite(norm):

@@ -111,7 +111,8 @@ class GRPO(OnlineStrategy):
         return RolloutSource(drawer, partial(self.process_rollout, prefix="data/", recompute=True),
                              epochs=1, mini_batches=1,
                              micro_batches=self.run.trainer.grad_accum_steps,
-                             seed=self.run.trainer.seed, device=self.run.device, shuffle=False)
+                             seed=self.run.trainer.seed, device=self.run.device, shuffle=False,
+                             shard=self.run.dist.shard_rows)  # distributed: this rank's rows
 
     # -- the loss ---------------------------------------------------------------------
     def compute_loss(self, batch: RolloutBatch) -> tuple[Tensor, dict[str, Any]]:

@@ -10,6 +10,7 @@ import torch
 from safetensors.torch import load_file
 
 from astrai_core.config.schema import RunConfig
+from astrai_core.distributed.checkpoint import read_sharded
 from astrai_core.testing import read_metrics
 from astrai_core.training.run import train
 from astrai_core.training.trainer import Trainer
@@ -79,10 +80,9 @@ def test_critic_value_loss_goes_down_on_a_fixed_rollout(ppo, tmp_path):
 
 def _critic_state(run_dir: Path, step: int) -> tuple[dict, dict, dict]:
     checkpoint = run_dir / "checkpoints" / f"step_{step}"
-    training_state = torch.load(checkpoint / "training_state.pt", weights_only=True)
     return (load_file(str(checkpoint / "critic.safetensors")),
             load_file(str(checkpoint / "model.safetensors")),
-            training_state["optimizers"]["critic"])
+            read_sharded(checkpoint)["optimizers"]["critic"])  # the DCP training state
 
 
 def _assert_equal_nested(a, b, where="") -> None:

@@ -1,0 +1,149 @@
+"""Which process this is in a distributed run, and the few collectives the trainer needs.
+
+torchrun (or ``astrai train --nproc-per-node N``) starts one process per device and sets
+``RANK``, ``LOCAL_RANK`` and ``WORLD_SIZE``; :func:`init_distributed` then creates the
+process group on the device backend's own collective library (gloo, nccl, hccl) with a
+timeout, and the data-parallel mesh. Every rank is a data-parallel rank: HSDP replicates
+over ``dp_replicate`` and shards over ``dp_shard``, and the data is split over all ranks.
+"""
+
+from __future__ import annotations
+
+import datetime
+import os
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from astrai_core.distributed.world import launched_world_size
+from astrai_core.log import get_logger
+
+log = get_logger("astrai.distributed")
+
+
+@dataclass(frozen=True)
+class DistContext:
+    """This process's place in the run; :data:`SINGLE` for a one-process run."""
+
+    rank: int = 0
+    world_size: int = 1
+    local_rank: int = 0
+    device: torch.device = torch.device("cpu")
+    mesh: Any = None                     # a DeviceMesh (dp_replicate, dp_shard) or (dp_shard,)
+
+    @property
+    def enabled(self) -> bool:
+        return self.world_size > 1
+
+    @property
+    def is_main(self) -> bool:
+        return self.rank == 0
+
+    # -- collectives (the identity in a one-process run) -------------------------------
+    def barrier(self) -> None:
+        if self.enabled:
+            torch.distributed.barrier()
+
+    def all_reduce_sum(self, values: list[float]) -> list[float]:
+        """Element-wise sums over the ranks of a list of floats (float64, one collective)."""
+        if not self.enabled or not values:
+            return list(values)
+        tensor = torch.tensor(values, dtype=torch.float64, device=self.device)
+        torch.distributed.all_reduce(tensor)
+        return tensor.tolist()
+
+    def all_gather_object(self, obj: Any) -> list[Any]:
+        """Every rank's ``obj``, in rank order."""
+        if not self.enabled:
+            return [obj]
+        gathered: list[Any] = [None] * self.world_size
+        torch.distributed.all_gather_object(gathered, obj)
+        return gathered
+
+    def broadcast_object(self, obj: Any) -> Any:
+        """Rank 0's ``obj`` on every rank."""
+        if not self.enabled:
+            return obj
+        box = [obj]
+        torch.distributed.broadcast_object_list(box, src=0)
+        return box[0]
+
+    def any(self, flag: bool) -> bool:
+        """True on every rank when ``flag`` is True on some rank."""
+        return bool(self.all_reduce_sum([float(flag)])[0]) if self.enabled else flag
+
+    def all_gather_rows(self, tensor: torch.Tensor) -> torch.Tensor:
+        """Every rank's ``tensor`` (same shape on each) concatenated along dim 0."""
+        if not self.enabled:
+            return tensor
+        source = tensor.to(self.device)
+        cast = source.dtype == torch.bool  # not every collective library moves bools
+        if cast:
+            source = source.to(torch.uint8)
+        parts = [torch.empty_like(source) for _ in range(self.world_size)]
+        torch.distributed.all_gather(parts, source.contiguous())
+        joined = torch.cat(parts, dim=0)
+        return (joined.bool() if cast else joined).to(tensor.device)
+
+    # -- data --------------------------------------------------------------------------
+    def rank_slice(self, count: int, what: str = "rows") -> slice:
+        """This rank's contiguous share of ``count`` items (an uneven split is an error)."""
+        if count % self.world_size:
+            raise ValueError(f"{count} {what} cannot be split evenly over {self.world_size} "
+                             "data-parallel ranks")
+        share = count // self.world_size
+        return slice(self.rank * share, (self.rank + 1) * share)
+
+    def shard_rows(self, batch: Any) -> Any:
+        """This rank's rows of a batch: a dict of tensors, a list, or a RolloutBatch."""
+        if not self.enabled:
+            return batch
+        if isinstance(batch, dict):
+            first = next(iter(batch.values()))
+            rows = self.rank_slice(first.shape[0])
+            return {name: tensor[rows] for name, tensor in batch.items()}
+        if isinstance(batch, list):
+            return batch[self.rank_slice(len(batch))]
+        rows = self.rank_slice(len(batch))
+        return batch.select(range(rows.start, rows.stop))
+
+
+SINGLE = DistContext()
+
+
+def init_distributed(backend: Any, parallel: Any) -> DistContext:
+    """The run's context: :data:`SINGLE` outside torchrun (or with one process), else a
+    process group on ``backend.dist_backend`` with ``parallel.timeout_seconds`` and the mesh."""
+    world = launched_world_size()
+    if world == 1:
+        return SINGLE
+    import torch.distributed as dist
+
+    from astrai_core.distributed.mesh import build_mesh
+
+    local_rank = int(os.environ.get("LOCAL_RANK", "0"))
+    backend.set_device(local_rank)
+    device = backend.device(local_rank)
+    if not dist.is_initialized():
+        timeout = datetime.timedelta(seconds=parallel.timeout_seconds)
+        dist.init_process_group(backend=backend.dist_backend, timeout=timeout,
+                                device_id=device if device.type != "cpu" else None)
+    context = DistContext(rank=dist.get_rank(), world_size=dist.get_world_size(),
+                          local_rank=local_rank, device=device,
+                          mesh=build_mesh(device.type, world, parallel))
+    quiet_other_ranks(context)
+    log.info("distributed", world_size=world, backend=backend.dist_backend,
+             mesh=dict(zip(context.mesh.mesh_dim_names, context.mesh.shape)))
+    return context
+
+
+def quiet_other_ranks(context: DistContext) -> None:
+    """Only rank 0 talks: the other ranks log errors only (their failures still print)."""
+    if context.is_main:
+        return
+    import logging
+
+    import structlog
+
+    structlog.configure(wrapper_class=structlog.make_filtering_bound_logger(logging.ERROR))

@@ -1,0 +1,112 @@
+"""FSDP2 over the data-parallel mesh: sharding the run's modules, and generating on
+unsharded parameters.
+
+Each decoder layer is its own ``fully_shard`` unit (its parameters are all-gathered just
+before it runs and freed after), and the root unit holds the rest (embeddings, final
+norm, head; a critic's value head). Gradients are reduce-scattered in float32 whatever
+the parameter dtype (``MixedPrecisionPolicy(reduce_dtype=float32)``).
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterable, Iterator
+from typing import Any
+
+import torch
+from torch import nn
+
+from astrai_core.distributed.context import DistContext
+
+PARAM_DTYPES = {"no": None, "bf16": torch.bfloat16}
+
+
+def apply_activation_checkpointing(module: nn.Module, enabled: bool) -> None:
+    """The hook of ``parallel.activation_checkpointing``: recompute each decoder layer in
+    the backward. Every native model in ``module`` (a policy, a critic's backbone) has the
+    per-layer flag ``gradient_checkpointing`` (model/decoder.py)."""
+    if not enabled:
+        return
+    for sub in module.modules():
+        if hasattr(sub, "gradient_checkpointing"):
+            sub.gradient_checkpointing = True
+
+
+def decoder_layers(module: nn.Module) -> list[nn.Module]:
+    """The decoder layers inside ``module`` (one FSDP unit each)."""
+    from astrai_core.model.decoder import DecoderLayer
+
+    return [sub for sub in module.modules() if isinstance(sub, DecoderLayer)]
+
+
+def shard_module(module: nn.Module, dist: DistContext, mixed_precision: str = "no") -> nn.Module:
+    """``fully_shard`` every decoder layer of ``module`` and then ``module`` itself, in place."""
+    from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+
+    policy = MixedPrecisionPolicy(param_dtype=PARAM_DTYPES[mixed_precision],
+                                  reduce_dtype=torch.float32)
+    for layer in decoder_layers(module):
+        fully_shard(layer, mesh=dist.mesh, mp_policy=policy)
+    fully_shard(module, mesh=dist.mesh, mp_policy=policy)
+    return module
+
+
+def shard_run(run: Any, strategy: Any) -> None:
+    """Apply activation checkpointing and FSDP2 to every module of the run: the policy,
+    the modules the strategy trains beside it (a critic) and its frozen ones (a reference)."""
+    parallel = run.plan.config.parallel
+    trained = [m.module for m in strategy.trained_modules().values()]
+    for module in [run.model, *trained]:
+        apply_activation_checkpointing(module, parallel.activation_checkpointing)
+    if not run.dist.enabled:
+        return
+    for module in [run.model, *trained, *strategy.frozen_modules().values()]:
+        shard_module(module, run.dist, run.trainer.mixed_precision)
+
+
+def fsdp_units(module: nn.Module) -> list[Any]:
+    from torch.distributed.fsdp import FSDPModule
+
+    return [sub for sub in module.modules() if isinstance(sub, FSDPModule)]
+
+
+@contextlib.contextmanager
+def unsharded(modules: Iterable[nn.Module]) -> Iterator[None]:
+    """Every FSDP unit of ``modules`` gathered once for the whole block, then resharded.
+
+    Generation runs one forward per token, and ranks generate different numbers of
+    tokens: inside this block a forward issues no collective at all, so that is safe,
+    and the parameters travel once per rollout instead of once per token."""
+    units = [unit for module in modules for unit in fsdp_units(module)]
+    if not units:
+        yield
+        return
+    for unit in units:
+        unit.unshard()
+        unit.set_reshard_after_forward(False)
+    try:
+        yield
+    finally:
+        for unit in units:
+            unit.reshard()
+            unit.set_reshard_after_forward(True)
+
+
+class UnshardedSampler:
+    """A sampler of the live (sharded) policy whose ``generate`` runs on gathered weights;
+    every other attribute is the wrapped sampler's."""
+
+    def __init__(self, sampler: Any, model: nn.Module) -> None:
+        self._sampler, self._model = sampler, model
+
+    def generate(self, *args: Any, **kwargs: Any) -> Any:
+        with torch.no_grad(), unsharded([self._model]):
+            return self._sampler.generate(*args, **kwargs)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._sampler, name)
+
+
+def full_tensor(value: Any) -> Any:
+    """A DTensor's full value (a collective); anything else as it is."""
+    return value.full_tensor() if hasattr(value, "full_tensor") else value

@@ -1,0 +1,79 @@
+"""One global rollout from every rank's share.
+
+Each rank samples and scores its own prompts (whole groups), and runs the no-grad
+forwards of its rows (trainer log-probs, critic values, reference log-probs). The
+rollout is then gathered on every rank, so that whatever is global is computed exactly
+as in one process: advantage statistics and GAE whitening, the rollout's metrics, and
+the shuffled schedule of optimizer steps, of which each rank trains its share of rows.
+Rows are padded to the widest rank (prompts on the left, responses on the right); group
+ids are renumbered to global prompt indices.
+"""
+
+from __future__ import annotations
+
+from dataclasses import fields, replace
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+
+from astrai_core.distributed.context import DistContext
+from astrai_core.rollout.batch import RolloutBatch
+
+_PROMPT_ALIGNED = ("prompt_ids", "prompt_mask")
+_ROW_LISTS = ("prompts", "completions", "columns", "finish_reasons")
+
+
+def _pad_width(tensor: torch.Tensor, width: int, left: bool) -> torch.Tensor:
+    missing = width - tensor.shape[1]
+    if missing == 0:
+        return tensor
+    pad = [0, 0] * (tensor.dim() - 2) + ([missing, 0] if left else [0, missing])
+    return F.pad(tensor, pad)  # zeros / False: padding is told apart by the masks
+
+
+def gather_rollout(rollout: RolloutBatch, dist: DistContext,
+                   token_tensors: dict[str, torch.Tensor] | None = None
+                   ) -> tuple[RolloutBatch, dict[str, torch.Tensor]]:
+    """Every rank's ``rollout`` (and ``token_tensors``, [N, R] each) concatenated in rank
+    order; the identity in a one-process run."""
+    token_tensors = dict(token_tensors or {})
+    if not dist.enabled:
+        return rollout, token_tensors
+    widths = dist.all_gather_object((rollout.prompt_ids.shape[1], rollout.response_ids.shape[1]))
+    prompt_width = max(w[0] for w in widths)
+    local_response = rollout.response_ids.shape[1]
+    response_width = max(w[1] for w in widths)
+
+    def gathered(name: str, tensor: torch.Tensor | None) -> torch.Tensor | None:
+        if tensor is None:
+            return None
+        if name in _PROMPT_ALIGNED:
+            tensor = _pad_width(tensor, prompt_width, left=True)
+        elif tensor.dim() >= 2 and tensor.shape[1] == local_response:
+            tensor = _pad_width(tensor, response_width, left=False)
+        return dist.all_gather_rows(tensor)
+
+    tensor_fields = [f.name for f in fields(RolloutBatch)
+                     if isinstance(getattr(rollout, f.name), torch.Tensor) or
+                     (getattr(rollout, f.name) is None and f.name not in _ROW_LISTS)]
+    tensor_fields.remove("group_ids")  # renumbered below
+    present = dist.all_gather_object(sorted(n for n in tensor_fields
+                                            if getattr(rollout, n) is not None))
+    if any(names != present[0] for names in present):
+        raise RuntimeError(f"the ranks' rollouts carry different fields: {present}")
+    updates: dict[str, Any] = {name: gathered(name, getattr(rollout, name))
+                               for name in tensor_fields}
+    updates["reward_components"] = {k: gathered(k, v)
+                                    for k, v in sorted(rollout.reward_components.items())}
+    updates["extras"] = {k: gathered(k, v) for k, v in sorted(rollout.extras.items())}
+    counts = dist.all_gather_object(int(rollout.group_ids.max().item()) + 1
+                                    if len(rollout) else 0)
+    offset = sum(counts[:dist.rank])
+    group_ids = dist.all_gather_rows(rollout.group_ids + offset)
+    updates["group_ids"] = group_ids
+    for name in _ROW_LISTS:
+        updates[name] = [item for part in dist.all_gather_object(getattr(rollout, name))
+                         for item in part]
+    tokens = {k: gathered(k, v) for k, v in sorted(token_tensors.items())}
+    return replace(rollout, **updates), tokens
