@@ -17,19 +17,9 @@ import torch
 from torch import nn
 
 from astrai_core.distributed.context import DistContext
+from astrai_core.model.decoder import enable_activation_checkpointing
 
 PARAM_DTYPES = {"no": None, "bf16": torch.bfloat16}
-
-
-def apply_activation_checkpointing(module: nn.Module, enabled: bool) -> None:
-    """The hook of ``parallel.activation_checkpointing``: recompute each decoder layer in
-    the backward. Every native model in ``module`` (a policy, a critic's backbone) has the
-    per-layer flag ``gradient_checkpointing`` (model/decoder.py)."""
-    if not enabled:
-        return
-    for sub in module.modules():
-        if hasattr(sub, "gradient_checkpointing"):
-            sub.gradient_checkpointing = True
 
 
 def decoder_layers(module: nn.Module) -> list[nn.Module]:
@@ -56,8 +46,9 @@ def shard_run(run: Any, strategy: Any) -> None:
     the modules the strategy trains beside it (a critic) and its frozen ones (a reference)."""
     parallel = run.plan.config.parallel
     trained = [m.module for m in strategy.trained_modules().values()]
-    for module in [run.model, *trained]:
-        apply_activation_checkpointing(module, parallel.activation_checkpointing)
+    if parallel.activation_checkpointing:  # every native model inside: policy, critic
+        for module in [run.model, *trained]:
+            enable_activation_checkpointing(module)
     if not run.dist.enabled:
         return
     for module in [run.model, *trained, *strategy.frozen_modules().values()]:
