@@ -32,6 +32,7 @@ from astrai_core.rl.functional import token_rewards_from_scores
 from astrai_core.rl.objective import ObjectiveSettings, PolicyObjective
 from astrai_core.rl.rollout_correction import RolloutCorrectionConfig, correction_weights
 from astrai_core.rollout.batch import RolloutBatch
+from astrai_core.rollout.dynamic_sampling import DynamicSampler, DynamicSamplingConfig
 from astrai_core.rollout.forward import policy_forward
 from astrai_core.rollout.metrics import rollout_metrics
 from astrai_core.training.needs import ComponentChoice, StrategyNeeds
@@ -63,6 +64,9 @@ class OnlineConfig(BaseModel):
     rollout_correction: RolloutCorrectionConfig | None = Field(
         None, description="importance weights pi_trainer/pi_sampler on the rollout "
         "(off by default): {level: token|sequence, mode: truncate|mask, threshold: C}")
+    dynamic_sampling: DynamicSamplingConfig | None = Field(
+        None, description="DAPO's dynamic sampling (off by default): {enabled, max_tries}; "
+        "drops groups whose rewards are all equal and draws again")
 
     @model_validator(mode="before")
     @classmethod
@@ -86,6 +90,10 @@ class OnlineConfig(BaseModel):
                 self.model_fields_set and not self.recompute_old_logprobs):
             raise ValueError("rollout_correction weighs the trainer's old log-probs against "
                              "the sampler's, so it needs recompute_old_logprobs: true")
+        if self.dynamic_sampling is not None and self.dynamic_sampling.enabled \
+                and self.group_size < 2:
+            raise ValueError("dynamic_sampling drops groups whose rewards are all equal, so "
+                             "it needs group_size >= 2 (a group of one is always uniform)")
         return self
 
     def policy_loss_choice(self) -> ComponentChoice:
@@ -122,7 +130,12 @@ class OnlineStrategy(Strategy):
                              f"trainer.grad_accum_steps={accum} equal micro-batches")
 
     def batch_source(self) -> RolloutSource:
-        return RolloutSource(self.run.rollouts, self.process_rollout, epochs=self.config.epochs,
+        drawer, process = self.run.rollouts, self.process_rollout
+        dynamic = self.config.dynamic_sampling
+        if dynamic is not None and dynamic.enabled:  # rollouts of informative groups only
+            drawer = DynamicSampler(drawer, self.run.data.batch_size, dynamic.max_tries)
+            process = _with_stats(process, drawer)
+        return RolloutSource(drawer, process, epochs=self.config.epochs,
                              mini_batches=self.config.mini_batches,
                              micro_batches=self.run.trainer.grad_accum_steps,
                              seed=self.run.trainer.seed, device=self.run.device)
@@ -218,3 +231,11 @@ class OnlineStrategy(Strategy):
                 "policy is unknown; set strategy.recompute_old_logprobs: true to compute "
                 "them with the trainer's model")
         return True
+
+
+def _with_stats(process: Any, drawer: DynamicSampler) -> Any:
+    """``process`` whose statistics also carry the dynamic sampler's of that draw."""
+    def processed(rollout: RolloutBatch) -> tuple[RolloutBatch, dict[str, float]]:
+        rollout, stats = process(rollout)
+        return rollout, {**stats, **drawer.stats}
+    return processed
