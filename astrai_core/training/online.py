@@ -14,6 +14,13 @@ drawn rollout is processed once by :meth:`OnlineStrategy.process_rollout`:
 3. token rewards (score on the last response token, optional KL shaping) go through the
    run's advantage estimator into ``advantages`` (and ``returns``).
 
+With ``epochs x mini_batches = 1`` each row is trained on exactly once, by the policy
+that sampled it, so a strategy whose loss takes its old log-probs through
+:meth:`OnlineStrategy.old_logprobs_for` (``defers_old_logprobs``: grpo, ppo) skips step 1's
+no-grad forward: the training forward supplies them (detached: the ratio is exactly 1)
+and the mismatch metrics (:meth:`OnlineStrategy.step_metrics`). Rollout correction and
+KL reward shaping on recomputed log-probs need them before the loss, so they keep it.
+
 The source then serves ``epochs x mini_batches`` optimizer steps from it, each cut into
 the trainer's ``grad_accum_steps`` micro-batches; the trainer publishes the new weights
 to the sampler after every optimizer step.
@@ -190,14 +197,20 @@ class OnlineStrategy(Strategy):
                 f"strategy.rollout_correction needs the sampler's log-probs, and sampler "
                 f"{self.run.plan.sampler.name!r} returned none for its tokens")
         rollout = rollout.to(self.run.device)
+        mask = rollout.response_mask
+        stats = rollout_metrics(rollout, prefix=prefix)
+        self._in_loss = None
+        if self._defers_old_logprobs(recompute):
+            self._in_loss = _LossForward(recompute=recompute, measure=not missing, prefix=prefix)
+            if missing:
+                rollout.old_logprobs = None  # the training forward supplies them
+            return self._finish_rollout(rollout, stats, prefix)
         model = self.run.model
         with torch.no_grad():
             model.eval()
             trainer_logprobs = policy_forward(model, rollout, self.run.logprob_temperature)
             model.train()
         trainer_logprobs = trainer_logprobs["logprobs"]
-        mask = rollout.response_mask
-        stats = rollout_metrics(rollout, prefix=prefix)
         if not missing:
             diff = (trainer_logprobs - rollout.old_logprobs).abs()[mask]
             stats[f"{prefix}logprob_diff_max"] = diff.max().item() if diff.numel() else 0.0
@@ -209,6 +222,12 @@ class OnlineStrategy(Strategy):
             stats.update({f"rollout_correction/{k}": v.item() for k, v in metrics.items()})
         if recompute:
             rollout.old_logprobs = torch.where(mask, trainer_logprobs, 0.0)
+        return self._finish_rollout(rollout, stats, prefix)
+
+    def _finish_rollout(self, rollout: RolloutBatch, stats: dict[str, float], prefix: str
+                        ) -> tuple[RolloutBatch, dict[str, float]]:
+        """Per-token tensors of the subclass, then advantages and their statistics."""
+        mask = rollout.response_mask
         with torch.no_grad():
             self.prepare_rollout(rollout)
             rollout.advantages, rollout.returns = self.run.estimator(
@@ -218,6 +237,38 @@ class OnlineStrategy(Strategy):
         stats[f"{prefix}advantage_mean"] = valid.mean().item() if valid.numel() else 0.0
         stats[f"{prefix}advantage_std"] = valid.std().item() if valid.numel() > 1 else 0.0
         return rollout, stats
+
+    # -- old log-probs from the training forward (one forward per rollout row) ---------
+    defers_old_logprobs: ClassVar[bool] = False  # the loss calls old_logprobs_for
+    _in_loss: _LossForward | None = None
+
+    def _defers_old_logprobs(self, recompute: bool) -> bool:
+        """Whether this rollout's training forward may stand in for the no-grad one."""
+        config = self.config
+        if not self.defers_old_logprobs or config.epochs * config.mini_batches != 1:
+            return False
+        if config.rollout_correction is not None:
+            return False  # the weights are needed before the loss
+        return not (recompute and config.kl_in_reward_coef)  # shaping reads old log-probs
+
+    def old_logprobs_for(self, batch: RolloutBatch, logprobs: torch.Tensor) -> torch.Tensor:
+        """The old policy's log-probs for the loss over ``batch``, whose training forward
+        gave ``logprobs``: the batch's own, or, where process_rollout left them to this
+        forward (recompute), ``logprobs`` detached. A training forward also gathers the
+        sampler/trainer mismatch the skipped forward would have measured."""
+        deferred = self._in_loss
+        mask = batch.response_mask
+        if deferred is None or not self.run.model.training:
+            return batch.old_logprobs
+        current = torch.where(mask, logprobs.detach(), 0.0)
+        if deferred.measure:
+            deferred.add((current - batch.old_logprobs).abs()[mask])
+        return current if deferred.recompute else batch.old_logprobs
+
+    def step_metrics(self) -> dict[str, float]:
+        """The mismatch metrics gathered by :meth:`old_logprobs_for` during the step."""
+        deferred = self._in_loss
+        return deferred.pop_metrics() if deferred is not None else {}
 
     def _check_behaviour_logprobs(self, rollout: RolloutBatch, recompute: bool) -> bool:
         """True when the rollout lacks behaviour log-probs and the trainer may supply them."""
@@ -231,6 +282,29 @@ class OnlineStrategy(Strategy):
                 "policy is unknown; set strategy.recompute_old_logprobs: true to compute "
                 "them with the trainer's model")
         return True
+
+
+class _LossForward:
+    """What the training forward does for a rollout whose no-grad forward was skipped."""
+
+    def __init__(self, recompute: bool, measure: bool, prefix: str) -> None:
+        self.recompute, self.measure, self.prefix = recompute, measure, prefix
+        self.total, self.count, self.largest = 0.0, 0, 0.0
+
+    def add(self, diff: torch.Tensor) -> None:
+        if diff.numel():
+            self.total += diff.sum().item()
+            self.count += diff.numel()
+            self.largest = max(self.largest, diff.max().item())
+
+    def pop_metrics(self) -> dict[str, float]:
+        """``logprob_diff_max/mean`` over the step's tokens, then a fresh count."""
+        if not self.measure:
+            return {}
+        metrics = {f"{self.prefix}logprob_diff_max": self.largest,
+                   f"{self.prefix}logprob_diff_mean": self.total / max(self.count, 1)}
+        self.total, self.count, self.largest = 0.0, 0, 0.0
+        return metrics
 
 
 def _with_stats(process: Any, drawer: DynamicSampler) -> Any:

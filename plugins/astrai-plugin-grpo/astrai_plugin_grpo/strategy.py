@@ -77,6 +77,7 @@ class GRPO(OnlineStrategy):
     """Group-relative policy optimization; see the module docstring."""
 
     Config: ClassVar[type[BaseModel]] = GRPOConfig
+    defers_old_logprobs: ClassVar[bool] = True  # old log-probs via old_logprobs_for
 
     @classmethod
     def needs(cls, config: Any) -> StrategyNeeds:
@@ -119,7 +120,8 @@ class GRPO(OnlineStrategy):
         out = policy_forward(self.run.model, batch, self.run.logprob_temperature,
                              return_entropy=True)
         loss, metrics = self.objective(
-            logprobs=out["logprobs"], old_logprobs=batch.old_logprobs,
+            logprobs=out["logprobs"],
+            old_logprobs=self.old_logprobs_for(batch, out["logprobs"]),
             advantages=batch.advantages, response_mask=mask, ref_logprobs=batch.ref_logprobs,
             entropy=out["entropy"], extras=batch.extras)
         loss = self.add_aux_loss(loss, out["aux_loss"], metrics)

@@ -72,6 +72,7 @@ class PPO(OnlineStrategy):
     """Policy + value critic; see the module docstring."""
 
     Config: ClassVar[type[BaseModel]] = PPOConfig
+    defers_old_logprobs: ClassVar[bool] = True  # old log-probs via old_logprobs_for
 
     @classmethod
     def needs(cls, config: Any) -> StrategyNeeds:
@@ -109,7 +110,8 @@ class PPO(OnlineStrategy):
         policy = policy_forward(self.run.model, batch, self.run.logprob_temperature,
                                 return_entropy=True)
         policy_loss, metrics = self.objective(
-            logprobs=policy["logprobs"], old_logprobs=batch.old_logprobs,
+            logprobs=policy["logprobs"],
+            old_logprobs=self.old_logprobs_for(batch, policy["logprobs"]),
             advantages=batch.advantages, response_mask=mask,
             ref_logprobs=batch.ref_logprobs,
             entropy=policy["entropy"], extras=batch.extras)
