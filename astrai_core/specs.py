@@ -102,6 +102,9 @@ class SamplerSpec(Spec):
     """A generation engine behind the sampler contract (torch, vllm, ...)."""
 
     kind: ClassVar[str] = "sampler"
+    reports_routing: bool = Field(
+        default=False, description="records each token's MoE experts while sampling "
+        "(what `router_replay: R3` replays)")
 
 
 class ModelImporterSpec(Spec):

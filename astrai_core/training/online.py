@@ -28,13 +28,16 @@ to the sampler after every optimizer step.
 
 from __future__ import annotations
 
-from typing import Any, ClassVar
+from collections.abc import Iterator
+from contextlib import contextmanager, nullcontext
+from typing import Any, ClassVar, Literal
 
 import torch
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from astrai_core.config.schema import ComponentSection, RunConfig
 from astrai_core.errors import ConfigError, FieldError
+from astrai_core.model.router_replay import has_moe, record_routing, replay_routing
 from astrai_core.rl.functional import token_rewards_from_scores
 from astrai_core.rl.objective import ObjectiveSettings, PolicyObjective
 from astrai_core.rl.rollout_correction import RolloutCorrectionConfig, correction_weights
@@ -45,6 +48,10 @@ from astrai_core.rollout.metrics import rollout_metrics
 from astrai_core.training.needs import ComponentChoice, StrategyNeeds
 from astrai_core.training.sources import RolloutSource
 from astrai_core.training.strategy import Strategy
+
+
+# rollout.extras key of the recorded MoE experts, [N, MoE layers, P + R, top-k] (R2)
+ROUTED_EXPERTS = "routed_experts"
 
 
 class OnlineConfig(BaseModel):
@@ -71,6 +78,9 @@ class OnlineConfig(BaseModel):
     rollout_correction: RolloutCorrectionConfig | None = Field(
         None, description="importance weights pi_trainer/pi_sampler on the rollout "
         "(off by default): {level: token|sequence, mode: truncate|mask, threshold: C}")
+    router_replay: Literal["disabled", "R2", "R3"] = Field(
+        "disabled", description="MoE routing of the training forwards: R2 replays the "
+        "experts of the trainer's first forward over each rollout, R3 the sampler's")
     dynamic_sampling: DynamicSamplingConfig | None = Field(
         None, description="DAPO's dynamic sampling (off by default): {enabled, max_tries}; "
         "drops groups whose rewards are all equal and draws again")
@@ -122,7 +132,8 @@ class OnlineStrategy(Strategy):
     def needs(cls, config: Any) -> StrategyNeeds:
         return StrategyNeeds(data_formats=("prompt",), rollouts=True, advantage=True,
                              group_size=config.group_size,
-                             policy_loss=config.policy_loss_choice())
+                             policy_loss=config.policy_loss_choice(),
+                             sampler_routing=config.router_replay == "R3")
 
     @classmethod
     def check_run(cls, config: Any, run_config: RunConfig) -> None:
@@ -137,6 +148,9 @@ class OnlineStrategy(Strategy):
                              f"trainer.grad_accum_steps={accum} equal micro-batches")
 
     def batch_source(self) -> RolloutSource:
+        if self.config.router_replay != "disabled" and not has_moe(self.run.model):
+            raise ConfigError(f"strategy.router_replay: {self.config.router_replay} replays MoE "
+                              "routing, and the model has no MoE layer")
         drawer, process = self.run.rollouts, self.process_rollout
         dynamic = self.config.dynamic_sampling
         if dynamic is not None and dynamic.enabled:  # rollouts of informative groups only
@@ -206,10 +220,13 @@ class OnlineStrategy(Strategy):
                 rollout.old_logprobs = None  # the training forward supplies them
             return self._finish_rollout(rollout, stats, prefix)
         model = self.run.model
-        with torch.no_grad():
+        record = self.config.router_replay == "R2"
+        with torch.no_grad(), record_routing(model) if record else nullcontext() as tape:
             model.eval()
             trainer_logprobs = policy_forward(model, rollout, self.run.logprob_temperature)
             model.train()
+        if record:  # the experts of the trainer's first forward, replayed in training
+            rollout.extras[ROUTED_EXPERTS] = tape.stacked(*rollout.attention_mask().shape)
         trainer_logprobs = trainer_logprobs["logprobs"]
         if not missing:
             diff = (trainer_logprobs - rollout.old_logprobs).abs()[mask]
@@ -247,8 +264,8 @@ class OnlineStrategy(Strategy):
         config = self.config
         if not self.defers_old_logprobs or config.epochs * config.mini_batches != 1:
             return False
-        if config.rollout_correction is not None:
-            return False  # the weights are needed before the loss
+        if config.rollout_correction is not None or config.router_replay == "R2":
+            return False  # the weights (the routing to replay) are needed before the loss
         return not (recompute and config.kl_in_reward_coef)  # shaping reads old log-probs
 
     def old_logprobs_for(self, batch: RolloutBatch, logprobs: torch.Tensor) -> torch.Tensor:
@@ -266,9 +283,33 @@ class OnlineStrategy(Strategy):
         return current if deferred.recompute else batch.old_logprobs
 
     def step_metrics(self) -> dict[str, float]:
-        """The mismatch metrics gathered by :meth:`old_logprobs_for` during the step."""
+        """The mismatch metrics gathered by :meth:`old_logprobs_for` during the step, and
+        ``router/replay_mismatch`` (:meth:`replaying_routing`)."""
         deferred = self._in_loss
-        return deferred.pop_metrics() if deferred is not None else {}
+        metrics = deferred.pop_metrics() if deferred is not None else {}
+        differing, counted = self._routing_counts
+        if counted:
+            metrics["router/replay_mismatch"] = differing / counted
+        self._routing_counts = (0, 0)
+        return metrics
+
+    # -- MoE router replay (router_replay: R2) ------------------------------------------
+    _routing_counts: tuple[int, int] = (0, 0)
+
+    @contextmanager
+    def replaying_routing(self, batch: RolloutBatch) -> Iterator[None]:
+        """Around a training forward of the policy over ``batch``: route its tokens
+        through the experts recorded for them (when ``router_replay`` recorded any) and
+        count the tokens whose own routing differed (``router/replay_mismatch``)."""
+        experts = batch.extras.get(ROUTED_EXPERTS)
+        if experts is None or not self.run.model.training:
+            yield
+            return
+        with replay_routing(self.run.model, experts, batch.attention_mask()) as tape:
+            yield
+        differing, counted = tape.mismatch()
+        total = self._routing_counts
+        self._routing_counts = (total[0] + differing, total[1] + counted)
 
     def _check_behaviour_logprobs(self, rollout: RolloutBatch, recompute: bool) -> bool:
         """True when the rollout lacks behaviour log-probs and the trainer may supply them."""

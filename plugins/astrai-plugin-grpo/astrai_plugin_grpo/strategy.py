@@ -117,8 +117,9 @@ class GRPO(OnlineStrategy):
     # -- the loss ---------------------------------------------------------------------
     def compute_loss(self, batch: RolloutBatch) -> tuple[Tensor, dict[str, Any]]:
         mask = batch.response_mask
-        out = policy_forward(self.run.model, batch, self.run.logprob_temperature,
-                             return_entropy=True)
+        with self.replaying_routing(batch):  # router_replay: the recorded experts
+            out = policy_forward(self.run.model, batch, self.run.logprob_temperature,
+                                 return_entropy=True)
         loss, metrics = self.objective(
             logprobs=out["logprobs"],
             old_logprobs=self.old_logprobs_for(batch, out["logprobs"]),

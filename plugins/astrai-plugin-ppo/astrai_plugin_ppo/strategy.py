@@ -107,8 +107,9 @@ class PPO(OnlineStrategy):
     def compute_loss(self, batch: RolloutBatch) -> tuple[Tensor, dict[str, Any]]:
         cfg = self.config
         mask = batch.response_mask
-        policy = policy_forward(self.run.model, batch, self.run.logprob_temperature,
-                                return_entropy=True)
+        with self.replaying_routing(batch):  # router_replay: the recorded experts
+            policy = policy_forward(self.run.model, batch, self.run.logprob_temperature,
+                                    return_entropy=True)
         policy_loss, metrics = self.objective(
             logprobs=policy["logprobs"],
             old_logprobs=self.old_logprobs_for(batch, policy["logprobs"]),
