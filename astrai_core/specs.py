@@ -107,6 +107,9 @@ class SamplerSpec(Spec):
         description="generates apart from the trainer's process and has generate_async(), so "
         "rollouts may overlap training (`rollout.max_staleness` > 0)",
     )
+    reports_routing: bool = Field(
+        default=False, description="records each token's MoE experts while sampling "
+        "(what `router_replay: R3` replays)")
 
 
 class ModelImporterSpec(Spec):

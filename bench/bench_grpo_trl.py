@@ -2,8 +2,9 @@
 
 Both train the same Llama-shaped model (built with transformers, imported into astrai),
 on the same prompts, with the same prompts per step, group size, completion length
-(forced: no early stop), learning rate and loss (token-mean PPO-clip, no KL), and the
-same reward function (TRL's calling convention, which astrai shares). A step is one
+(forced: no early stop), learning rate and loss (token-mean PPO-clip, no KL), float32
+without activation checkpointing (TRL's bf16 and gradient-checkpointing defaults are
+switched off), and the same reward function (TRL's calling convention, which astrai shares). A step is one
 rollout + one optimizer step. Prints the median step time of each and the ratio.
 
     .venv/bin/python bench/bench_grpo_trl.py [--steps 6] [--prompts 8] [--group 8] [--tokens 16]
@@ -76,6 +77,9 @@ def time_trl(model_dir: Path, work: Path, args: argparse.Namespace) -> list[floa
         beta=0.0, loss_type="dapo", epsilon=0.2, save_strategy="no", seed=0,
         generation_kwargs={"min_new_tokens": args.tokens}, max_grad_norm=1.0,
         dataloader_num_workers=0,
+        # TRL 1.x defaults to bf16 autocast and gradient checkpointing; astrai trains this
+        # model in float32 without checkpointing, so compare like with like.
+        bf16=False, gradient_checkpointing=False,
     )
     dataset = Dataset.from_list([{"prompt": p} for p in prompts(args.prompts * args.steps)])
     trainer = GRPOTrainer(model=AutoModelForCausalLM.from_pretrained(str(model_dir)),

@@ -196,6 +196,10 @@ def plan_run(config: RunConfig, source: YamlSource | None = None,
         _check_staleness(config, needs, registry, sampler)
     except FieldError as exc:
         raise resolve.error(exc.path, exc.message) from None
+    if needs.sampler_routing and not registry.get("sampler", sampler.name).reports_routing:
+        raise resolve.error(("strategy", "router_replay"),
+                            f"R3 replays the routing the sampler recorded, and sampler "
+                            f"{sampler.name!r} does not report MoE routing; use R2")
     device = (None if config.device.name == "auto"
               else resolve.section("device_backend", config.device, ("device",)))
     return RunPlan(config=config, source=source, registry=registry, strategy=strategy,

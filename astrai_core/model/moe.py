@@ -68,6 +68,7 @@ class MoEBlock(nn.Module):
         else:
             self.shared_expert = None
             self.shared_expert_gate = None
+        self.routing = None  # set while routing is recorded or replayed (router_replay.py)
 
     def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, RouterOutput]:
         batch, seq, hidden = x.shape
@@ -75,6 +76,9 @@ class MoEBlock(nn.Module):
         logits = self.router(flat)
         probs = F.softmax(logits, dim=-1, dtype=torch.float32)
         top_weights, selected = torch.topk(probs, self.top_k, dim=-1)
+        if self.routing is not None:  # record, or replay recorded experts (router_replay.py)
+            selected = self.routing(probs, selected)
+            top_weights = probs.gather(-1, selected)
         if self.norm_topk_prob:
             top_weights = top_weights / top_weights.sum(dim=-1, keepdim=True)
         out = self.experts(flat, selected, top_weights.to(logits.dtype))

@@ -94,15 +94,21 @@ class _DecodeBatch:
         prompt_len = max(len(r.prompt_ids) for r in self.rows)
         max_new = max(r.params.max_new_tokens for r in self.rows)
         input_ids, prompt_mask = self._left_pad(prompt_len)
-        cache = self._new_cache(len(self.rows), prompt_len + max_new)
         padded = not bool(prompt_mask.all())
         # The attention mask of the whole sequence, preallocated: generated tokens are real.
         full_mask = torch.ones(len(self.rows), prompt_len + max_new, dtype=torch.long, device=self.device)
         full_mask[:, :prompt_len] = prompt_mask
         positions = positions_from_attention_mask(prompt_mask)
-        logits = self.model(input_ids, attention_mask=full_mask[:, :prompt_len] if padded else None,
-                            position_ids=positions, kv_cache=cache,
+        # The n completions of a prompt share its prefill: one row per distinct prompt,
+        # its logits and KV cache copied to every completion afterwards.
+        first, copies = self._distinct_prompts()
+        cache = self._new_cache(len(first), prompt_len + max_new)
+        logits = self.model(input_ids[first], attention_mask=full_mask[first, :prompt_len] if padded
+                            else None, position_ids=positions[first], kv_cache=cache,
                             **self._last_logits_only())["logits"][:, -1]
+        if len(first) < len(self.rows):
+            cache.select(copies)
+            logits = logits.index_select(0, copies)
         next_position = positions[:, -1:] + 1
         while True:
             tokens = self._choose(logits)
@@ -116,6 +122,20 @@ class _DecodeBatch:
             logits = self.model(tokens[:, None], attention_mask=step_mask, position_ids=next_position,
                                 kv_cache=cache)["logits"][:, -1]
             next_position = next_position + 1
+
+    def _distinct_prompts(self) -> tuple[Tensor, Tensor]:
+        """(the first row of each distinct prompt, the distinct index of every row)."""
+        index: dict[tuple[int, ...], int] = {}
+        first: list[int] = []
+        copies = []
+        for row, request in enumerate(self.rows):
+            key = tuple(request.prompt_ids)
+            if key not in index:
+                index[key] = len(first)
+                first.append(row)
+            copies.append(index[key])
+        as_tensor = lambda rows: torch.tensor(rows, dtype=torch.long, device=self.device)  # noqa: E731
+        return as_tensor(first), as_tensor(copies)
 
     def _last_logits_only(self) -> dict[str, int]:
         """Prefill needs only the last position's logits: ask for just those when the model can."""

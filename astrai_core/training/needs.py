@@ -31,3 +31,4 @@ class StrategyNeeds:
     values: bool = False               # trains a critic, so estimators may ask for values
     group_size: int = 1                # completions per prompt of each rollout
     policy_loss: ComponentChoice | None = None  # the policy loss its objective composes
+    sampler_routing: bool = False      # replays the sampler's MoE routing (router_replay: R3)

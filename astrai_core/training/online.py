@@ -14,6 +14,13 @@ drawn rollout is processed once by :meth:`OnlineStrategy.process_rollout`:
 3. token rewards (score on the last response token, optional KL shaping) go through the
    run's advantage estimator into ``advantages`` (and ``returns``).
 
+With ``epochs x mini_batches = 1`` each row is trained on exactly once, by the policy
+that sampled it, so a strategy whose loss takes its old log-probs through
+:meth:`OnlineStrategy.old_logprobs_for` (``defers_old_logprobs``: grpo, ppo) skips step 1's
+no-grad forward: the training forward supplies them (detached: the ratio is exactly 1)
+and the mismatch metrics (:meth:`OnlineStrategy.step_metrics`). Rollout correction and
+KL reward shaping on recomputed log-probs need them before the loss, so they keep it.
+
 The source then serves ``epochs x mini_batches`` optimizer steps from it, each cut into
 the trainer's ``grad_accum_steps`` micro-batches; the trainer publishes the new weights
 to the sampler after every optimizer step.
@@ -21,7 +28,9 @@ to the sampler after every optimizer step.
 
 from __future__ import annotations
 
-from typing import Any, ClassVar
+from collections.abc import Iterator
+from contextlib import contextmanager, nullcontext
+from typing import Any, ClassVar, Literal
 
 import torch
 from pydantic import BaseModel, ConfigDict, Field, model_validator
@@ -30,15 +39,21 @@ from astrai_core.config.schema import ComponentSection, RunConfig
 from astrai_core.distributed.world import launched_world_size
 from astrai_core.distributed.rollouts import gather_rollout
 from astrai_core.errors import ConfigError, FieldError
+from astrai_core.model.router_replay import has_moe, record_routing, replay_routing
 from astrai_core.rl.functional import token_rewards_from_scores
 from astrai_core.rl.objective import ObjectiveSettings, PolicyObjective
 from astrai_core.rl.rollout_correction import RolloutCorrectionConfig, correction_weights
 from astrai_core.rollout.batch import RolloutBatch
+from astrai_core.rollout.dynamic_sampling import DynamicSampler, DynamicSamplingConfig
 from astrai_core.rollout.forward import policy_forward
 from astrai_core.rollout.metrics import rollout_metrics
 from astrai_core.training.needs import ComponentChoice, StrategyNeeds
 from astrai_core.training.sources import RolloutSource
 from astrai_core.training.strategy import Strategy
+
+
+# rollout.extras key of the recorded MoE experts, [N, MoE layers, P + R, top-k] (R2)
+ROUTED_EXPERTS = "routed_experts"
 
 
 class OnlineConfig(BaseModel):
@@ -65,6 +80,12 @@ class OnlineConfig(BaseModel):
     rollout_correction: RolloutCorrectionConfig | None = Field(
         None, description="importance weights pi_trainer/pi_sampler on the rollout "
         "(off by default): {level: token|sequence, mode: truncate|mask, threshold: C}")
+    router_replay: Literal["disabled", "R2", "R3"] = Field(
+        "disabled", description="MoE routing of the training forwards: R2 replays the "
+        "experts of the trainer's first forward over each rollout, R3 the sampler's")
+    dynamic_sampling: DynamicSamplingConfig | None = Field(
+        None, description="DAPO's dynamic sampling (off by default): {enabled, max_tries}; "
+        "drops groups whose rewards are all equal and draws again")
 
     @model_validator(mode="before")
     @classmethod
@@ -88,6 +109,10 @@ class OnlineConfig(BaseModel):
                 self.model_fields_set and not self.recompute_old_logprobs):
             raise ValueError("rollout_correction weighs the trainer's old log-probs against "
                              "the sampler's, so it needs recompute_old_logprobs: true")
+        if self.dynamic_sampling is not None and self.dynamic_sampling.enabled \
+                and self.group_size < 2:
+            raise ValueError("dynamic_sampling drops groups whose rewards are all equal, so "
+                             "it needs group_size >= 2 (a group of one is always uniform)")
         return self
 
     def policy_loss_choice(self) -> ComponentChoice:
@@ -109,7 +134,8 @@ class OnlineStrategy(Strategy):
     def needs(cls, config: Any) -> StrategyNeeds:
         return StrategyNeeds(data_formats=("prompt",), rollouts=True, advantage=True,
                              group_size=config.group_size,
-                             policy_loss=config.policy_loss_choice())
+                             policy_loss=config.policy_loss_choice(),
+                             sampler_routing=config.router_replay == "R3")
 
     @classmethod
     def check_run(cls, config: Any, run_config: RunConfig) -> None:
@@ -138,7 +164,15 @@ class OnlineStrategy(Strategy):
                              f"of {world}")
 
     def batch_source(self) -> RolloutSource:
-        return RolloutSource(self.run.rollouts, self.process_rollout, epochs=self.config.epochs,
+        if self.config.router_replay != "disabled" and not has_moe(self.run.model):
+            raise ConfigError(f"strategy.router_replay: {self.config.router_replay} replays MoE "
+                              "routing, and the model has no MoE layer")
+        drawer, process = self.run.rollouts, self.process_rollout
+        dynamic = self.config.dynamic_sampling
+        if dynamic is not None and dynamic.enabled:  # rollouts of informative groups only
+            drawer = DynamicSampler(drawer, self.run.data.batch_size, dynamic.max_tries)
+            process = _with_stats(process, drawer)
+        return RolloutSource(drawer, process, epochs=self.config.epochs,
                              mini_batches=self.config.mini_batches,
                              micro_batches=self.run.trainer.grad_accum_steps,
                              seed=self.run.trainer.seed, device=self.run.device,
@@ -195,19 +229,32 @@ class OnlineStrategy(Strategy):
                 f"strategy.rollout_correction needs the sampler's log-probs, and sampler "
                 f"{self.run.plan.sampler.name!r} returned none for its tokens")
         rollout = rollout.to(self.run.device)
+        self._in_loss = None
+        defer = self._defers_old_logprobs(recompute)  # the training forward supplies them
         model = self.run.model
+        record = self.config.router_replay == "R2"
+        token_tensors: dict[str, torch.Tensor] = {}
         with torch.no_grad():
-            model.eval()
-            trainer_logprobs = policy_forward(model, rollout, self.run.logprob_temperature)
-            model.train()
+            if not defer:
+                with record_routing(model) if record else nullcontext() as tape:
+                    model.eval()
+                    forward = policy_forward(model, rollout, self.run.logprob_temperature)
+                    model.train()
+                if record:  # the experts of the trainer's first forward, replayed in training
+                    rollout.extras[ROUTED_EXPERTS] = tape.stacked(*rollout.attention_mask().shape)
+                token_tensors["logprobs"] = forward["logprobs"]
             self.prepare_rollout(rollout)  # this rank's rows: values, reference log-probs
         # Distributed: every rank's share gathered into the global rollout, so that the
         # advantages (GAE whitening), statistics and step schedule are the global ones.
-        rollout, tokens = gather_rollout(rollout, self.run.dist,
-                                         {"logprobs": trainer_logprobs["logprobs"]})
-        trainer_logprobs = tokens["logprobs"]
+        rollout, tokens = gather_rollout(rollout, self.run.dist, token_tensors)
         mask = rollout.response_mask
         stats = rollout_metrics(rollout, prefix=prefix)
+        if defer:
+            self._in_loss = _LossForward(recompute=recompute, measure=not missing, prefix=prefix)
+            if missing:
+                rollout.old_logprobs = None
+            return self._finish_rollout(rollout, stats, prefix)
+        trainer_logprobs = tokens["logprobs"]
         if not missing:
             diff = (trainer_logprobs - rollout.old_logprobs).abs()[mask]
             stats[f"{prefix}logprob_diff_max"] = diff.max().item() if diff.numel() else 0.0
@@ -219,6 +266,12 @@ class OnlineStrategy(Strategy):
             stats.update({f"rollout_correction/{k}": v.item() for k, v in metrics.items()})
         if recompute:
             rollout.old_logprobs = torch.where(mask, trainer_logprobs, 0.0)
+        return self._finish_rollout(rollout, stats, prefix)
+
+    def _finish_rollout(self, rollout: RolloutBatch, stats: dict[str, float], prefix: str
+                        ) -> tuple[RolloutBatch, dict[str, float]]:
+        """The advantages of the (global) rollout, and their statistics."""
+        mask = rollout.response_mask
         with torch.no_grad():
             rollout.advantages, rollout.returns = self.run.estimator(
                 token_rewards=self.token_rewards(rollout), response_mask=mask,
@@ -227,6 +280,62 @@ class OnlineStrategy(Strategy):
         stats[f"{prefix}advantage_mean"] = valid.mean().item() if valid.numel() else 0.0
         stats[f"{prefix}advantage_std"] = valid.std().item() if valid.numel() > 1 else 0.0
         return rollout, stats
+
+    # -- old log-probs from the training forward (one forward per rollout row) ---------
+    defers_old_logprobs: ClassVar[bool] = False  # the loss calls old_logprobs_for
+    _in_loss: _LossForward | None = None
+
+    def _defers_old_logprobs(self, recompute: bool) -> bool:
+        """Whether this rollout's training forward may stand in for the no-grad one."""
+        config = self.config
+        if not self.defers_old_logprobs or config.epochs * config.mini_batches != 1:
+            return False
+        if config.rollout_correction is not None or config.router_replay == "R2":
+            return False  # the weights (the routing to replay) are needed before the loss
+        return not (recompute and config.kl_in_reward_coef)  # shaping reads old log-probs
+
+    def old_logprobs_for(self, batch: RolloutBatch, logprobs: torch.Tensor) -> torch.Tensor:
+        """The old policy's log-probs for the loss over ``batch``, whose training forward
+        gave ``logprobs``: the batch's own, or, where process_rollout left them to this
+        forward (recompute), ``logprobs`` detached. A training forward also gathers the
+        sampler/trainer mismatch the skipped forward would have measured."""
+        deferred = self._in_loss
+        mask = batch.response_mask
+        if deferred is None or not self.run.model.training:
+            return batch.old_logprobs
+        current = torch.where(mask, logprobs.detach(), 0.0)
+        if deferred.measure:
+            deferred.add((current - batch.old_logprobs).abs()[mask])
+        return current if deferred.recompute else batch.old_logprobs
+
+    def step_metrics(self) -> dict[str, float]:
+        """The mismatch metrics gathered by :meth:`old_logprobs_for` during the step, and
+        ``router/replay_mismatch`` (:meth:`replaying_routing`)."""
+        deferred = self._in_loss
+        metrics = deferred.pop_metrics() if deferred is not None else {}
+        differing, counted = self._routing_counts
+        if counted:
+            metrics["router/replay_mismatch"] = differing / counted
+        self._routing_counts = (0, 0)
+        return metrics
+
+    # -- MoE router replay (router_replay: R2) ------------------------------------------
+    _routing_counts: tuple[int, int] = (0, 0)
+
+    @contextmanager
+    def replaying_routing(self, batch: RolloutBatch) -> Iterator[None]:
+        """Around a training forward of the policy over ``batch``: route its tokens
+        through the experts recorded for them (when ``router_replay`` recorded any) and
+        count the tokens whose own routing differed (``router/replay_mismatch``)."""
+        experts = batch.extras.get(ROUTED_EXPERTS)
+        if experts is None or not self.run.model.training:
+            yield
+            return
+        with replay_routing(self.run.model, experts, batch.attention_mask()) as tape:
+            yield
+        differing, counted = tape.mismatch()
+        total = self._routing_counts
+        self._routing_counts = (total[0] + differing, total[1] + counted)
 
     def _check_behaviour_logprobs(self, rollout: RolloutBatch, recompute: bool) -> bool:
         """True when the rollout lacks behaviour log-probs and the trainer may supply them."""
@@ -240,3 +349,34 @@ class OnlineStrategy(Strategy):
                 "policy is unknown; set strategy.recompute_old_logprobs: true to compute "
                 "them with the trainer's model")
         return True
+
+
+class _LossForward:
+    """What the training forward does for a rollout whose no-grad forward was skipped."""
+
+    def __init__(self, recompute: bool, measure: bool, prefix: str) -> None:
+        self.recompute, self.measure, self.prefix = recompute, measure, prefix
+        self.total, self.count, self.largest = 0.0, 0, 0.0
+
+    def add(self, diff: torch.Tensor) -> None:
+        if diff.numel():
+            self.total += diff.sum().item()
+            self.count += diff.numel()
+            self.largest = max(self.largest, diff.max().item())
+
+    def pop_metrics(self) -> dict[str, float]:
+        """``logprob_diff_max/mean`` over the step's tokens, then a fresh count."""
+        if not self.measure:
+            return {}
+        metrics = {f"{self.prefix}logprob_diff_max": self.largest,
+                   f"{self.prefix}logprob_diff_mean": self.total / max(self.count, 1)}
+        self.total, self.count, self.largest = 0.0, 0, 0.0
+        return metrics
+
+
+def _with_stats(process: Any, drawer: DynamicSampler) -> Any:
+    """``process`` whose statistics also carry the dynamic sampler's of that draw."""
+    def processed(rollout: RolloutBatch) -> tuple[RolloutBatch, dict[str, float]]:
+        rollout, stats = process(rollout)
+        return rollout, {**stats, **drawer.stats}
+    return processed

@@ -1,4 +1,5 @@
-"""The arithmetic demo: SFT from scratch, then GRPO, PPO and DPO from the SFT checkpoint.
+"""The arithmetic demo: SFT from scratch, then GRPO (PPO-clip, GSPO and CISPO policy losses),
+PPO and DPO from the SFT checkpoint.
 
 Prints held-out accuracy (greedy, exact numeric match) after each stage and writes the
 same numbers to runs/demo/summary.json. Run from the repository root: `make demo`.
@@ -15,7 +16,7 @@ import time
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
-STAGES = ("sft", "grpo", "ppo", "dpo")
+STAGES = ("sft", "grpo", "grpo_gspo", "grpo_cispo", "ppo", "dpo")
 OUT = Path("runs/demo")  # the stage configs read and write here (paths relative to the cwd)
 
 

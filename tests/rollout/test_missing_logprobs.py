@@ -65,11 +65,11 @@ def test_complete_logprobs_are_kept_and_padded_with_zeros(fake_sampler, make_rec
     assert batch.select([3]).old_logprobs.tolist() == [[-0.5, 0.0, 0.0]]
 
 
-def _online(tmp_path, recompute: bool, damage):
+def _online(tmp_path, recompute: bool, damage, epochs: int = 1):
     """A grpo strategy (found by name) whose sampler's log-probs are damaged."""
     prompts = write_arith_prompts(tmp_path / "prompts.jsonl", count=8)
     config = tiny_run_config(tmp_path, prompts, {
-        "name": "grpo", "group_size": 2, "recompute_old_logprobs": recompute},
+        "name": "grpo", "group_size": 2, "recompute_old_logprobs": recompute, "epochs": epochs},
         data={"batch_size": 4}, sampler={"temperature": 0.8}, max_steps=2)
     strategy, run = build_strategy(config, tmp_path)
     _damage_logprobs(run.sampler, damage)  # built once: the runner samples with it
@@ -90,7 +90,9 @@ def test_without_recompute_the_run_stops_with_a_clear_error(tmp_path, damage):
 def test_with_recompute_the_old_logprobs_are_the_trainers(tmp_path, damage):
     from astrai_core.testing import reference_token_logprobs
 
-    strategy, run = _online(tmp_path, recompute=True, damage=damage)
+    # 2 epochs: a no-grad forward recomputes them once per rollout (with one step per
+    # rollout the training forward supplies them: test_grpo_strategy.py)
+    strategy, run = _online(tmp_path, recompute=True, damage=damage, epochs=2)
     source = strategy.batch_source()
     micro = source.next_step()[0]
     expected = torch.cat(reference_token_logprobs(run.model, micro, temperature=0.8))

@@ -149,3 +149,15 @@ def test_sampled_frequencies_follow_the_distribution(update, expected):
     counts = Counter(tokens)
     for token, probability in enumerate(expected):
         assert counts[token] / len(tokens) == pytest.approx(probability, abs=0.025)
+
+
+def test_completions_sharing_a_prompt_equal_those_prefilled_alone(native_model, prompts):
+    """The n completions of a prompt share one prefill; each must equal the completion
+    sampled in a batch of one row (its own prefill), token for token."""
+    params = SamplingParams(n=4, max_new_tokens=8, temperature=1.0, seed=5)
+    shared = TorchSampler(model=native_model).generate(prompts[:3], params)
+    alone = TorchSampler(model=native_model, max_batch_size=1).generate(prompts[:3], params)
+    assert len(shared) == 12 and len({tuple(c.token_ids) for c in shared}) > 3  # they differ
+    for got, want in zip(shared, alone, strict=True):
+        assert got.prompt_index == want.prompt_index and got.token_ids == want.token_ids
+        assert torch.allclose(torch.tensor(got.logprobs), torch.tensor(want.logprobs), atol=1e-5, rtol=0)

@@ -21,6 +21,8 @@ CASES = {
     # strategy section, the checkpoint to kill after, the files that must match
     "grpo, 2 epochs, killed mid-rollout": (
         {"name": "grpo", "group_size": 4, "epochs": 2}, 3, ("model",)),
+    "grpo with dynamic sampling": (
+        {"name": "grpo", "group_size": 4, "dynamic_sampling": {"max_tries": 3}}, 3, ("model",)),
     "ppo, 2 epochs x 2 mini-batches, killed mid-rollout": (
         {"name": "ppo", "group_size": 4, "epochs": 2, "mini_batches": 2, "critic_lr": 3e-3},
         2, ("model", "critic")),

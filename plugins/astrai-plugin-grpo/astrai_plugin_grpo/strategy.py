@@ -77,6 +77,7 @@ class GRPO(OnlineStrategy):
     """Group-relative policy optimization; see the module docstring."""
 
     Config: ClassVar[type[BaseModel]] = GRPOConfig
+    defers_old_logprobs: ClassVar[bool] = True  # old log-probs via old_logprobs_for
 
     @classmethod
     def needs(cls, config: Any) -> StrategyNeeds:
@@ -117,10 +118,12 @@ class GRPO(OnlineStrategy):
     # -- the loss ---------------------------------------------------------------------
     def compute_loss(self, batch: RolloutBatch) -> tuple[Tensor, dict[str, Any]]:
         mask = batch.response_mask
-        out = policy_forward(self.run.model, batch, self.run.logprob_temperature,
-                             return_entropy=True)
+        with self.replaying_routing(batch):  # router_replay: the recorded experts
+            out = policy_forward(self.run.model, batch, self.run.logprob_temperature,
+                                 return_entropy=True)
         loss, metrics = self.objective(
-            logprobs=out["logprobs"], old_logprobs=batch.old_logprobs,
+            logprobs=out["logprobs"],
+            old_logprobs=self.old_logprobs_for(batch, out["logprobs"]),
             advantages=batch.advantages, response_mask=mask, ref_logprobs=batch.ref_logprobs,
             entropy=out["entropy"], extras=batch.extras)
         loss = self.add_aux_loss(loss, out["aux_loss"], metrics)

@@ -92,12 +92,13 @@ def test_kl_reward_shaping_advantages_and_rollout_metrics_equal_their_formulas(t
     assert stats["rollout/advantage_mean"] == pytest.approx(mean, abs=1e-5)
     assert stats["rollout/advantage_std"] == pytest.approx(
         (sum((t - mean) ** 2 for t in tokens) / (len(tokens) - 1)) ** 0.5, rel=1e-4)
-    diffs = [d for o, p in zip(old, policy) for d in (o - p).abs().tolist()]
-    assert stats["rollout/logprob_diff_max"] == pytest.approx(max(diffs), abs=1e-6)
-    assert stats["rollout/logprob_diff_mean"] == pytest.approx(sum(diffs) / len(diffs), abs=1e-6)
-
     # the loss metrics of that micro-batch: kl (k2 of policy vs reference) and the ratio
+    assert "rollout/logprob_diff_max" not in stats  # one step per rollout: measured in the loss
     _, metrics = strategy.compute_loss(batch)
+    diffs = [d for o, p in zip(old, policy) for d in (o - p).abs().tolist()]
+    mismatch = strategy.step_metrics()
+    assert mismatch["rollout/logprob_diff_max"] == pytest.approx(max(diffs), abs=1e-6)
+    assert mismatch["rollout/logprob_diff_mean"] == pytest.approx(sum(diffs) / len(diffs), abs=1e-6)
     kl = [x for p, f in zip(policy, ref) for x in (0.5 * (p - f).square()).tolist()]
     assert metrics["kl"].item() == pytest.approx(sum(kl) / len(kl), rel=1e-4)
     assert metrics["ratio_mean"].item() == pytest.approx(1.0, abs=1e-4)

@@ -148,17 +148,28 @@ def test_missing_behaviour_logprobs_is_a_clear_error(tmp_path, prompts):
         strategy.batch_source().next_step()
 
 
-def test_missing_logprobs_are_recomputed_when_configured(tmp_path, prompts):
+@pytest.mark.parametrize("epochs", [1, 2])
+def test_missing_logprobs_are_recomputed_when_configured(tmp_path, prompts, epochs):
+    """With 2 epochs a no-grad forward recomputes them per rollout; with one step per
+    rollout the training forward supplies them (detached) instead."""
+    from astrai_core.api import policy_forward
     from astrai_core.testing import reference_token_logprobs
 
     config = tiny_run_config(tmp_path, prompts, {
-        "name": "grpo", "group_size": 2, "recompute_old_logprobs": True})
+        "name": "grpo", "group_size": 2, "recompute_old_logprobs": True, "epochs": epochs})
     strategy, ctx = build_strategy(config, tmp_path)
     _strip_logprobs(ctx.rollouts.sampler)
     micro = strategy.batch_source().next_step()[0]
     expected = torch.cat(reference_token_logprobs(ctx.model, micro, ctx.logprob_temperature))
     mask = micro.response_mask
-    torch.testing.assert_close(micro.old_logprobs[mask].double(), expected, rtol=0, atol=1e-5)
+    if epochs == 1:
+        assert micro.old_logprobs is None
+        logprobs = policy_forward(ctx.model, micro, ctx.logprob_temperature)["logprobs"]
+        old = strategy.old_logprobs_for(micro, logprobs)
+        assert not old.requires_grad and torch.equal(old[mask], logprobs[mask].detach())
+    else:
+        old = micro.old_logprobs
+    torch.testing.assert_close(old[mask].double(), expected, rtol=0, atol=1e-5)
 
 
 def test_unknown_loss_aggregation_names_the_field(tmp_path, prompts):

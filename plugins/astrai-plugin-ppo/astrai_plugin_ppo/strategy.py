@@ -72,6 +72,7 @@ class PPO(OnlineStrategy):
     """Policy + value critic; see the module docstring."""
 
     Config: ClassVar[type[BaseModel]] = PPOConfig
+    defers_old_logprobs: ClassVar[bool] = True  # old log-probs via old_logprobs_for
 
     @classmethod
     def needs(cls, config: Any) -> StrategyNeeds:
@@ -106,10 +107,12 @@ class PPO(OnlineStrategy):
     def compute_loss(self, batch: RolloutBatch) -> tuple[Tensor, dict[str, Any]]:
         cfg = self.config
         mask = batch.response_mask
-        policy = policy_forward(self.run.model, batch, self.run.logprob_temperature,
-                                return_entropy=True)
+        with self.replaying_routing(batch):  # router_replay: the recorded experts
+            policy = policy_forward(self.run.model, batch, self.run.logprob_temperature,
+                                    return_entropy=True)
         policy_loss, metrics = self.objective(
-            logprobs=policy["logprobs"], old_logprobs=batch.old_logprobs,
+            logprobs=policy["logprobs"],
+            old_logprobs=self.old_logprobs_for(batch, policy["logprobs"]),
             advantages=batch.advantages, response_mask=mask,
             ref_logprobs=batch.ref_logprobs,
             entropy=policy["entropy"], extras=batch.extras)

@@ -1,0 +1,58 @@
+"""One step per rollout (epochs x mini_batches = 1): the training forward stands in for
+the per-rollout no-grad forward (old log-probs with recompute, the mismatch metrics).
+
+The reference is the same run with that no-grad forward kept (``defers_old_logprobs``
+switched off on the strategy): weights and metrics must agree.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from astrai_core.testing import build_strategy, read_metrics, tiny_run_config, write_arith_prompts
+from astrai_core.training.trainer import Trainer
+
+TIMING = ("time/", "throughput/")
+
+
+def _fit(tmp_path, name: str, strategy: dict, defer: bool):
+    prompts = write_arith_prompts(tmp_path / "prompts.jsonl", count=16)
+    config = tiny_run_config(tmp_path, prompts, strategy, data={"batch_size": 4},
+                             sampler={"temperature": 0.8}, max_steps=3)
+    config["output_dir"] = str(tmp_path / name)
+    strategy, run = build_strategy(config, tmp_path)
+    strategy.defers_old_logprobs = defer
+    calls = []
+    forward = run.model.forward
+    # what each forward of the policy is: "train" (grad), "sample" (inference mode: the
+    # sampler) or "no-grad" (the per-rollout forward this optimisation removes)
+    run.model.forward = lambda *a, **k: calls.append(  # noqa: E731
+        "train" if torch.is_grad_enabled() else
+        "sample" if torch.is_inference_mode_enabled() else "no-grad") or forward(*a, **k)
+    Trainer(run, strategy).fit()
+    metrics = [{k: v for k, v in m.items() if not k.startswith(TIMING)}
+               for m in read_metrics(tmp_path / name) if "loss" in m]
+    return run.model.state_dict(), metrics, calls
+
+
+@pytest.mark.parametrize("strategy", [
+    {"name": "grpo", "group_size": 2},
+    {"name": "grpo", "group_size": 2, "recompute_old_logprobs": True},
+    {"name": "ppo", "group_size": 2, "critic_lr": 1e-3, "epochs": 1, "mini_batches": 1},
+], ids=["grpo, sampler log-probs", "grpo, recomputed", "ppo"])
+def test_the_training_forward_replaces_the_no_grad_forward(tmp_path, strategy):
+    weights, metrics, calls = _fit(tmp_path, "one", strategy, defer=True)
+    ref_weights, ref_metrics, ref_calls = _fit(tmp_path, "two", strategy, defer=False)
+    assert calls.count("train") == ref_calls.count("train") == 3
+    assert calls.count("sample") == ref_calls.count("sample")
+    assert calls.count("no-grad") == 0 and ref_calls.count("no-grad") == 3
+    for key, value in ref_weights.items():
+        torch.testing.assert_close(weights[key], value, rtol=0, atol=1e-6, msg=key)
+    assert [m["step"] for m in metrics] == [1, 2, 3]
+    for got, want in zip(metrics, ref_metrics, strict=True):
+        assert got.keys() == want.keys()
+        for key in want:
+            assert got[key] == pytest.approx(want[key], rel=1e-5, abs=1e-6), key
+        assert got["ratio_max"] == pytest.approx(1.0, abs=1e-6)
+        assert "rollout/logprob_diff_max" in got
