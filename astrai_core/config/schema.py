@@ -2,7 +2,7 @@
 
 Every section is typed here, torch-free: `model`, `data` and `trainer` are checked when
 the file is read. Pluggable sections (`strategy`, `advantage`, `rewards`, `sampler`,
-`device`) select a component by `name`; their other keys belong to that component and
+`device`, `environment`) select a component by `name`; their other keys belong to that component and
 are validated against its own `Config` model by the run plan (plan.py).
 """
 
@@ -74,3 +74,7 @@ class RunConfig(Section):
     sampler: ComponentSection | None = None
     device: ComponentSection = Field(default_factory=lambda: ComponentSection(name="auto"))
     trainer: TrainerConfig
+    environment: ComponentSection | None = Field(
+        default=None, description="multi-turn rollouts and evaluation: an environment "
+        "(default single_turn) with its options and the episode keys max_turns, max_tokens, "
+        "step_timeout, stop_at_tool_call")

@@ -49,6 +49,7 @@ class RunComponents:
     estimator: Any | None                # the advantage estimator, built with its options
     rollouts: RolloutRunner | None       # online strategies: draws rollouts
     policy_loss: Any | None = None       # the policy loss, built with its options
+    episodes: Any | None = None          # multi-turn environment: the EpisodeRunner
 
     @property
     def logprob_temperature(self) -> float:
