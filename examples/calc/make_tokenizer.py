@@ -6,7 +6,8 @@ arithmetic example, so numbers are read digit by digit. The Hermes tool-call fra
 four whole tokens: ``<tool_call>``, ``{"name": "calculator", "arguments": {"expression": "``,
 ``"}}`` and ``</tool_call>`` (plain, non-special added tokens: decoding keeps them, so the
 Hermes parser sees the call). A call costs the expression's characters plus four tokens.
-The chat template has ``system``, ``user``, ``assistant`` and ``tool`` turns::
+The chat template is the arithmetic example's; here it has ``system``, ``user``,
+``assistant`` and ``tool`` turns::
 
     <|system|>calculator<|end|><|user|>123*45=<|end|><|assistant|><tool_call>{"name": ...
     ... "123*45"}}</tool_call><|end|><|tool|>5535<|end|><|assistant|>5535<|end|>
@@ -15,6 +16,7 @@ The chat template has ``system``, ``user``, ``assistant`` and ``tool`` turns::
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import string
 from pathlib import Path
 
@@ -24,18 +26,12 @@ SPECIAL_TOKENS = ["<pad>", "<unk>", "<|system|>", "<|user|>", "<|assistant|>", "
                   "<|end|>"]
 CALL_OPEN = '{"name": "calculator", "arguments": {"expression": "'
 TOOL_TOKENS = ["<tool_call>", CALL_OPEN, '"}}', "</tool_call>"]
-ALPHABET = list(string.digits + string.punctuation + " \n" + string.ascii_letters)
+_ARITH = Path(__file__).resolve().parents[1] / "arith" / "make_tokenizer.py"
+_spec = importlib.util.spec_from_file_location("arith_make_tokenizer", _ARITH)
+arith = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(arith)  # the arithmetic example's chat template and save()
 
-CHAT_TEMPLATE = (
-    "{%- for message in messages -%}"
-    "{%- if message['role'] == 'assistant' -%}"
-    "<|assistant|>{% generation %}{{ message['content'] }}<|end|>{% endgeneration %}"
-    "{%- else -%}"
-    "<|{{ message['role'] }}|>{{ message['content'] }}<|end|>"
-    "{%- endif -%}"
-    "{%- endfor -%}"
-    "{%- if add_generation_prompt -%}<|assistant|>{%- endif -%}"
-)
+ALPHABET = list(string.digits + string.punctuation + " \n" + string.ascii_letters)
 
 
 def build_tokenizer() -> Tokenizer:
@@ -50,20 +46,10 @@ def build_tokenizer() -> Tokenizer:
     return tokenizer
 
 
-def save(out_dir: Path) -> None:
-    from transformers import PreTrainedTokenizerFast
-
-    wrapped = PreTrainedTokenizerFast(
-        tokenizer_object=build_tokenizer(), pad_token="<pad>", unk_token="<unk>",
-        eos_token="<|end|>", chat_template=CHAT_TEMPLATE, model_max_length=1024,
-        clean_up_tokenization_spaces=False)
-    wrapped.save_pretrained(str(out_dir))
-
-
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", type=Path, default=Path(__file__).parent / "tokenizer")
-    save(parser.parse_args().out)
+    arith.save(parser.parse_args().out, build_tokenizer())  # the same chat template
 
 
 if __name__ == "__main__":

@@ -9,6 +9,7 @@ from astrai_core import EnvironmentSpec, hookimpl
 from astrai_core.environments import EnvMessage, EnvStep
 from astrai_core.sampling import Completion
 from astrai_core.testing import REPO_ROOT
+from tests.rollout.conftest import FakeSampler
 
 CALC_TOKENIZER = REPO_ROOT / "examples" / "calc" / "tokenizer"
 CALL = '<tool_call>{{"name": "{name}", "arguments": {arguments}}}</tool_call>'
@@ -23,22 +24,17 @@ def calc_call(expression: str) -> str:
     return call("calculator", '{"expression": "%s"}' % expression)
 
 
-class ScriptedSampler:
+class ScriptedSampler(FakeSampler):
     """Turn k of every episode is ``script[k]`` (a string; ``<|end|>`` spelled out where the
     model ends its turn; the last entry repeats). The turn is read from the context: the
     number of assistant generation prompts in it, minus one. ``script`` may also be a dict
     {text in the prompt: script}. Log-probs are ``-(turn + 1) - 0.01 * i``."""
 
     def __init__(self, tokenizer, script: list[str]) -> None:
+        super().__init__()
         self.tokenizer = tokenizer
         self.script = script
         self.assistant = tokenizer.convert_tokens_to_ids("<|assistant|>")
-        self.policy_version = 0
-        self.calls = []
-
-    def update_weights(self, state_dict=None) -> int:
-        self.policy_version += 1
-        return self.policy_version
 
     def generate(self, prompts, params, on_token=None):
         per_prompt = params if isinstance(params, list) else [params] * len(prompts)
