@@ -10,6 +10,7 @@ module level: targets do (see docs/plugins.md).
 from astrai_core.config.schema import RunConfig
 from astrai_core.config.trainer import TrainerConfig
 from astrai_core.devices.base import DeviceBackend
+from astrai_core.environments import AssistantTurn, EnvMessage, EnvStep, ToolCall, error_message
 from astrai_core.errors import (
     AstraiError,
     CheckpointError,
@@ -40,6 +41,7 @@ from astrai_core.model import (
 from astrai_core.plugins import process_registry
 from astrai_core.protocols import (
     AdvantageEstimatorProtocol,
+    EnvironmentProtocol,
     PolicyLossProtocol,
     RewardFunctionProtocol,
     SamplerProtocol,
@@ -92,6 +94,8 @@ __all__ = [
     # RL objectives: the shared objective, policy losses, rollout correction
     "ObjectiveSettings", "PolicyObjective", "RolloutCorrectionConfig", "apply_rollout_weights",
     "correction_weights",
+    # environments of multi-turn rollouts
+    "AssistantTurn", "EnvMessage", "EnvStep", "EnvironmentProtocol", "ToolCall", "error_message",
     # sampling
     "Completion", "Request", "SamplingParams", "expand_requests",
     # models and importers

@@ -6,7 +6,7 @@ from __future__ import annotations
 import threading
 
 from astrai_core import EnvironmentSpec, hookimpl
-from astrai_core.environments import EnvMessage, EnvStep
+from astrai_core.api import EnvMessage, EnvStep
 from astrai_core.sampling import Completion
 from astrai_core.testing import REPO_ROOT
 from tests.rollout.conftest import FakeSampler
