@@ -241,3 +241,13 @@ def test_the_token_budget_ends_an_episode(tokenizer):
     assert int(batch.context_mask.sum()) == len(_ids(tokenizer, call))  # no room for the result
     batch, _ = _play(tokenizer, ["1234567"], params=SamplingParams(max_new_tokens=4))
     assert batch.finish_reasons == ["length"] and int(batch.response_mask.sum()) == 4
+
+
+def test_an_environment_without_step_fails_when_its_spec_loads():
+    from astrai_core import EnvironmentSpec
+    from astrai_core.errors import PluginError
+
+    spec = EnvironmentSpec(name="half", target="tests.rollout.episode_kit:boom", summary="not one")
+    with pytest.raises(PluginError, match="environment 'half'.*lacks reset, step"):
+        spec.load()
+    assert EnvironmentSpec(name="ok", target=f"{KIT}:EchoTurns", summary="one").load() is kit.EchoTurns
