@@ -9,6 +9,7 @@ from astrai_core.hookspecs import hookimpl
 from astrai_core.specs import (
     AdvantageEstimatorSpec,
     DeviceBackendSpec,
+    EnvironmentSpec,
     ModelImporterSpec,
     PolicyLossSpec,
     RewardFunctionSpec,
@@ -23,6 +24,7 @@ __all__ = [
     "AdvantageEstimatorSpec",
     "AstraiError",
     "DeviceBackendSpec",
+    "EnvironmentSpec",
     "ModelImporterSpec",
     "PolicyLossSpec",
     "RewardFunctionSpec",

@@ -11,6 +11,7 @@ from astrai_core.config.schema import RunConfig
 from astrai_core.config.trainer import TrainerConfig
 from astrai_core.devices.base import DeviceBackend
 from astrai_core.devices.select import resolve_device
+from astrai_core.environments import AssistantTurn, EnvMessage, EnvStep, ToolCall, error_message
 from astrai_core.errors import (
     AstraiError,
     CheckpointError,
@@ -41,6 +42,7 @@ from astrai_core.model import (
 from astrai_core.plugins import process_registry
 from astrai_core.protocols import (
     AdvantageEstimatorProtocol,
+    EnvironmentProtocol,
     PolicyLossProtocol,
     RewardFunctionProtocol,
     SamplerProtocol,
@@ -93,6 +95,8 @@ __all__ = [
     # RL objectives: the shared objective, policy losses, rollout correction
     "ObjectiveSettings", "PolicyObjective", "RolloutCorrectionConfig", "apply_rollout_weights",
     "correction_weights",
+    # environments of multi-turn rollouts
+    "AssistantTurn", "EnvMessage", "EnvStep", "EnvironmentProtocol", "ToolCall", "error_message",
     # sampling
     "Completion", "Request", "SamplingParams", "expand_requests",
     # models and importers

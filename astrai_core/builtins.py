@@ -5,6 +5,7 @@ from __future__ import annotations
 from astrai_core.hookspecs import hookimpl
 from astrai_core.specs import (
     DeviceBackendSpec,
+    EnvironmentSpec,
     ModelImporterSpec,
     PolicyLossSpec,
     RewardFunctionSpec,
@@ -79,4 +80,15 @@ def astrai_policy_losses() -> list[PolicyLossSpec]:
                        summary="GSPO: one clipped ratio per sequence, exp(mean token log-ratio)"),
         PolicyLossSpec(name="cispo", target=f"{module}:CISPO",
                        summary="CISPO: clipped stop-gradient IS weight times the log-prob"),
+    ]
+
+
+@hookimpl
+def astrai_environments() -> list[EnvironmentSpec]:
+    return [
+        EnvironmentSpec(name="single_turn", target="astrai_core.environments.base:SingleTurn",
+                        summary="one assistant turn scored by the reward functions (the default)"),
+        EnvironmentSpec(name="tools", target="astrai_core.environments.tools:Tools",
+                        summary="Python functions (module:function) as tools in the OpenAI "
+                        "format; multi-turn Hermes tool calls"),
     ]

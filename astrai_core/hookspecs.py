@@ -20,6 +20,7 @@ import pluggy
 from astrai_core.specs import (
     AdvantageEstimatorSpec,
     DeviceBackendSpec,
+    EnvironmentSpec,
     ModelImporterSpec,
     PolicyLossSpec,
     RewardFunctionSpec,
@@ -40,6 +41,7 @@ HOOK_FOR_KIND: dict[str, str] = {
     "device_backend": "astrai_device_backends",
     "reward_function": "astrai_reward_functions",
     "policy_loss": "astrai_policy_losses",
+    "environment": "astrai_environments",
 }
 
 
@@ -88,3 +90,14 @@ def astrai_policy_losses() -> Iterable[PolicyLossSpec]:
     ``policy_loss:`` section's options and called as ``loss(logprobs=, old_logprobs=,
     advantages=, response_mask=, **extras) -> (per_token_loss, metrics)``; the strategy
     adds the KL and entropy terms and aggregates the per-token loss."""
+
+
+@hookspec
+def astrai_environments() -> Iterable[EnvironmentSpec]:
+    """Environments of multi-turn rollouts. The target is a class built with the
+    ``environment:`` section's options (minus the episode keys ``max_turns``,
+    ``max_tokens``, ``step_timeout``, ``workers``); per episode ``reset(row)`` gets the
+    prompt row (``prompt_ids``, ``prompt_text``, ``columns``) and returns the episode's
+    state, and at each assistant turn ``step(state, turn)`` gets the parsed tool calls and
+    the text (an ``AssistantTurn``) and returns an ``EnvStep``: messages to append, or
+    ``done`` with an optional reward."""

@@ -58,12 +58,26 @@ class PolicyLossProtocol(Protocol):
                  response_mask: Any, **extras: Any) -> tuple[Any, dict[str, Any]]: ...
 
 
+class EnvironmentProtocol(Protocol):
+    """An environment class built with its options (see
+    :mod:`astrai_core.environments.base`). ``reset`` gets the prompt row of one episode and
+    returns its state (anything); ``step`` gets that state and the assistant's turn and
+    returns an ``EnvStep`` (messages to append, or done with a reward). ``step`` of
+    different episodes may run at once on worker threads: keep per-episode data in the
+    state."""
+
+    def reset(self, row: Any) -> Any: ...
+
+    def step(self, state: Any, turn: Any) -> Any: ...
+
+
 PROTOCOLS: dict[str, Any] = {
     "strategy": StrategyProtocol,
     "sampler": SamplerProtocol,
     "advantage_estimator": AdvantageEstimatorProtocol,
     "reward_function": RewardFunctionProtocol,
     "policy_loss": PolicyLossProtocol,
+    "environment": EnvironmentProtocol,
 }
 
 

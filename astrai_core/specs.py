@@ -155,6 +155,14 @@ class PolicyLossSpec(Spec):
     kind: ClassVar[str] = "policy_loss"
 
 
+class EnvironmentSpec(Spec):
+    """An environment for multi-turn rollouts: a class built from the ``environment:``
+    section's options, with ``reset(row) -> state`` and ``step(state, turn) -> EnvStep``
+    (single_turn, tools, ...)."""
+
+    kind: ClassVar[str] = "environment"
+
+
 SPEC_CLASSES: dict[str, type[Spec]] = {
     cls.kind: cls
     for cls in (
@@ -165,6 +173,7 @@ SPEC_CLASSES: dict[str, type[Spec]] = {
         DeviceBackendSpec,
         RewardFunctionSpec,
         PolicyLossSpec,
+        EnvironmentSpec,
     )
 }
 KINDS: tuple[str, ...] = tuple(SPEC_CLASSES)

@@ -37,8 +37,8 @@ Every key of a run config (`astrai train CONFIG.yaml`), section by section: its 
 default and meaning. A key marked `required` has no default. `--set a.b=v` overrides
 any key from the command line; a list item is addressed by its index (`rewards.0.weight`).
 
-The pluggable sections (`strategy`, `advantage`, `rewards`, `sampler`, `device`) choose
-a component with `name`; their other keys are that component's own options, validated
+The pluggable sections (`strategy`, `advantage`, `rewards`, `sampler`, `device`,
+`environment`) choose a component with `name`; their other keys are that component's own options, validated
 against it. `astrai describe KIND NAME` prints them (for example
 `astrai describe strategy ppo`), and `astrai describe` lists the kinds.
 
@@ -125,7 +125,8 @@ def render(meanings: dict[str, str] | None = None) -> str:
 
 
 def _model_note(table: Table) -> str:
-    if table.path.endswith(("strategy", "advantage", "sampler", "device", "rewards[]")):
+    if table.path.endswith(("strategy", "advantage", "sampler", "device", "rewards[]",
+                            "environment")):
         return ("Selects a component by `name`; every other key is an option of that "
                 "component (`astrai describe KIND NAME`).")
     return ""

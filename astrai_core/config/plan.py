@@ -26,6 +26,7 @@ from astrai_core.config.yaml_source import FieldPath, YamlSource
 from astrai_core.data.config import BATCH_KIND
 from astrai_core.distributed.world import launched_world_size
 from astrai_core.distributed.mesh import check_parallel
+from astrai_core.environments.episode_config import DEFAULT_ENVIRONMENT, EpisodeConfig
 from astrai_core.errors import ConfigError, FieldError, PluginError
 from astrai_core.protocols import missing_members
 from astrai_core.registry import Registry
@@ -70,6 +71,8 @@ class RunPlan:
     rewards: tuple[RewardChoice, ...]
     device: Component | None             # None: ``device: {name: auto}``
     policy_loss: Component | None = None  # the strategy's policy loss (online strategies)
+    environment: Component | None = None  # rollouts' and evaluation's environment
+    episode: EpisodeConfig | None = None  # its episode keys (max_turns, ...)
 
     def sampling_fields(self) -> tuple[dict[str, Any], dict[str, Any]]:
         """(the sampler section's SamplingParams fields, its engine options)."""
@@ -202,9 +205,29 @@ def plan_run(config: RunConfig, source: YamlSource | None = None,
                             f"{sampler.name!r} does not report MoE routing; use R2")
     device = (None if config.device.name == "auto"
               else resolve.section("device_backend", config.device, ("device",)))
+    environment, episode = _environment(resolve, config, needs)
     return RunPlan(config=config, source=source, registry=registry, strategy=strategy,
                    needs=needs, advantage=advantage, sampler=sampler, rewards=rewards,
-                   device=device, policy_loss=policy_loss)
+                   device=device, policy_loss=policy_loss, environment=environment,
+                   episode=episode)
+
+
+def _environment(resolve: Resolver, config: RunConfig, needs: StrategyNeeds
+                 ) -> tuple[Component, EpisodeConfig]:
+    """The ``environment:`` section: its episode keys and the environment's own options."""
+    section = config.environment or ComponentSection(name=DEFAULT_ENVIRONMENT)
+    path: FieldPath = ("environment",)
+    generates = needs.rollouts or (config.data.eval is not None
+                                   and config.data.eval.format == "prompt")
+    if config.environment is not None and not generates:
+        raise resolve.error(path, "this run neither draws rollouts nor evaluates by "
+                            "generation, so an environment has nothing to do")
+    episode_keys, options = EpisodeConfig.split(section.params)
+    try:
+        episode = EpisodeConfig.model_validate(episode_keys)
+    except ValidationError as exc:
+        raise ConfigError(format_validation_error(exc, resolve.source, path)) from None
+    return resolve.component("environment", section.name, options, path), episode
 
 
 def _check_paths(config: RunConfig, base_dir: Path) -> None:

@@ -2,7 +2,7 @@
 
 Every section is typed here, torch-free: `model`, `data` and `trainer` are checked when
 the file is read. Pluggable sections (`strategy`, `advantage`, `rewards`, `sampler`,
-`device`) select a component by `name`; their other keys belong to that component and
+`device`, `environment`) select a component by `name`; their other keys belong to that component and
 are validated against its own `Config` model by the run plan (plan.py).
 """
 
@@ -90,3 +90,7 @@ class RunConfig(Section):
     parallel: ParallelConfig = Field(
         default_factory=ParallelConfig, description="the data-parallel mesh of a distributed "
         "run (torchrun): FSDP2 sharding, replication, activation checkpointing")
+    environment: ComponentSection | None = Field(
+        default=None, description="multi-turn rollouts and evaluation: an environment "
+        "(default single_turn) with its options and the episode keys max_turns, max_tokens, "
+        "step_timeout, stop_at_tool_call")

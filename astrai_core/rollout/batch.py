@@ -3,6 +3,11 @@
 Layout of one row: ``prompt_ids`` is LEFT-padded and ``response_ids`` RIGHT-padded, so
 ``[prompt | response]`` keeps every real token contiguous:
 ``pad pad p p p r r r pad``. Padding is described by the masks only, never by a token id.
+
+A multi-turn episode (rollout/episodes.py) interleaves the model's turns with environment
+messages in the response: ``context_mask`` marks every real response token (what the
+model attends to) and ``response_mask`` only the model's own (what the loss, the
+log-probs and the advantages cover). Without ``context_mask`` the two are the same.
 """
 
 from __future__ import annotations
@@ -24,7 +29,7 @@ class RolloutBatch:
     prompt_ids: Tensor                   # [N, P] long, left-padded
     prompt_mask: Tensor                  # [N, P] bool
     response_ids: Tensor                 # [N, R] long, right-padded
-    response_mask: Tensor                # [N, R] bool
+    response_mask: Tensor                # [N, R] bool: the model's tokens (the loss covers them)
     old_logprobs: Tensor | None          # [N, R] float32 behaviour log-probs, 0 on padding;
                                          # None when the sampler gave none for some row
     rewards: Tensor                      # [N] float32 weighted sum of the reward functions
@@ -43,6 +48,11 @@ class RolloutBatch:
     # Further per-sequence tensors a plugin attaches: leading dimension N; they follow
     # select/split/to like the fields above.
     extras: dict[str, Tensor] = field(default_factory=dict)
+    # Multi-turn episodes: every real response token, environment messages included
+    # ([N, R] bool; None: the same as response_mask), and per-row episode statistics
+    # (turns, tool_calls, tool_errors, env_seconds).
+    context_mask: Tensor | None = None
+    episode_stats: list[dict[str, float]] = field(default_factory=list)
 
     def __len__(self) -> int:
         return self.response_ids.shape[0]
@@ -53,15 +63,16 @@ class RolloutBatch:
         return torch.cat([self.prompt_ids, self.response_ids], dim=1)
 
     def attention_mask(self) -> Tensor:
-        """[N, P + R] long, 1 = real token."""
-        return torch.cat([self.prompt_mask, self.response_mask], dim=1).long()
+        """[N, P + R] long, 1 = real token (environment tokens included)."""
+        context = self.response_mask if self.context_mask is None else self.context_mask
+        return torch.cat([self.prompt_mask, context], dim=1).long()
 
     def position_ids(self) -> Tensor:
         """[N, P + R] positions counting real tokens only (0 at each row's first real token)."""
         return positions_from_attention_mask(self.attention_mask())
 
     def response_lengths(self) -> Tensor:
-        """[N] number of response tokens."""
+        """[N] number of the model's response tokens."""
         return self.response_mask.sum(dim=1)
 
     # ---------------------------------------------------------------- rows
@@ -112,8 +123,9 @@ class RolloutBatch:
 
 
 _ROW_TENSORS = ("prompt_ids", "prompt_mask", "response_ids", "response_mask", "old_logprobs",
-                "rewards", "group_ids", "advantages", "returns", "values", "ref_logprobs")
-_ROW_LISTS = ("prompts", "completions", "columns", "finish_reasons")
+                "rewards", "group_ids", "advantages", "returns", "values", "ref_logprobs",
+                "context_mask")
+_ROW_LISTS = ("prompts", "completions", "columns", "finish_reasons", "episode_stats")
 
 
 def _apply(function: Any, tensor: Tensor | None) -> Tensor | None:

@@ -48,13 +48,51 @@ def evaluate_generation(sampler: Any, tokenizer: Any, prompt_records: Sequence[A
         lengths += [len(c.token_ids) for c in completions]
         if progress is not None:
             progress(len(lengths), len(records))
+    return _summary(totals, components, lengths)
+
+
+def evaluate_episodes(episodes: Any, prompt_records: Sequence[Any], max_new_tokens: int,
+                      batch_size: int = 64,
+                      progress: Callable[[int, int], None] | None = None) -> dict[str, float]:
+    """:func:`evaluate_generation` for multi-turn episodes: greedy turns with the episode
+    runner's environment, ``max_new_tokens`` per turn. Adds ``eval/turns_mean``,
+    ``eval/tool_calls_mean``, ``eval/tool_error_rate`` and ``eval/env_seconds``."""
+    from astrai_core.rollout.metrics import episode_metrics
+
+    records = [as_prompt_record(r) for r in prompt_records]
+    if not records:
+        raise ValueError("evaluate_episodes needs at least one prompt")
+    eos = getattr(episodes.tokenizer, "eos_token_id", None)
+    params = SamplingParams(max_new_tokens=max_new_tokens, temperature=0.0,
+                            stop_token_ids=(eos,) if eos is not None else ())
+    totals: list[float] = []
+    components: dict[str, list[float]] = {}
+    lengths: list[int] = []
+    stats: list[dict[str, float]] = []
+    finishes: list[str] = []
+    for start in range(0, len(records), batch_size):
+        batch = episodes.run(records[start:start + batch_size], params)
+        totals += batch.rewards.tolist()
+        for name, values in batch.reward_components.items():
+            components.setdefault(name, []).extend(values.tolist())
+        lengths += batch.response_lengths().tolist()
+        stats += batch.episode_stats
+        finishes += batch.finish_reasons
+        if progress is not None:
+            progress(len(lengths), len(records))
+    return {**_summary(totals, components, lengths),
+            **episode_metrics(stats, finishes, prefix="eval/")}
+
+
+def _mean(values: Sequence[float]) -> float:
+    return sum(values) / len(values) if values else 0.0
+
+
+def _summary(totals: Sequence[float], components: dict[str, list[float]],
+             lengths: Sequence[int]) -> dict[str, float]:
     metrics = {f"eval/reward/{name}": _mean(values) for name, values in components.items()}
     metrics["eval/reward"] = _mean(totals)
     metrics["eval/response_length"] = _mean(lengths)
     if ACCURACY_REWARD in components:
         metrics["eval/accuracy"] = metrics[f"eval/reward/{ACCURACY_REWARD}"]
     return metrics
-
-
-def _mean(values: Sequence[float]) -> float:
-    return sum(values) / len(values) if values else 0.0

@@ -23,6 +23,24 @@ def rollout_metrics(batch: RolloutBatch, prefix: str = "rollout/") -> dict[str, 
         metrics[f"{prefix}stop_fraction"] = stopped / len(batch.finish_reasons)
     for name, values in batch.reward_components.items():
         metrics[f"{prefix}reward/{name}"] = values.float().mean().item()
+    metrics.update(episode_metrics(batch.episode_stats, batch.finish_reasons, prefix))
+    return metrics
+
+
+def episode_metrics(stats: list[dict[str, float]], finish_reasons: list[str],
+                    prefix: str = "rollout/") -> dict[str, float]:
+    """Multi-turn episodes: turns and tool calls per episode, the tool-error rate (errors per
+    call), the environment's seconds (summed over episodes) and the max_turns fraction."""
+    if not stats:
+        return {}
+    total = {key: sum(row[key] for row in stats) for key in stats[0]}
+    metrics = {f"{prefix}turns_mean": total["turns"] / len(stats),
+               f"{prefix}tool_calls_mean": total["tool_calls"] / len(stats),
+               f"{prefix}tool_error_rate": total["tool_errors"] / max(total["tool_calls"], 1.0),
+               f"{prefix}env_seconds": total["env_seconds"]}
+    if finish_reasons:
+        ended = sum(reason == "max_turns" for reason in finish_reasons)
+        metrics[f"{prefix}max_turns_fraction"] = ended / len(finish_reasons)
     return metrics
 
 

@@ -46,7 +46,7 @@ class RolloutRunner:
 
     def __init__(self, sampler: Any, tokenizer: Any, rewards: RewardSet, sampling_params: SamplingParams,
                  group_size: int, prompt_source: Iterable[Any], prompts_per_rollout: int = 8,
-                 pad_token_id: int = 0, seed_offset: int = 0) -> None:
+                 pad_token_id: int = 0, seed_offset: int = 0, episodes: Any = None) -> None:
         if group_size < 1 or prompts_per_rollout < 1:
             raise ValueError("group_size and prompts_per_rollout must be >= 1")
         self.sampler = sampler
@@ -59,6 +59,7 @@ class RolloutRunner:
         # Distributed: this rank's first prompt's index in the global rollout, so that each
         # prompt gets the seed it gets in a one-process run.
         self.seed_offset = seed_offset
+        self.episodes = episodes  # an EpisodeRunner (rollout/episodes.py): multi-turn rollouts
         self._source = prompt_source
         self._prompts: Iterator[Any] = iter(prompt_source)
         self._lock = threading.Lock()
@@ -145,6 +146,11 @@ class RolloutRunner:
     def rollout(self, records: Sequence[PromptRecord], sampling_params: SamplingParams | None = None,
                 group_size: int | None = None, seed_offset: int = 0) -> RolloutBatch:
         """Sample ``group_size`` completions per record and score them."""
+        if self.episodes is not None:  # multi-turn: the episode runner plays and scores them
+            with self._lock:
+                return self.episodes.run(records, sampling_params or self.sampling_params,
+                                         group_size or self.group_size, self.policy_version,
+                                         seed_offset=self.rollouts_drawn, first_prompt=seed_offset)
         params = self._per_prompt_params(sampling_params or self.sampling_params, len(records),
                                          group_size or self.group_size, seed_offset)
         with self._lock:  # no publish while sampling: one policy version per rollout

@@ -51,6 +51,7 @@ class RunComponents:
     rollouts: RolloutRunner | None       # online strategies: draws rollouts
     policy_loss: Any | None = None       # the policy loss, built with its options
     dist: DistContext = SINGLE           # this process's rank, the world size, the mesh
+    episodes: Any | None = None          # multi-turn environment: the EpisodeRunner
 
     @property
     def logprob_temperature(self) -> float:

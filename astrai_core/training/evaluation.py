@@ -12,7 +12,7 @@ from typing import Any
 
 import torch
 
-from astrai_core.rollout.evaluate import evaluate_generation
+from astrai_core.rollout.evaluate import evaluate_episodes, evaluate_generation
 from astrai_core.training.components import RunComponents
 
 LossFn = Callable[[Any], tuple[torch.Tensor, dict[str, Any]]]
@@ -30,6 +30,11 @@ def evaluate(run: RunComponents, compute_loss: LossFn,
         return {}
     if loader.kind == "prompt":
         records = [record for batch in loader for record in batch]
+        if run.episodes is not None:
+            return evaluate_episodes(run.episodes, records,
+                                     max_new_tokens=run.trainer.eval_max_new_tokens,
+                                     batch_size=run.data.eval_batch_size or run.data.batch_size,
+                                     progress=progress)
         return evaluate_generation(run.sampler, run.tokenizer, records, run.rewards,
                                    max_new_tokens=run.trainer.eval_max_new_tokens,
                                    batch_size=run.data.eval_batch_size or run.data.batch_size,

@@ -117,12 +117,14 @@ def wire_components(plan: RunPlan, *, backend: Any, device: torch.device, model:
     estimator = plan.advantage.target(**plan.advantage.options) if plan.advantage else None
     policy_loss = (plan.policy_loss.target(**plan.policy_loss.options)
                    if plan.policy_loss else None)
+    pad_token_id = getattr(tokenizer, "pad_token_id", None) or 0
+    episodes = build_episodes(plan, sampler, tokenizer, rewards, pad_token_id) if generates else None
     rollouts = None
     if needs.rollouts:
         rollouts = RolloutRunner(sampler, tokenizer, rewards, sampling, group_size=needs.group_size,
                                  prompt_source=RecordStream(train_loader),
                                  prompts_per_rollout=data.batch_size // dist.world_size,
-                                 pad_token_id=getattr(tokenizer, "pad_token_id", None) or 0,
+                                 pad_token_id=pad_token_id, episodes=episodes,
                                  seed_offset=dist.rank_slice(data.batch_size, "prompts").start)
     initial = Path(config.model.path) if config.model.path is not None else None
     return RunComponents(
@@ -130,7 +132,22 @@ def wire_components(plan: RunPlan, *, backend: Any, device: torch.device, model:
         device=device, model=model, tokenizer=tokenizer, tokenizer_dir=tokenizer_dir,
         output_dir=Path(config.output_dir), initial_model_dir=initial, sampling=sampling,
         rewards=rewards, train_loader=train_loader, eval_loader=eval_loader, sampler=sampler,
-        estimator=estimator, rollouts=rollouts, policy_loss=policy_loss, dist=dist)
+        estimator=estimator, rollouts=rollouts, policy_loss=policy_loss, dist=dist,
+        episodes=episodes)
+
+
+def build_episodes(plan: RunPlan, sampler: Any, tokenizer: Any, rewards: Any,
+                   pad_token_id: int) -> Any:
+    """The episode runner of a multi-turn environment; None for ``single_turn``."""
+    if plan.environment is None:
+        return None
+    environment = plan.environment.target(**plan.environment.options)
+    if getattr(environment, "single_turn", False):
+        return None
+    from astrai_core.rollout.episodes import EpisodeRunner
+
+    return EpisodeRunner(environment, sampler, tokenizer, rewards, plan.episode,
+                         pad_token_id=pad_token_id)
 
 
 def rollout_sampling(plan: RunPlan, tokenizer: Any) -> Any:

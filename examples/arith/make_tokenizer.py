@@ -41,11 +41,13 @@ def build_tokenizer() -> Tokenizer:
     return tokenizer
 
 
-def save(out_dir: Path) -> None:
+def save(out_dir: Path, tokenizer: Tokenizer | None = None) -> None:
+    """Save ``tokenizer`` (default: this example's) with the chat template, as transformers
+    loads it."""
     from transformers import PreTrainedTokenizerFast
 
     wrapped = PreTrainedTokenizerFast(
-        tokenizer_object=build_tokenizer(), pad_token="<pad>", unk_token="<unk>",
+        tokenizer_object=tokenizer or build_tokenizer(), pad_token="<pad>", unk_token="<unk>",
         eos_token="<|end|>", chat_template=CHAT_TEMPLATE, model_max_length=1024,
         clean_up_tokenization_spaces=False)
     wrapped.save_pretrained(str(out_dir))
