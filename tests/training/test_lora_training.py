@@ -190,3 +190,37 @@ def test_bad_lora_options_fail_before_any_work_naming_the_field(tmp_path, lora, 
     (tmp_path / "bad.yaml").write_text(json.dumps(cfg))
     with pytest.raises(ConfigError, match=message):
         prepare_run(load_config(tmp_path / "bad.yaml"))
+
+
+def write_sums(tmp_path, limit=5):
+    """Every a+b (a, b < limit) as chat SFT rows, and the same prompts with their answer."""
+    sums = [(a, b) for a in range(limit) for b in range(limit)]
+    chat = tmp_path / "sft.jsonl"
+    prompts = tmp_path / "eval.jsonl"
+    chat.write_text("".join(json.dumps({"messages": [
+        {"role": "user", "content": f"{a}+{b}="},
+        {"role": "assistant", "content": str(a + b)}]}) + "\n" for a, b in sums))
+    prompts.write_text("".join(json.dumps({
+        "messages": [{"role": "user", "content": f"{a}+{b}="}], "answer": str(a + b)}) + "\n"
+        for a, b in sums))
+    return chat, prompts
+
+
+STEPS = 60
+
+
+def test_lora_sft_raises_arithmetic_eval_accuracy(tmp_path):
+    """Small sums, learned by the adapter alone (the base is frozen): exact-match accuracy
+    of greedy answers on the problems goes from ~0 to most of them."""
+    start = save_start_model(tmp_path / "start")
+    chat, prompts = write_sums(tmp_path)
+    config = tiny_run_config(tmp_path, chat, {"name": "sft"}, data_format="chat",
+                             rewards=[{"name": "exact_match"}], max_steps=STEPS, lr=5e-2,
+                             eval_at_start=True, eval_every=STEPS, eval_max_new_tokens=3)
+    config["data"].update(batch_size=25, eval={"path": str(prompts), "format": "prompt"})
+    config["model"] = {"path": str(start), "lora": {"r": 16, "alpha": 32.0}}
+    run(tmp_path, config)
+    evaluations = [m for m in read_metrics(tmp_path / "run") if "eval/accuracy" in m]
+    first, last = evaluations[0]["eval/accuracy"], evaluations[-1]["eval/accuracy"]
+    assert first <= 0.1
+    assert last >= 0.6, (first, last)
