@@ -6,17 +6,16 @@ intermediate 3072, q/k norms, tied embeddings) cut to 2 layers, float32, from sc
 1. Peak memory, [batch, seq] tokens (default [4, 2048]: a 64-token prompt and the rest
    response): the GRPO loss (ppo_clip on the response log-probs, token-mean) forward and
    backward, through ``policy_forward`` with the chunked head (the default path) against
-   the full-logits path (the same function on a model that only returns logits). Each
-   measurement runs in a fresh subprocess; large allocations go through mmap
-   (MALLOC_MMAP_THRESHOLD_) so the resident set follows live memory, and the peak is
-   ``ru_maxrss`` during the step minus the resident set just before it (model, inputs).
-   CPU only: that is what this machine has (an accelerator's peak counter would do the
-   same job more simply).
-2. Step time, [batch, time_seq] tokens: a LoRA step (r=16, all projections, only the
+   the full-logits path (the same function on a model that only returns logits). At that
+   size each step is ~10 TFLOP, too slow on this shared 2-core CPU, so the peak is taken
+   by torch's MemTracker over fake tensors (the same code and autograd graph, shapes
+   only); a real run at a smaller size (default [1, 1024], each in a fresh subprocess,
+   peak RSS above the pre-step resident set, mmap'd large allocations) cross-checks it.
+2. Step time, [time_batch, time_seq] tokens: a LoRA step (r=16, all projections, only the
    adapter in AdamW) against a full fine-tuning step (every weight in AdamW) on the same
    model, forward + backward + optimizer step, median of ``--reps`` after a warm-up.
 
-    .venv/bin/python bench/bench_lora_memory.py [--seq 2048] [--time-seq 512] [--reps 3]
+    .venv/bin/python bench/bench_lora_memory.py [--seq 2048] [--rss-seq 1024] [--time-seq 256]
 """
 
 from __future__ import annotations
@@ -60,13 +59,23 @@ class LogitsOnly(torch.nn.Module):
 def rollout(batch: int, seq: int, device: str):
     from astrai_core.rollout.batch import RolloutBatch
 
+    class FullRows(RolloutBatch):
+        """Rows without padding: no mask and default positions (plain causal attention,
+        as the masks would give), so nothing depends on the tensors' values."""
+
+        def attention_mask(self):
+            return None
+
+        def position_ids(self):
+            return None
+
     if seq <= PROMPT:
         raise SystemExit(f"--seq/--time-seq must exceed the {PROMPT}-token prompt")
     generator = torch.Generator().manual_seed(1)
     vocab = QWEN3_06B_2L["vocab_size"]
     prompts = torch.randint(0, vocab, (batch, PROMPT), generator=generator)
     responses = torch.randint(0, vocab, (batch, seq - PROMPT), generator=generator)
-    return RolloutBatch(
+    return FullRows(
         prompt_ids=prompts, prompt_mask=torch.ones_like(prompts, dtype=torch.bool),
         response_ids=responses, response_mask=torch.ones_like(responses, dtype=torch.bool),
         old_logprobs=None, rewards=torch.zeros(batch), reward_components={},
@@ -90,10 +99,31 @@ def rss_bytes() -> int:
         return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
 
 
-def measure_peak(path: str, batch: int, seq: int, device: str) -> dict:
-    """One forward + backward of the GRPO loss; peak bytes above the state before it."""
-    model = build_model(device)
-    inputs = rollout(batch, seq, device)
+def tracked_peak(path: str, batch: int, seq: int) -> int:
+    """Peak bytes of live tensors during the step, beyond the model's own weights, with
+    torch's MemTracker over fake tensors: the exact tensor-level peak (allocator slack
+    aside) of the same code, shapes and autograd graph, without doing the arithmetic."""
+    from torch._subclasses.fake_tensor import FakeTensorMode
+    from torch.distributed._tools.mem_tracker import MemTracker
+
+    with FakeTensorMode():
+        model = build_model("cpu")
+        inputs = rollout(batch, seq, "cpu")
+        target = model if path == "chunked" else LogitsOnly(model)
+        tracker = MemTracker()
+        tracker.track_external(model)
+        with tracker:
+            grpo_loss(target, inputs).backward()
+    peak = tracker.get_tracker_snapshot("peak")[torch.device("cpu")]
+    return sum(v for k, v in peak.items() if k != "Total" and k.name not in ("PARAM", "BUFFER"))
+
+
+def measure_rss(path: str, batch: int, seq: int) -> dict:
+    """The real run (a fresh process): ru_maxrss during the step minus the resident set
+    just before it; large allocations go through mmap so the resident set follows live
+    memory."""
+    model = build_model("cpu")
+    inputs = rollout(batch, seq, "cpu")
     target = model if path == "chunked" else LogitsOnly(model)
     before, peak_before = rss_bytes(), resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
     grpo_loss(target, inputs).backward()
@@ -104,8 +134,8 @@ def measure_peak(path: str, batch: int, seq: int, device: str) -> dict:
 
 def run_child(args: argparse.Namespace, path: str) -> dict:
     env = dict(os.environ, MALLOC_MMAP_THRESHOLD_="65536", MALLOC_TRIM_THRESHOLD_="0")
-    command = [sys.executable, __file__, "--child", path, "--batch", str(args.batch),
-               "--seq", str(args.seq)]
+    command = [sys.executable, __file__, "--child", path, "--batch", str(args.rss_batch),
+               "--seq", str(args.rss_seq)]
     out = subprocess.run(command, env=env, capture_output=True, text=True, check=True)
     return json.loads(out.stdout.strip().splitlines()[-1])
 
@@ -135,29 +165,35 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--batch", type=int, default=4)
     parser.add_argument("--seq", type=int, default=2048)
+    parser.add_argument("--rss-batch", type=int, default=1, help="the real-run cross-check")
+    parser.add_argument("--rss-seq", type=int, default=1024)
+    parser.add_argument("--time-batch", type=int, default=1)
     parser.add_argument("--time-seq", type=int, default=256)
     parser.add_argument("--reps", type=int, default=3)
     parser.add_argument("--child")
     args = parser.parse_args()
     if args.child:
-        print(json.dumps(measure_peak(args.child, args.batch, args.seq, "cpu")))
+        print(json.dumps(measure_rss(args.child, args.batch, args.seq)))
         return
     gib = 1024**3
-    results = {path: run_child(args, path) for path in ("chunked", "full")}
-    chunked, full = results["chunked"]["peak_bytes"], results["full"]["peak_bytes"]
-    print(f"GRPO loss forward+backward, Qwen3-0.6B-shaped 2-layer model, [{args.batch}, "
-          f"{args.seq}] tokens, CPU:")
-    print(f"  full-logits path peak: {full / gib:.2f} GiB")
-    print(f"  chunked path peak:     {chunked / gib:.2f} GiB")
-    print(f"  chunked / full = {chunked / full:.3f} (aim <= 0.25)")
-    if not all(r["clean"] for r in results.values()):
-        print("  note: an earlier peak exceeded the pre-step resident set; figures are lower bounds")
-    lora_s = step_seconds(True, args.batch, args.time_seq, args.reps, "cpu")
-    full_s = step_seconds(False, args.batch, args.time_seq, args.reps, "cpu")
-    print(f"step time [{args.batch}, {args.time_seq}] tokens (forward+backward+AdamW, median of "
-          f"{args.reps}):")
-    print(f"  LoRA r=16: {lora_s:.2f} s   full fine-tune: {full_s:.2f} s   "
-          f"LoRA / full = {lora_s / full_s:.2f}")
+    print("GRPO loss forward+backward, Qwen3-0.6B-shaped 2-layer model (186M params), float32, CPU")
+    tracked = {path: tracked_peak(path, args.batch, args.seq) for path in ("chunked", "full")}
+    print(f"  [{args.batch}, {args.seq}] tokens, tensor-level peak beyond the weights (MemTracker):")
+    print(f"    full-logits path {tracked['full'] / gib:.2f} GiB, chunked path "
+          f"{tracked['chunked'] / gib:.2f} GiB, chunked / full = "
+          f"{tracked['chunked'] / tracked['full']:.3f} (aim <= 0.25)")
+    real = {path: run_child(args, path) for path in ("chunked", "full")}
+    chunked, full = real["chunked"]["peak_bytes"], real["full"]["peak_bytes"]
+    note = "" if all(r["clean"] for r in real.values()) else " (lower bounds: an earlier peak)"
+    print(f"  [{args.rss_batch}, {args.rss_seq}] tokens, real run, peak RSS above the pre-step "
+          f"resident set{note}:")
+    print(f"    full-logits path {full / gib:.2f} GiB, chunked path {chunked / gib:.2f} GiB, "
+          f"chunked / full = {chunked / full:.3f}")
+    lora_s = step_seconds(True, args.time_batch, args.time_seq, args.reps, "cpu")
+    full_s = step_seconds(False, args.time_batch, args.time_seq, args.reps, "cpu")
+    print(f"  step time [{args.time_batch}, {args.time_seq}] tokens (GRPO loss forward+backward+"
+          f"AdamW, median of {args.reps}): LoRA r=16 {lora_s:.2f} s, full fine-tune "
+          f"{full_s:.2f} s, LoRA / full = {lora_s / full_s:.2f}")
 
 
 if __name__ == "__main__":

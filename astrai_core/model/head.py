@@ -2,8 +2,9 @@
 
 A full-logits forward keeps float32 logits of every position (and, for backward, their
 softmax): for a 151,936-token vocabulary and [4, 2048] tokens that is 5 GB per copy.
-Here the model returns its final hidden states and the head runs over ``chunk_tokens``
-rows at a time. Each chunk runs under ``torch.utils.checkpoint``, so backward recomputes
+Here the model returns its final hidden states and the head runs over a chunk of rows at
+a time, sized so that one chunk's float32 logits hold about 2**26 numbers (256 MB: 441
+tokens of a 151,936-token vocabulary, 2,048 of a 32,768 one). Each chunk runs under ``torch.utils.checkpoint``, so backward recomputes
 that chunk's logits instead of keeping them: at any moment only one chunk's logits
 exist. The numbers are those of the unchunked path (the same per-row operations; the
 head matmul is only split by rows).
@@ -16,7 +17,7 @@ import torch.nn.functional as F
 from torch import Tensor
 from torch.utils.checkpoint import checkpoint
 
-DEFAULT_CHUNK_TOKENS = 1024
+CHUNK_LOGITS = 2**26  # float32 logits per chunk: ~256 MB, whatever the vocabulary
 
 
 def head_weight(model: torch.nn.Module) -> Tensor | None:
@@ -41,16 +42,19 @@ def _chunk_stats(hidden: Tensor, weight: Tensor, targets: Tensor, temperature: f
 
 
 def chunked_logprobs(hidden: Tensor, weight: Tensor, target_ids: Tensor, temperature: float = 1.0,
-                     *, with_entropy: bool = False, chunk_tokens: int = DEFAULT_CHUNK_TOKENS
+                     *, with_entropy: bool = False, chunk_tokens: int | None = None
                      ) -> tuple[Tensor, Tensor | None]:
     """float32 log-prob of each ``target_ids`` entry under log_softmax(hidden @ weight.T /
     temperature), and the entropy of that distribution when asked.
 
     hidden [..., H] (the positions predicting the targets), weight [V, H],
-    target_ids [...] -> (logprobs [...], entropy [...] or None).
+    target_ids [...] -> (logprobs [...], entropy [...] or None). ``chunk_tokens``: rows per
+    chunk (default: as many as make :data:`CHUNK_LOGITS` logits).
     """
     if temperature <= 0:
         raise ValueError(f"temperature must be > 0, got {temperature}")
+    if chunk_tokens is None:
+        chunk_tokens = max(1, CHUNK_LOGITS // weight.shape[0])
     if chunk_tokens < 1:
         raise ValueError(f"chunk_tokens must be >= 1, got {chunk_tokens}")
     flat_hidden = hidden.reshape(-1, hidden.shape[-1])

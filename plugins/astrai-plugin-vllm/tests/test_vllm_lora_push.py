@@ -6,6 +6,7 @@ from __future__ import annotations
 import pytest
 
 pytest.importorskip("vllm")
+pytest.importorskip("peft")  # the vllm venv installs the core without its dependencies
 
 from astrai_core.sampling import SamplingParams  # noqa: E402
 
