@@ -39,6 +39,8 @@ from astrai_core.model import (
     load_state_dict_strict,
     save_pretrained,
 )
+from astrai_core.model.head import chunked_logprobs, head_weight
+from astrai_core.model.lora import has_lora, merge_and_unload, merged_state_dict
 from astrai_core.plugins import process_registry
 from astrai_core.protocols import (
     AdvantageEstimatorProtocol,
@@ -74,7 +76,7 @@ from astrai_core.rollout.runner import RolloutRunner
 from astrai_core.sampling.params import Completion, SamplingParams
 from astrai_core.sampling.requests import Request, expand_requests
 from astrai_core.training.components import RunComponents
-from astrai_core.training.modules import TrainedModule, frozen_copy
+from astrai_core.training.modules import TrainedModule, frozen_copy, frozen_reference
 from astrai_core.training.needs import StrategyNeeds
 from astrai_core.training.online import OnlineConfig, OnlineStrategy
 from astrai_core.training.sources import BatchSource, LoaderSource, RolloutSource
@@ -84,7 +86,7 @@ __all__ = [
     # strategies
     "BatchSource", "EmptyConfig", "LoaderSource", "OnlineConfig", "OnlineStrategy",
     "RolloutSource", "RunComponents", "RunConfig", "Strategy", "StrategyNeeds",
-    "TrainedModule", "TrainerConfig", "frozen_copy",
+    "TrainedModule", "TrainerConfig", "frozen_copy", "frozen_reference",
     # rollouts and the trainer-side forward
     "RolloutBatch", "RolloutRunner", "pad_rows", "policy_forward", "rollout_metrics",
     # RL math
@@ -105,6 +107,8 @@ __all__ = [
     "load_importer", "load_pretrained", "load_state_dict_strict", "qwen_sliding_window", "qwen_sliding_window_to_hf",
     "read_hf_config", "rename", "require", "save_pretrained", "split_gate_up",
     "stack_experts",
+    # LoRA and the chunked head
+    "chunked_logprobs", "has_lora", "head_weight", "merge_and_unload", "merged_state_dict",
     # devices, plugins, errors, logging
     "AdvantageEstimatorProtocol", "AstraiError", "CheckpointError", "ConfigError",
     "DataError", "DeviceBackend", "FieldError", "resolve_device", "PluginError", "PolicyLossProtocol",

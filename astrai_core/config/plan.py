@@ -245,6 +245,32 @@ def _check_paths(config: RunConfig, base_dir: Path) -> None:
     if model.tokenizer is not None and not Path(model.tokenizer).is_dir():
         raise FieldError(("model", "tokenizer"),
                          f"tokenizer directory {model.tokenizer!r} does not exist")
+    if model.lora is not None and model.lora.path is not None:
+        _check_adapter_dir(model.lora)
+
+
+def _check_adapter_dir(lora: Any) -> None:
+    """``model.lora.path`` is a PEFT LoRA adapter; its own r/alpha/targets apply, so
+    options that contradict them are refused rather than silently ignored."""
+    import json
+
+    where = ("model", "lora", "path")
+    config_file = Path(lora.path) / "adapter_config.json"
+    if not config_file.is_file():
+        raise FieldError(where, f"{config_file} not found: not a PEFT adapter directory")
+    try:
+        saved = json.loads(config_file.read_text())
+    except (OSError, json.JSONDecodeError) as exc:
+        raise FieldError(where, f"{config_file} is not valid JSON: {exc}") from None
+    if saved.get("peft_type") != "LORA":
+        raise FieldError(where, f"{config_file} is a {saved.get('peft_type')!r} adapter, not LORA")
+    spellings = {"r": "r", "alpha": "lora_alpha", "dropout": "lora_dropout",
+                 "use_rslora": "use_rslora", "use_dora": "use_dora"}
+    for field in sorted(lora.model_fields_set & spellings.keys()):
+        if saved.get(spellings[field]) != getattr(lora, field):
+            raise FieldError(("model", "lora", field),
+                             f"{getattr(lora, field)!r} contradicts the adapter at "
+                             f"model.lora.path ({spellings[field]}={saved.get(spellings[field])!r})")
 
 
 def _check_data(config: RunConfig, strategy: str, needs: StrategyNeeds) -> None:

@@ -12,6 +12,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
+from astrai_core.config.lora import LoraSection
 from astrai_core.config.parallel import ParallelConfig
 from astrai_core.config.trainer import TrainerConfig
 from astrai_core.data.config import DataConfig
@@ -53,6 +54,8 @@ class ModelSection(Section):
         default=None, description="tokenizer directory (default: the checkpoint's own files)"
     )
     dtype: Literal["float32", "bfloat16", "float16"] = "float32"
+    lora: LoraSection | None = Field(
+        default=None, description="train a LoRA adapter (peft) instead of every weight")
 
     @model_validator(mode="after")
     def _one_source(self) -> ModelSection:

@@ -244,7 +244,9 @@ class HFImporter:
         model_type = self.check_model_type(model_type or record.get("model_type")
                                            or self.default_model_type(model.config))
         hf_config = self.export_config(model.config, record, model_type)
-        state = {name: t.detach() for name, t in model.state_dict().items()}
+        from astrai_core.model.lora import merged_state_dict
+
+        state = {name: t.detach() for name, t in merged_state_dict(model).items()}  # LoRA: merged
         tensors = self.state_dict_to_hf(model.config, state, record.get("moe_layout", PER_EXPERT))
         _record_dtype(hf_config, tensors)
         with staged_directory(dst) as stage:

@@ -40,15 +40,18 @@ TOKENIZER_FILES = (
 def save_pretrained(model: CausalLM, directory: str | os.PathLike, *,
                     tokenizer_dir: str | os.PathLike | None = None,
                     max_shard_bytes: int = 2 * 1024**3, overwrite: bool = False) -> Path:
-    """Write ``model`` as a native checkpoint directory; returns its path."""
+    """Write ``model`` as a native checkpoint directory; returns its path (a LoRA model is
+    written merged: a plain checkpoint of what it computes)."""
     target = Path(directory)
     if target.exists() and not overwrite:
         raise CheckpointError(f"{target} already exists (pass overwrite=True to replace it)")
     if tokenizer_dir is not None and not Path(tokenizer_dir).is_dir():
         raise CheckpointError(f"tokenizer directory {tokenizer_dir} does not exist")
+    from astrai_core.model.lora import merged_state_dict
+
     with atomic_directory(target) as staging:
         write_config(model.config, staging)
-        write_weights(model.state_dict(), staging, max_shard_bytes)
+        write_weights(merged_state_dict(model), staging, max_shard_bytes)  # LoRA: merged
         if tokenizer_dir is not None:
             copy_tokenizer_files(Path(tokenizer_dir), staging)
     return target
@@ -199,8 +202,23 @@ def _preview(names: list[str], limit: int = 5) -> str:
 
 def load_pretrained(directory: str | os.PathLike, *, dtype: torch.dtype | None = None,
                     device: torch.device | str | None = None) -> CausalLM:
-    """Load a native checkpoint directory into a CausalLM (weights via safetensors only)."""
+    """Load a native checkpoint directory into a CausalLM (weights via safetensors only).
+
+    A LoRA training checkpoint (``adapter/``) gives its base with the adapter applied
+    (:func:`astrai_core.model.lora_files.load_lora_checkpoint`)."""
+    from functools import partial
+
+    from astrai_core.model import lora_files
+
     directory = Path(directory)
+    load_plain = partial(_load_plain, dtype=dtype, device=device)
+    if lora_files.is_lora_checkpoint(directory):
+        return lora_files.load_lora_checkpoint(directory, load_plain)
+    return load_plain(directory)
+
+
+def _load_plain(directory: Path, *, dtype: torch.dtype | None,
+                device: torch.device | str | None) -> CausalLM:
     config = load_config(directory)
     files = weight_files(directory)
     state_dict: dict[str, torch.Tensor] = {}

@@ -72,6 +72,10 @@ class CausalLM(nn.Module):
             else:
                 param.normal_(0.0, std)
 
+    def head_weight(self) -> torch.Tensor:
+        """The output projection [V, H]: lm_head's, or the embedding when tied."""
+        return self.embed.weight if self.lm_head is None else self.lm_head.weight
+
     def num_parameters(self, trainable_only: bool = False) -> int:
         """Number of parameters (tied embeddings counted once)."""
         return sum(p.numel() for p in self.parameters() if p.requires_grad or not trainable_only)
@@ -96,6 +100,7 @@ class CausalLM(nn.Module):
         kv_cache: KVCache | None = None,
         return_hidden_states: bool = False,
         logits_to_keep: int = 0,
+        return_logits: bool = True,
     ) -> dict[str, Any]:
         """input_ids [B, S] -> {"logits" [B, S, V] float32, "aux_loss" 0-d, "router_stats" list,
         "hidden_states" [B, S, H] (after the final norm) when asked}.
@@ -104,7 +109,8 @@ class CausalLM(nn.Module):
         default arange from the cache length; without a cache, positions that do not follow
         their predecessor by exactly 1 start a new packed document. logits_to_keep > 0:
         logits only for the last that many positions ([B, logits_to_keep, V]; generation
-        needs only the last one); 0 keeps all.
+        needs only the last one); 0 keeps all. return_logits=False: no logits at all (a
+        chunked head computes log-probs from the hidden states: model/head.py).
         """
         batch, seq = input_ids.shape
         past = kv_cache.length if kv_cache is not None else 0
@@ -130,10 +136,11 @@ class CausalLM(nn.Module):
             kv_cache.advance(seq)
 
         hidden = self.norm(x)
-        head_weight = self.embed.weight if self.lm_head is None else self.lm_head.weight
         head_input = hidden[:, -logits_to_keep:] if 0 < logits_to_keep < seq else hidden
-        out: dict[str, Any] = {"logits": F.linear(head_input, head_weight).float()}
-        if return_hidden_states:
+        out: dict[str, Any] = {}
+        if return_logits:
+            out["logits"] = F.linear(head_input, self.head_weight()).float()
+        if return_hidden_states or not return_logits:
             out["hidden_states"] = hidden
         out.update(self._router_outputs(routers, attention_mask, seq, x.device))
         return out

@@ -135,7 +135,11 @@ class RolloutRunner:
 
     def _weights_for_sampler(self, model: torch.nn.Module) -> dict[str, torch.Tensor] | None:
         """None for a sampler that generates with this very model; else the tensors."""
-        return None if getattr(self.sampler, "model", None) is model else model.state_dict()
+        if getattr(self.sampler, "model", None) is model:
+            return None
+        from astrai_core.model.lora import merged_state_dict
+
+        return merged_state_dict(model)  # a LoRA policy reaches other samplers merged
 
     def validation_rollout(self, prompts: Sequence[Any], sampling_params: SamplingParams | None = None,
                            group_size: int | None = None) -> RolloutBatch:

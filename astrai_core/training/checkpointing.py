@@ -32,6 +32,8 @@ from astrai_core.distributed.checkpoint import full_model_state, save_sharded
 from astrai_core.distributed.context import SINGLE, DistContext
 from astrai_core.errors import CheckpointError
 from astrai_core.importers.base import HF_SOURCE_FILE
+from astrai_core.model import lora_files
+from astrai_core.model.lora import has_lora
 from astrai_core.model.checkpoint import (
     atomic_directory,
     copy_tokenizer_files,
@@ -90,10 +92,13 @@ def save_checkpoint(target: Path, *, model: nn.Module, tokenizer_dir: Path,
         if not dist.is_main:
             return target
         write_config(model.config, staging)
-        write_weights(weights, staging, max_shard_bytes=2 * 1024**3)
+        if not has_lora(model):
+            write_weights(weights, staging, max_shard_bytes=2 * 1024**3)
         copy_tokenizer_files(tokenizer_dir, staging)
         if initial_model_dir is not None and (initial_model_dir / HF_SOURCE_FILE).is_file():
             shutil.copy2(initial_model_dir / HF_SOURCE_FILE, staging / HF_SOURCE_FILE)
+        if has_lora(model):  # adapter/ in PEFT format (+ the base record); after hf_source
+            lora_files.write_lora_weights(model, staging)
         for name, state in extra_weights.items():
             tensors = {k: v.detach().contiguous() for k, v in state.items()}
             save_file(tensors, str(staging / f"{name}.safetensors"))
@@ -160,7 +165,12 @@ def load_state_tensors(directory: Path) -> dict[str, torch.Tensor] | None:
 
 
 def load_model_weights(model: nn.Module, directory: Path) -> None:
-    """Load a checkpoint's policy weights into the live ``model`` (names and shapes checked)."""
+    """Load a checkpoint's policy weights into the live ``model`` (names and shapes checked);
+    a LoRA policy loads only its adapter (the base is frozen and already in place)."""
+    if has_lora(model):
+        lora_files.load_adapter(model, directory / lora_files.ADAPTER_DIR,
+                                lora_files.model_type_of(directory))
+        return
     state_dict: dict[str, torch.Tensor] = {}
     for path in weight_files(directory):
         state_dict.update(read_safetensors(path))

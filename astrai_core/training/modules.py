@@ -42,3 +42,12 @@ def frozen_copy(module: nn.Module) -> nn.Module:
     for param in frozen.parameters():
         param.requires_grad_(False)
     return frozen
+
+
+def frozen_reference(policy: nn.Module) -> nn.Module:
+    """A strategy's frozen reference policy (DPO, KL terms): for a LoRA policy, the policy
+    itself with its adapter disabled (no copy, no weights of its own); otherwise a frozen
+    copy of the starting policy."""
+    from astrai_core.model.lora import DisabledAdapterReference, has_lora
+
+    return DisabledAdapterReference(policy) if has_lora(policy) else frozen_copy(policy)

@@ -183,7 +183,7 @@ class OnlineStrategy(Strategy):
         """The shared objective around the run's policy loss (built by the wiring)."""
         return PolicyObjective(self.run.policy_loss, settings)
 
-    # A frozen reference policy, for KL terms: a subclass that sets it (frozen_copy of the
+    # A frozen reference policy, for KL terms: a subclass that sets it (frozen_reference of the
     # policy) gets it frozen by the trainer and its log-probs attached to every rollout.
     reference: torch.nn.Module | None = None
 

@@ -211,7 +211,18 @@ def _tokenizer_dir(section: ModelSection) -> Path:
 
 def build_model(section: ModelSection, tokenizer: Any, source: YamlSource | None = None
                 ) -> torch.nn.Module:
-    """Load the checkpoint at ``model.path`` or build ``model.config`` from scratch."""
+    """Load the checkpoint at ``model.path`` or build ``model.config`` from scratch, and
+    add the ``model.lora`` adapter when there is one."""
+    model = _build_base(section, tokenizer, source)
+    if section.lora is not None:  # peft adapter; only it trains (model/lora.py)
+        from astrai_core.model.lora_files import attach_lora
+
+        base_dir = Path(section.path) if section.path is not None else None
+        model = attach_lora(model, section.lora, base_dir).train()
+    return model
+
+
+def _build_base(section: ModelSection, tokenizer: Any, source: YamlSource | None) -> torch.nn.Module:
     from astrai_core.model import CausalLM, ModelConfig, load_pretrained
 
     dtype = DTYPES[section.dtype]

@@ -24,7 +24,7 @@ from pydantic import BaseModel, Field, model_validator
 from torch import Tensor
 
 from astrai_core.api import (OnlineConfig, OnlineStrategy, RolloutBatch, RunComponents,
-                             frozen_copy, policy_forward)
+                             frozen_reference, policy_forward)
 
 
 class ReinforceConfig(OnlineConfig):
@@ -48,7 +48,7 @@ class Reinforce(OnlineStrategy):
 
     def __init__(self, config: ReinforceConfig, run: RunComponents) -> None:
         super().__init__(config, run)
-        self.reference = frozen_copy(run.model) if config.kl_in_reward_coef else None
+        self.reference = frozen_reference(run.model) if config.kl_in_reward_coef else None
 
     def compute_loss(self, batch: RolloutBatch) -> tuple[Tensor, dict[str, Any]]:
         mask = batch.response_mask

@@ -27,7 +27,7 @@ from astrai_core.api import (
     RunComponents,
     Strategy,
     StrategyNeeds,
-    frozen_copy,
+    frozen_reference,
 )
 from astrai_plugin_dpo.losses import dpo_loss
 from astrai_plugin_dpo.pairs import PairSource, dataset_pair_logprobs, rollout_pair_logprobs
@@ -82,7 +82,7 @@ class DPO(Strategy):
 
     def __init__(self, config: DPOConfig, run: RunComponents) -> None:
         super().__init__(config, run)
-        self.reference = frozen_copy(run.model)
+        self.reference = frozen_reference(run.model)
 
     def frozen_modules(self) -> dict[str, torch.nn.Module]:
         return {"reference": self.reference}

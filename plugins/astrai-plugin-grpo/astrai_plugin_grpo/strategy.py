@@ -35,7 +35,7 @@ from astrai_core.api import (
     RunComponents,
     RunConfig,
     StrategyNeeds,
-    frozen_copy,
+    frozen_reference,
     policy_forward,
 )
 from astrai_plugin_grpo.offline import OfflineRollouts
@@ -97,7 +97,7 @@ class GRPO(OnlineStrategy):
 
     def __init__(self, config: GRPOConfig, run: RunComponents) -> None:
         super().__init__(config, run)
-        self.reference = frozen_copy(run.model) if config.kl_coef or config.kl_in_reward_coef \
+        self.reference = frozen_reference(run.model) if config.kl_coef or config.kl_in_reward_coef \
             else None
         self.objective = self.policy_objective(ObjectiveSettings(
             loss_aggregation=config.loss_aggregation, norm_length=config.norm_length,

@@ -9,7 +9,7 @@ from typing import Literal
 import torch
 from torch import Tensor, nn
 
-from astrai_core.api import CausalLM, load_pretrained
+from astrai_core.api import CausalLM, load_pretrained, merge_and_unload
 from astrai_core.api import RolloutBatch
 from astrai_core.api import policy_forward
 
@@ -50,13 +50,14 @@ def build_critic(policy: CausalLM, init: Literal["policy", "random"] = "policy",
 
     ``path``: a native checkpoint directory whose weights become the backbone (any
     architecture); otherwise the policy's config with the policy's weights
-    (``init="policy"``) or freshly initialised ones (``init="random"``).
+    (``init="policy"``) or freshly initialised ones (``init="random"``). Every backbone
+    weight trains, also beside a LoRA policy (a full-parameter critic).
     """
     parameter = next(policy.parameters())
     if path is not None:
         backbone = load_pretrained(path, dtype=parameter.dtype)
     elif init == "policy":
-        backbone = copy.deepcopy(policy)
+        backbone = merge_and_unload(copy.deepcopy(policy))  # a LoRA policy: its merged weights
     else:
         backbone = CausalLM(policy.config)
     backbone = backbone.to(device=parameter.device, dtype=parameter.dtype)

@@ -31,7 +31,7 @@ from astrai_core.api import (
     ObjectiveSettings,
     TrainedModule,
     explained_variance,
-    frozen_copy,
+    frozen_reference,
     get_logger,
     masked_mean,
     masked_var,
@@ -80,7 +80,7 @@ class PPO(OnlineStrategy):
 
     def __init__(self, config: PPOConfig, run: RunComponents) -> None:
         super().__init__(config, run)
-        self.reference = frozen_copy(run.model) if config.kl_coef or config.kl_in_reward_coef \
+        self.reference = frozen_reference(run.model) if config.kl_coef or config.kl_in_reward_coef \
             else None
         self.critic: ValueCritic = build_critic(run.model, config.critic_init, config.critic_path,
                                                 config.value_head_init_std)

@@ -44,7 +44,10 @@ def export_policy(model: torch.nn.Module, native_dir: Path | None, work_dir: Pat
 
 def policy_dtype(model: torch.nn.Module) -> str:
     """vLLM's name for the dtype of the policy's floating-point weights."""
-    dtypes = {p.dtype for p in model.parameters() if p.is_floating_point()}
+    from astrai_core.api import merged_state_dict
+
+    # a LoRA policy: the dtype of the merged weights (its float32 adapter is merged away)
+    dtypes = {t.dtype for t in merged_state_dict(model).values() if t.is_floating_point()}
     if len(dtypes) != 1:
         raise ValueError(f"the policy mixes weight dtypes {sorted(map(str, dtypes))}; pass the "
                          "sampler's `dtype` option explicitly")

@@ -25,8 +25,11 @@ CPU_MOE_RELOAD_BUG = {(0, 31), (0, 32)}
 
 
 def hf_weights(importer: Any, model: torch.nn.Module, moe_layout: str) -> dict[str, torch.Tensor]:
-    """The policy's full state under Hugging Face names (what vLLM's loaders expect)."""
-    state = {name: tensor.detach() for name, tensor in model.state_dict().items()}
+    """The policy's full state under Hugging Face names (what vLLM's loaders expect); a
+    LoRA policy's adapter is merged into its weights (docs/lora.md: why merged)."""
+    from astrai_core.api import merged_state_dict
+
+    state = {name: tensor.detach() for name, tensor in merged_state_dict(model).items()}
     return importer.state_dict_to_hf(model.config, state, moe_layout)
 
 
