@@ -22,9 +22,14 @@ CHUNK_LOGITS = 2**26  # float32 logits per chunk: ~256 MB, whatever the vocabula
 
 def head_weight(model: torch.nn.Module) -> Tensor | None:
     """The output projection [V, H] of a native model (the embedding when tied), or None
-    for a model without one (then callers use its logits)."""
+    for a model without one (then callers use its logits). Also None under FSDP2: outside
+    the model's own forward the head is a sharded DTensor, gathered only inside it, so the
+    chunked head would see a shard; such runs take the model's logits."""
     get = getattr(model, "head_weight", None)
-    return get() if callable(get) else None
+    if not callable(get):
+        return None
+    weight = get()
+    return None if type(weight).__name__ == "DTensor" else weight
 
 
 def _chunk_stats(hidden: Tensor, weight: Tensor, targets: Tensor, temperature: float,
