@@ -319,6 +319,19 @@ class OnlineStrategy(Strategy):
         self._routing_counts = (0, 0)
         return metrics
 
+    def policy_loss_terms(self, batch: RolloutBatch, objective: PolicyObjective
+                          ) -> tuple[torch.Tensor, dict[str, Any], dict[str, Any]]:
+        """The policy's training forward over ``batch`` (replaying recorded routing) and
+        ``objective`` on it: (loss, metrics, the forward's outputs)."""
+        with self.replaying_routing(batch):  # router_replay: the recorded experts
+            out = policy_forward(self.run.model, batch, self.run.logprob_temperature,
+                                 return_entropy=True)
+        loss, metrics = objective(
+            logprobs=out["logprobs"], old_logprobs=self.old_logprobs_for(batch, out["logprobs"]),
+            advantages=batch.advantages, response_mask=batch.response_mask,
+            ref_logprobs=batch.ref_logprobs, entropy=out["entropy"], extras=batch.extras)
+        return loss, metrics, out
+
     # -- MoE router replay (router_replay: R2) ------------------------------------------
     _routing_counts: tuple[int, int] = (0, 0)
 

@@ -36,7 +36,6 @@ from astrai_core.api import (
     RunConfig,
     StrategyNeeds,
     frozen_reference,
-    policy_forward,
 )
 from astrai_plugin_grpo.offline import OfflineRollouts
 
@@ -118,14 +117,7 @@ class GRPO(OnlineStrategy):
     # -- the loss ---------------------------------------------------------------------
     def compute_loss(self, batch: RolloutBatch) -> tuple[Tensor, dict[str, Any]]:
         mask = batch.response_mask
-        with self.replaying_routing(batch):  # router_replay: the recorded experts
-            out = policy_forward(self.run.model, batch, self.run.logprob_temperature,
-                                 return_entropy=True)
-        loss, metrics = self.objective(
-            logprobs=out["logprobs"],
-            old_logprobs=self.old_logprobs_for(batch, out["logprobs"]),
-            advantages=batch.advantages, response_mask=mask, ref_logprobs=batch.ref_logprobs,
-            entropy=out["entropy"], extras=batch.extras)
+        loss, metrics, out = self.policy_loss_terms(batch, self.objective)
         loss = self.add_aux_loss(loss, out["aux_loss"], metrics)
         metrics["tokens"] = mask.sum()
         return loss, metrics

@@ -35,7 +35,6 @@ from astrai_core.api import (
     get_logger,
     masked_mean,
     masked_var,
-    policy_forward,
 )
 from astrai_plugin_ppo.critic import ValueCritic, build_critic
 from astrai_plugin_ppo.value_loss import clipped_value_loss
@@ -107,15 +106,7 @@ class PPO(OnlineStrategy):
     def compute_loss(self, batch: RolloutBatch) -> tuple[Tensor, dict[str, Any]]:
         cfg = self.config
         mask = batch.response_mask
-        with self.replaying_routing(batch):  # router_replay: the recorded experts
-            policy = policy_forward(self.run.model, batch, self.run.logprob_temperature,
-                                    return_entropy=True)
-        policy_loss, metrics = self.objective(
-            logprobs=policy["logprobs"],
-            old_logprobs=self.old_logprobs_for(batch, policy["logprobs"]),
-            advantages=batch.advantages, response_mask=mask,
-            ref_logprobs=batch.ref_logprobs,
-            entropy=policy["entropy"], extras=batch.extras)
+        policy_loss, metrics, policy = self.policy_loss_terms(batch, self.objective)
         critic = self.critic(batch)
         value_loss, value_metrics = clipped_value_loss(
             critic["values"], batch.values, batch.returns, mask, clip_eps=cfg.value_clip_eps)
