@@ -83,7 +83,10 @@ def save_checkpoint(target: Path, *, model: nn.Module, tokenizer_dir: Path,
     the rest (the consolidated weights included) and renames the directory into place
     once every rank has finished.
     """
-    weights = full_model_state(model, dist)  # gathered on rank 0 (collectives: all ranks)
+    # Gathered on rank 0 (collectives: all ranks). A LoRA policy saves only its adapter/,
+    # so its full weights are not gathered at all.
+    lora = has_lora(model)
+    weights = None if lora else full_model_state(model, dist)
     extra_weights = {name: full_model_state(module, dist)
                      for name, module in extra_modules.items()}
     with _staging(target, dist) as staging:
@@ -92,12 +95,12 @@ def save_checkpoint(target: Path, *, model: nn.Module, tokenizer_dir: Path,
         if not dist.is_main:
             return target
         write_config(model.config, staging)
-        if not has_lora(model):
+        if weights is not None:
             write_weights(weights, staging, max_shard_bytes=2 * 1024**3)
         copy_tokenizer_files(tokenizer_dir, staging)
         if initial_model_dir is not None and (initial_model_dir / HF_SOURCE_FILE).is_file():
             shutil.copy2(initial_model_dir / HF_SOURCE_FILE, staging / HF_SOURCE_FILE)
-        if has_lora(model):  # adapter/ in PEFT format (+ the base record); after hf_source
+        if lora:  # adapter/ in PEFT format (+ the base record); after hf_source
             lora_files.write_lora_weights(model, staging)
         for name, state in extra_weights.items():
             tensors = {k: v.detach().contiguous() for k, v in state.items()}
