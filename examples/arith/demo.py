@@ -10,19 +10,31 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import subprocess
 import sys
-import time
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
-STAGES = ("sft", "grpo", "grpo_gspo", "grpo_cispo", "ppo", "dpo")
+sys.path.insert(0, str(HERE.parent))
+from stages import Stage, run_stages  # noqa: E402  (examples/stages.py)
+
+STAGES = ("sft", "grpo", "grpo_gspo", "grpo_cispo", "ppo", "dpo")  # the table's order
+# The order they start in: SFT, then the RL stages longest first, so that with a core
+# per stage the last ones end together.
+START_ORDER = ("sft", "ppo", "grpo_cispo", "grpo", "dpo", "grpo_gspo")
 OUT = Path("runs/demo")  # the stage configs read and write here (paths relative to the cwd)
 
 
-def run(command: list[str]) -> None:
-    print("$", " ".join(command), flush=True)
-    subprocess.run(command, check=True)
+def stages(python: str) -> list[Stage]:
+    """The demo's stages: the data, SFT, then every RL stage from the SFT checkpoint."""
+    logs = OUT / "logs"
+    astrai = [python, "-m", "astrai_core.cli.main", "--log-format", "console", "train"]
+    data = [Stage("arith/data", [python, str(HERE / "generate.py"), "--out", str(OUT / "data")],
+                  logs / "data.log")] if not (OUT / "data" / "sft_train.jsonl").exists() else []
+    trained = [Stage(f"arith/{stage}", astrai + [str(HERE / f"{stage}.yaml"), "--overwrite"],
+                     logs / f"{stage}.log",
+                     needs=tuple(s.name for s in data) if stage == "sft" else ("arith/sft",))
+               for stage in START_ORDER]
+    return data + trained
 
 
 def final_accuracy(run_dir: Path) -> tuple[float, float]:
@@ -34,28 +46,20 @@ def final_accuracy(run_dir: Path) -> tuple[float, float]:
     return accuracies[0], accuracies[-1]
 
 
+def report(seconds: dict[str, float]) -> None:
+    """Print the accuracy table and write runs/demo/summary.json."""
+    summary = {stage: final_accuracy(OUT / stage)[1] for stage in STAGES}
+    (OUT / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
+    timings = {stage: seconds.get(f"arith/{stage}", 0.0) for stage in STAGES}
+    print_table(summary, timings, final_accuracy(OUT / "sft")[0])
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
-    parser.add_argument("--stages", nargs="+", default=list(STAGES), choices=STAGES)
+    parser.add_argument("--jobs", type=int, default=None,
+                        help="stages run at once (default: the number of cores)")
     args = parser.parse_args()
-    out = OUT
-    astrai = [sys.executable, "-m", "astrai_core.cli.main"]
-    if not (out / "data" / "sft_train.jsonl").exists():
-        run([sys.executable, str(HERE / "generate.py"), "--out", str(out / "data")])
-    summary: dict[str, float] = {}
-    timings: dict[str, float] = {}
-    before_sft = None
-    for stage in args.stages:
-        started = time.perf_counter()
-        run(astrai + ["--log-format", "console", "train", str(HERE / f"{stage}.yaml"),
-                      "--overwrite"])
-        timings[stage] = time.perf_counter() - started
-        first, last = final_accuracy(out / stage)
-        if stage == "sft":
-            before_sft = first
-        summary[stage] = last
-    (out / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
-    print_table(summary, timings, before_sft)
+    report(run_stages(stages(sys.executable), args.jobs))
 
 
 def print_table(summary: dict[str, float], timings: dict[str, float], before: float | None) -> None:

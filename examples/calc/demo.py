@@ -2,44 +2,57 @@
 
 Prints held-out accuracy (greedy, exact match) after SFT and after GRPO, with the
 calculator and without it, and writes the numbers to runs/calc/summary.json. Run from the
-repository root: `make demo` (after the arithmetic demo) or `python examples/calc/demo.py`.
+repository root: `make demo` (beside the arithmetic demo) or `python examples/calc/demo.py`.
 """
 
 from __future__ import annotations
 
+import argparse
 import json
 import os
-import subprocess
 import sys
-import time
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE.parent))
+from stages import Stage, run_stages  # noqa: E402  (examples/stages.py)
+
 OUT = Path("runs/calc")  # the stage configs read and write here (paths relative to the cwd)
 CHECKPOINTS = {"sft": OUT / "sft/checkpoints/step_300", "grpo": OUT / "grpo/checkpoints/step_40"}
 
 
-def run(command: list[str]) -> None:
-    print("$", " ".join(command), flush=True)
-    subprocess.run(command, check=True)
+def stages(python: str) -> list[Stage]:
+    """The data, SFT, GRPO from the SFT checkpoint, and the evaluation of each checkpoint."""
+    logs = OUT / "logs"
+    astrai = [python, "-m", "astrai_core.cli.main", "--log-format", "console", "train"]
+    data = [Stage("calc/data", [python, str(HERE / "generate.py"), "--out", str(OUT / "data")],
+                  logs / "data.log")] if not (OUT / "data" / "sft_train.jsonl").exists() else []
+    result = [Stage("calc/sft", astrai + [str(HERE / "sft.yaml"), "--overwrite"], logs / "sft.log",
+                    needs=tuple(s.name for s in data)),
+              Stage("calc/grpo", astrai + [str(HERE / "grpo.yaml"), "--overwrite"], logs / "grpo.log",
+                    needs=("calc/sft",))]
+    for stage, checkpoint in CHECKPOINTS.items():
+        result.append(Stage(f"calc/eval-{stage}", [python, str(HERE / "evaluate.py"), str(checkpoint),
+                                                   "--json", str(OUT / f"eval-{stage}.json")],
+                            logs / f"eval-{stage}.log", needs=(f"calc/{stage}",)))
+    return data + result
+
+
+def report(seconds: dict[str, float]) -> None:
+    """Print the accuracy table and write runs/calc/summary.json."""
+    summary = {stage: {**json.loads((OUT / f"eval-{stage}.json").read_text()),
+                       "train_seconds": round(seconds.get(f"calc/{stage}", 0.0), 1)}
+               for stage in CHECKPOINTS}
+    (OUT / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
+    print_table(summary)
 
 
 def main() -> None:
-    sys.path.insert(0, str(HERE))
-    from evaluate import accuracies
-
-    astrai = [sys.executable, "-m", "astrai_core.cli.main"]
-    if not (OUT / "data" / "sft_train.jsonl").exists():
-        run([sys.executable, str(HERE / "generate.py"), "--out", str(OUT / "data")])
-    summary: dict[str, dict[str, float]] = {}
-    for stage, checkpoint in CHECKPOINTS.items():
-        started = time.perf_counter()
-        run(astrai + ["--log-format", "console", "train", str(HERE / f"{stage}.yaml"), "--overwrite"])
-        trained = time.perf_counter() - started
-        summary[stage] = {**accuracies(checkpoint), "train_seconds": round(trained, 1)}
-        print(stage, json.dumps(summary[stage]), flush=True)
-    (OUT / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
-    print_table(summary)
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--jobs", type=int, default=None,
+                        help="stages run at once (default: the number of cores)")
+    args = parser.parse_args()
+    report(run_stages(stages(sys.executable), args.jobs))
 
 
 def print_table(summary: dict[str, dict[str, float]]) -> None:

@@ -61,8 +61,14 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("checkpoint", type=Path)
     parser.add_argument("--data", type=Path, default=DATA)
+    parser.add_argument("--json", type=Path, default=None, help="also write the numbers here")
     args = parser.parse_args()
-    print(json.dumps(accuracies(args.checkpoint, args.data)))
+    result = json.dumps(accuracies(args.checkpoint, args.data))
+    print(result)
+    if args.json is not None:  # written aside, then renamed: never a half-written file
+        partial = args.json.with_name(args.json.name + ".partial")
+        partial.write_text(result + "\n")
+        partial.replace(args.json)
 
 
 if __name__ == "__main__":
