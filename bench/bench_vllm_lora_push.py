@@ -32,12 +32,12 @@ import argparse
 import os
 import statistics
 import tempfile
-import time
 from pathlib import Path
 
 import torch
+from bench_vllm import make_prompts, timed  # the same prompts as the sampler benchmark
 
-TARGETS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
+from astrai_core.config.lora import LORA_TARGETS as TARGETS  # every projection
 
 
 def build_policy(args: argparse.Namespace, root: Path):
@@ -77,12 +77,6 @@ def optimizer_step(policy: torch.nn.Module, step: int) -> None:
             param.add_(torch.randn(param.shape, generator=generator), alpha=1e-3)
 
 
-def make_prompts(batch: int, vocab: int) -> list[list[int]]:
-    generator = torch.Generator().manual_seed(1)
-    lengths = torch.randint(8, 33, (batch,), generator=generator).tolist()
-    return [torch.randint(1, vocab, (n,), generator=generator).tolist() for n in lengths]
-
-
 def vllm_params(new_tokens: int, temperature: float):
     from vllm import SamplingParams
 
@@ -96,12 +90,6 @@ def generate(engine, prompts, params, lora_request=None) -> list[list[int]]:
     outputs = engine.generate([TokensPrompt(prompt_token_ids=p) for p in prompts], params,
                               lora_request=lora_request, use_tqdm=False)
     return [list(o.outputs[0].token_ids) for o in outputs]
-
-
-def timed(fn) -> tuple[float, object]:
-    start = time.perf_counter()
-    result = fn()
-    return time.perf_counter() - start, result
 
 
 class MergedPush:
@@ -208,7 +196,8 @@ def main() -> None:
     parser.add_argument("--intermediate", type=int, default=2048)
     parser.add_argument("--layers", type=int, default=4)
     parser.add_argument("--vocab", type=int, default=8192)
-    parser.add_argument("--rank", type=int, default=16)
+    parser.add_argument("--rank", type=int, default=16,
+                        help="LoRA r, also vLLM's max_lora_rank (which takes 1, 8, 16, 32, ...)")
     parser.add_argument("--batch", type=int, default=16)
     parser.add_argument("--new-tokens", type=int, default=32)
     parser.add_argument("--rounds", type=int, default=3)
