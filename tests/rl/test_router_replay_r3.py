@@ -146,10 +146,13 @@ def test_a_perturbed_router_moves_routing_and_logprobs_unless_replayed(tmp_path)
 
 
 # -------------------------------------------------------------------- runs and errors
-def test_a_grpo_run_with_r3_trains_and_logs_the_mismatch(tmp_path):
+@pytest.mark.parametrize("name", ["grpo", "ppo"])
+def test_an_online_run_with_r3_trains_and_logs_the_mismatch(tmp_path, name):
     from astrai_core.training.trainer import Trainer
 
-    strategy, run = build_strategy(_moe_run(tmp_path, "R3", epochs=2), tmp_path)
+    config = _moe_run(tmp_path, "R3", epochs=2, mini_batches=1)
+    config["strategy"]["name"] = name
+    strategy, run = build_strategy(config, tmp_path)
     before = {k: v.clone() for k, v in run.model.state_dict().items()}
     Trainer(run, strategy).fit()
     metrics = [m for m in read_metrics(tmp_path / "run") if "loss" in m]
