@@ -48,7 +48,8 @@ def astrai_model_importers() -> list[ModelImporterSpec]:
 def astrai_samplers() -> list[SamplerSpec]:
     return [
         SamplerSpec(name="torch", target="astrai_core.sampling.torch_sampler:TorchSampler",
-                    summary="batched KV-cached sampling with the live native model"),
+                    summary="batched KV-cached sampling with the live native model",
+                    reports_routing=True),
     ]
 
 

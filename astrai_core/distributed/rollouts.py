@@ -18,6 +18,7 @@ import torch
 import torch.nn.functional as F
 
 from astrai_core.distributed.context import DistContext
+from astrai_core.model.router_replay import ROUTED_EXPERTS, widened_routing
 from astrai_core.rollout.batch import RolloutBatch
 
 _PROMPT_ALIGNED = ("prompt_ids", "prompt_mask")
@@ -50,6 +51,10 @@ def gather_rollout(rollout: RolloutBatch, dist: DistContext,
             return None
         if name in _PROMPT_ALIGNED:
             tensor = _pad_width(tensor, prompt_width, left=True)
+        elif name == ROUTED_EXPERTS:  # [N, L, P + R, k]: both sides (router replay);
+            tensor = widened_routing(tensor, rollout.prompt_ids.shape[1], prompt_width,
+                                     response_width)  # gloo gathers no int16: as int32
+            return dist.all_gather_rows(tensor.int()).to(tensor.dtype)
         elif tensor.dim() >= 2 and tensor.shape[1] == local_response:
             tensor = _pad_width(tensor, response_width, left=False)
         return dist.all_gather_rows(tensor)

@@ -24,6 +24,7 @@ import torch
 from pydantic import BaseModel, ConfigDict, Field
 
 from astrai_core.log import get_logger
+from astrai_core.model.router_replay import ROUTED_EXPERTS, widened_routing
 from astrai_core.rollout.batch import RolloutBatch, pad_rows
 
 log = get_logger("astrai.rollout")
@@ -111,10 +112,16 @@ def concat_rollouts(parts: list[RolloutBatch], pad_token_id: int = 0) -> Rollout
                         for i, part in enumerate(parts)])
     lists = {name: [item for part in parts for item in getattr(part, name)]
              for name in ("prompts", "completions", "columns", "finish_reasons")}
+    extras = {}
+    if all(ROUTED_EXPERTS in part.extras for part in parts):  # the sampler's routing (R3)
+        extras[ROUTED_EXPERTS] = torch.cat([
+            widened_routing(part.extras[ROUTED_EXPERTS], part.prompt_ids.shape[1],
+                            prompt_ids.shape[1], response_ids.shape[1]) for part in parts])
     return RolloutBatch(
         prompt_ids=prompt_ids, prompt_mask=prompt_mask, response_ids=response_ids,
         response_mask=response_mask, old_logprobs=old,
         rewards=torch.cat([part.rewards for part in parts]),
         reward_components={name: torch.cat([part.reward_components[name] for part in parts])
                            for name in parts[0].reward_components},
-        group_ids=groups, policy_version=min(part.policy_version for part in parts), **lists)
+        group_ids=groups, policy_version=min(part.policy_version for part in parts),
+        extras=extras, **lists)

@@ -6,7 +6,9 @@ rewards and returns a :class:`RolloutBatch`. How often a rollout is drawn and ho
 cut into optimizer steps is the rollout source's business (training/sources.py), not the
 runner's. Weights reach the sampler only through :meth:`publish`, at an optimizer-step
 boundary; a lock makes a rollout and a publish exclusive, so a rollout never mixes
-policy versions.
+policy versions. With ``record_routing`` (``router_replay: R3``) the sampler records the
+MoE experts of every token and each training rollout carries them in
+``extras["routed_experts"]`` (``[N, MoE layers, P + R, top-k]``, model/router_replay.py).
 """
 
 from __future__ import annotations
@@ -17,7 +19,8 @@ from typing import Any
 
 import torch
 
-from astrai_core.errors import DataError
+from astrai_core.errors import ConfigError, DataError
+from astrai_core.model.router_replay import ROUTED_EXPERTS, aligned_routing
 from astrai_core.rewards.reward_set import RewardSet
 from astrai_core.rollout.batch import RolloutBatch, pad_rows
 from astrai_core.rollout.records import PromptRecord, as_prompt_record
@@ -46,9 +49,15 @@ class RolloutRunner:
 
     def __init__(self, sampler: Any, tokenizer: Any, rewards: RewardSet, sampling_params: SamplingParams,
                  group_size: int, prompt_source: Iterable[Any], prompts_per_rollout: int = 8,
-                 pad_token_id: int = 0, seed_offset: int = 0, episodes: Any = None) -> None:
+                 pad_token_id: int = 0, seed_offset: int = 0, episodes: Any = None,
+                 record_routing: bool = False) -> None:
         if group_size < 1 or prompts_per_rollout < 1:
             raise ValueError("group_size and prompts_per_rollout must be >= 1")
+        if record_routing and episodes is not None:
+            raise ConfigError("strategy.router_replay: R3 replays the sampler's routing of "
+                              "single-turn rollouts; a multi-turn environment's episodes do "
+                              "not record it (use R2)")
+        self.record_routing = record_routing  # training rollouts carry the sampler's routing
         self.sampler = sampler
         self.tokenizer = tokenizer
         self.rewards = rewards
@@ -74,7 +83,8 @@ class RolloutRunner:
     # ---------------------------------------------------------------- training rollouts
     def draw(self) -> RolloutBatch:
         """The next training rollout, from the next ``prompts_per_rollout`` prompts."""
-        rollout = self.rollout(self._next_prompts(), seed_offset=self.seed_offset)
+        rollout = self.rollout(self._next_prompts(), seed_offset=self.seed_offset,
+                               routing=self.record_routing)
         self.rollouts_drawn += 1
         return rollout
 
@@ -88,9 +98,11 @@ class RolloutRunner:
         params = self._per_prompt_params(self.sampling_params, len(records), self.group_size)
         with self._lock:
             version = self.policy_version
-            handle = self.sampler.generate_async([r.prompt_ids for r in records], params)
+            handle = self.sampler.generate_async([r.prompt_ids for r in records], params,
+                                                 **self._routing_request(self.record_routing))
         self.rollouts_drawn += 1
-        return PendingRollout(lambda: self._build(records, handle.result(), version))
+        return PendingRollout(lambda: self._build(records, handle.result(), version,
+                                                  self.record_routing))
 
     def publish(self, state_dict: dict[str, torch.Tensor] | None = None) -> int:
         """Hand new policy weights to the sampler (None: the live model changed in place);
@@ -148,8 +160,10 @@ class RolloutRunner:
 
     # ---------------------------------------------------------------- one rollout
     def rollout(self, records: Sequence[PromptRecord], sampling_params: SamplingParams | None = None,
-                group_size: int | None = None, seed_offset: int = 0) -> RolloutBatch:
-        """Sample ``group_size`` completions per record and score them."""
+                group_size: int | None = None, seed_offset: int = 0,
+                routing: bool = False) -> RolloutBatch:
+        """Sample ``group_size`` completions per record and score them (``routing``: with
+        the sampler's MoE routing)."""
         if self.episodes is not None:  # multi-turn: the episode runner plays and scores them
             with self._lock:
                 return self.episodes.run(records, sampling_params or self.sampling_params,
@@ -159,8 +173,14 @@ class RolloutRunner:
                                          group_size or self.group_size, seed_offset)
         with self._lock:  # no publish while sampling: one policy version per rollout
             version = self.policy_version
-            completions = self.sampler.generate([r.prompt_ids for r in records], params)
-        return self._build(records, completions, version)
+            completions = self.sampler.generate([r.prompt_ids for r in records], params,
+                                                **self._routing_request(routing))
+        return self._build(records, completions, version, routing)
+
+    @staticmethod
+    def _routing_request(routing: bool) -> dict[str, bool]:
+        """The sampler's keyword for routing, given only when asked (other samplers lack it)."""
+        return {"record_routing": True} if routing else {}
 
     def _per_prompt_params(self, params: SamplingParams, count: int, group_size: int,
                            seed_offset: int = 0) -> list[SamplingParams]:
@@ -186,7 +206,7 @@ class RolloutRunner:
         return records
 
     def _build(self, records: Sequence[PromptRecord], completions: list[Completion],
-               version: int) -> RolloutBatch:
+               version: int, routing: bool = False) -> RolloutBatch:
         rows = [records[c.prompt_index] for c in completions]
         texts = [c.text if c.text is not None else self._decode(c.token_ids) for c in completions]
         prompts = [r.prompt_text or self._decode(r.prompt_ids) for r in rows]
@@ -198,6 +218,14 @@ class RolloutRunner:
         response_ids, response_mask = pad_rows([c.token_ids for c in completions], left=False,
                                                pad_value=self.pad_token_id, dtype=torch.long)
         old_logprobs = _behaviour_logprobs(completions)
+        extras = {}
+        if routing:
+            if any(c.routed_experts is None for c in completions):
+                raise RuntimeError(f"the sampler ({type(self.sampler).__name__}) was asked "
+                                   "for its MoE routing and returned none")
+            extras[ROUTED_EXPERTS] = aligned_routing(
+                [c.routed_experts for c in completions], [len(r.prompt_ids) for r in rows],
+                prompt_ids.shape[1], response_ids.shape[1])
         return RolloutBatch(
             prompt_ids=prompt_ids, prompt_mask=prompt_mask, response_ids=response_ids,
             response_mask=response_mask, old_logprobs=old_logprobs,
@@ -205,7 +233,7 @@ class RolloutRunner:
             reward_components={k: torch.tensor(v, dtype=torch.float32) for k, v in components.items()},
             group_ids=torch.tensor([c.prompt_index for c in completions], dtype=torch.long),
             policy_version=version, prompts=prompts, completions=texts, columns=columns,
-            finish_reasons=[c.finish_reason for c in completions])
+            finish_reasons=[c.finish_reason for c in completions], extras=extras)
 
     def _decode(self, token_ids: Sequence[int]) -> str:
         if self.tokenizer is None:

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Literal
+from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
@@ -49,6 +49,11 @@ class Completion:
     last entry of ``token_ids``; ``text`` (when the sampler has a tokenizer) is decoded
     without special tokens and cut before a matched stop string. An engine that cannot
     report log-probs returns ``None`` (strategies then need ``recompute_old_logprobs``).
+
+    ``routed_experts``, only from a sampler whose spec sets ``reports_routing`` and only
+    when ``generate(..., record_routing=True)`` asks: the MoE experts each position of
+    ``prompt + token_ids`` went through, an int16 tensor ``[MoE layers, positions,
+    top-k]``; -1 where the model never saw the token (the last one). Else ``None``.
     """
 
     token_ids: list[int]
@@ -56,3 +61,4 @@ class Completion:
     finish_reason: FinishReason
     text: str | None = None
     prompt_index: int = 0     # which prompt of the generate() call this continues
+    routed_experts: Any = None  # a torch tensor when asked for (no torch import here)

@@ -23,6 +23,7 @@ class Request:
     logprobs: list[float] = field(default_factory=list)
     finish_reason: str | None = None
     stop_text_at: int | None = None  # where a matched stop string starts in the decoded text
+    routed_experts: Any = None  # [MoE layers, prompt + tokens, top-k] when recorded (routing.py)
 
     def completion(self, tokenizer: Any = None) -> Completion:
         """The finished request as the sampler contract's record (text when a tokenizer is known)."""
@@ -33,7 +34,7 @@ class Request:
                 text = text[:self.stop_text_at]
         return Completion(token_ids=self.token_ids, logprobs=self.logprobs,
                           finish_reason=self.finish_reason or "length", text=text,
-                          prompt_index=self.prompt_index)
+                          prompt_index=self.prompt_index, routed_experts=self.routed_experts)
 
 
 def expand_requests(prompts: Sequence[Sequence[int]],

@@ -5,21 +5,26 @@ temperature, filters, seed, stops and length (``sampling.rows.RowSampling``, whi
 server's continuous-batching engine shares). Finished rows leave the batch (and the KV
 cache) at once, so they stop costing compute. The reported log-probabilities are
 log_softmax(logits / T) of the chosen token before filtering: exactly what the trainer's
-``policy_forward`` computes for the same tokens.
+``policy_forward`` computes for the same tokens. With ``record_routing=True`` each
+completion also reports the MoE experts of every position (``sampling/routing.py``).
 """
 
 from __future__ import annotations
 
 import inspect
 from collections.abc import Callable, Sequence
+from contextlib import nullcontext
 from typing import Any
 
 import torch
 from torch import Tensor
 
 from astrai_core.model.masks import positions_from_attention_mask
+from astrai_core.model.router_replay import RoutingTape, has_moe
+from astrai_core.model.router_replay import record_routing as routing_recorder
 from astrai_core.sampling.params import Completion, SamplingParams
 from astrai_core.sampling.requests import Request, expand_requests
+from astrai_core.sampling.routing import BatchRouting
 from astrai_core.sampling.rows import RowSampling
 
 TokenCallback = Callable[[int, int], None]  # (completion index, token id)
@@ -55,23 +60,29 @@ class TorchSampler:
     # ---------------------------------------------------------------- generation
     def generate(self, prompts: Sequence[Sequence[int]],
                  params: SamplingParams | Sequence[SamplingParams],
-                 on_token: TokenCallback | None = None) -> list[Completion]:
+                 on_token: TokenCallback | None = None,
+                 record_routing: bool = False) -> list[Completion]:
         """Completions for each prompt (``n`` per prompt, grouped in prompt order).
 
         ``params`` is one SamplingParams for all prompts or one per prompt. ``on_token``
         is called with (completion index, token id) as each token is produced.
+        ``record_routing``: fill each completion's ``routed_experts`` (an MoE model).
         """
         requests = expand_requests(prompts, params)
         if self.tokenizer is None and any(r.params.stop for r in requests):
             raise ValueError("stop strings need a tokenizer: TorchSampler(model, tokenizer=...)")
+        if record_routing and not has_moe(self.model):
+            raise ValueError("record_routing: the model has no MoE layer, so no routing")
         # Similar lengths share a batch: less padding. Results do not depend on the grouping.
         ordered = sorted(requests, key=lambda r: len(r.prompt_ids))
         was_training = self.model.training
         self.model.eval()
         try:
-            with torch.inference_mode():
+            with torch.inference_mode(), (routing_recorder(self.model) if record_routing
+                                          else nullcontext()) as tape:
                 for start in range(0, len(ordered), self.max_batch_size):
-                    _DecodeBatch(self, ordered[start:start + self.max_batch_size], on_token).run()
+                    _DecodeBatch(self, ordered[start:start + self.max_batch_size], on_token,
+                                 tape).run()
         finally:
             self.model.train(was_training)
         return [r.completion(self.tokenizer) for r in requests]
@@ -81,16 +92,24 @@ class _DecodeBatch:
     """One batch of requests decoded together; rows are dropped as they finish."""
 
     def __init__(self, sampler: TorchSampler, requests: list[Request],
-                 on_token: TokenCallback | None) -> None:
+                 on_token: TokenCallback | None, tape: RoutingTape | None = None) -> None:
         self.model = sampler.model
         self.tokenizer = sampler.tokenizer
         self.on_token = on_token
+        self.requests = list(requests)
         self.rows = list(requests)  # the active requests, in batch-row order
         self.device = next(self.model.parameters()).device
         self.sampling = RowSampling([r.params for r in requests], [r.rng for r in requests], self.device)
+        self.routing = None if tape is None else BatchRouting(
+            tape, len(requests), max(r.params.max_new_tokens for r in requests), self.device)
 
     # ---------------------------------------------------------------- loop
     def run(self) -> None:
+        self._decode()
+        if self.routing is not None:
+            self.routing.assign(self.requests)
+
+    def _decode(self) -> None:
         prompt_len = max(len(r.prompt_ids) for r in self.rows)
         max_new = max(r.params.max_new_tokens for r in self.rows)
         input_ids, prompt_mask = self._left_pad(prompt_len)
@@ -106,7 +125,10 @@ class _DecodeBatch:
         logits = self.model(input_ids[first], attention_mask=full_mask[first, :prompt_len] if padded
                             else None, position_ids=positions[first], kv_cache=cache,
                             **self._last_logits_only())["logits"][:, -1]
-        if len(first) < len(self.rows):
+        shared = len(first) < len(self.rows)
+        if self.routing is not None:
+            self.routing.prefill(len(first), prompt_len, copies if shared else None)
+        if shared:
             cache.select(copies)
             logits = logits.index_select(0, copies)
         next_position = positions[:, -1:] + 1
@@ -121,6 +143,8 @@ class _DecodeBatch:
             step_mask = full_mask[:, :cache.length + 1] if padded else None
             logits = self.model(tokens[:, None], attention_mask=step_mask, position_ids=next_position,
                                 kv_cache=cache)["logits"][:, -1]
+            if self.routing is not None:
+                self.routing.decoded()
             next_position = next_position + 1
 
     def _distinct_prompts(self) -> tuple[Tensor, Tensor]:
@@ -193,6 +217,8 @@ class _DecodeBatch:
                        tokens: Tensor) -> tuple[Tensor, Tensor, Tensor]:
         rows = torch.tensor(keep, dtype=torch.long, device=self.device)
         cache.select(rows)
+        if self.routing is not None:
+            self.routing.keep(rows)
         self.rows = [self.rows[i] for i in keep]
         self.sampling.select(keep)
         return full_mask.index_select(0, rows), next_position.index_select(0, rows), tokens.index_select(0, rows)

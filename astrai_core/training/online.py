@@ -39,7 +39,8 @@ from astrai_core.config.schema import ComponentSection, RunConfig
 from astrai_core.distributed.world import launched_world_size
 from astrai_core.distributed.rollouts import gather_rollout
 from astrai_core.errors import ConfigError, FieldError
-from astrai_core.model.router_replay import has_moe, record_routing, replay_routing
+from astrai_core.model.router_replay import (ROUTED_EXPERTS, has_moe, record_routing,
+                                             replay_routing)
 from astrai_core.rl.functional import token_rewards_from_scores
 from astrai_core.rl.objective import ObjectiveSettings, PolicyObjective
 from astrai_core.rl.rollout_correction import RolloutCorrectionConfig, correction_weights
@@ -50,10 +51,6 @@ from astrai_core.rollout.metrics import rollout_metrics
 from astrai_core.training.needs import ComponentChoice, StrategyNeeds
 from astrai_core.training.sources import RolloutSource
 from astrai_core.training.strategy import Strategy
-
-
-# rollout.extras key of the recorded MoE experts, [N, MoE layers, P + R, top-k] (R2)
-ROUTED_EXPERTS = "routed_experts"
 
 
 class OnlineConfig(BaseModel):
@@ -236,7 +233,7 @@ class OnlineStrategy(Strategy):
         token_tensors: dict[str, torch.Tensor] = {}
         with torch.no_grad():
             if not defer:
-                with record_routing(model) if record else nullcontext() as tape:
+                with record_routing(model) if record else self._sampler_routing(rollout) as tape:
                     model.eval()
                     forward = policy_forward(model, rollout, self.run.logprob_temperature)
                     model.train()
@@ -332,7 +329,7 @@ class OnlineStrategy(Strategy):
             ref_logprobs=batch.ref_logprobs, entropy=out["entropy"], extras=batch.extras)
         return loss, metrics, out
 
-    # -- MoE router replay (router_replay: R2) ------------------------------------------
+    # -- MoE router replay (router_replay: R2, R3) --------------------------------------
     _routing_counts: tuple[int, int] = (0, 0)
 
     @contextmanager
@@ -349,6 +346,14 @@ class OnlineStrategy(Strategy):
         differing, counted = tape.mismatch()
         total = self._routing_counts
         self._routing_counts = (total[0] + differing, total[1] + counted)
+
+    def _sampler_routing(self, rollout: RolloutBatch) -> Any:
+        """R3: the no-grad forward routes like the sampler did, as the training forwards
+        will (its old log-probs then share their routing); else no context."""
+        experts = rollout.extras.get(ROUTED_EXPERTS)
+        if experts is None:
+            return nullcontext()
+        return replay_routing(self.run.model, experts, rollout.attention_mask())
 
     def _check_behaviour_logprobs(self, rollout: RolloutBatch, recompute: bool) -> bool:
         """True when the rollout lacks behaviour log-probs and the trainer may supply them."""

@@ -125,7 +125,8 @@ def wire_components(plan: RunPlan, *, backend: Any, device: torch.device, model:
                                  prompt_source=RecordStream(train_loader),
                                  prompts_per_rollout=data.batch_size // dist.world_size,
                                  pad_token_id=pad_token_id, episodes=episodes,
-                                 seed_offset=dist.rank_slice(data.batch_size, "prompts").start)
+                                 seed_offset=dist.rank_slice(data.batch_size, "prompts").start,
+                                 record_routing=needs.sampler_routing)  # router_replay: R3
     initial = Path(config.model.path) if config.model.path is not None else None
     return RunComponents(
         plan=plan, trainer=config.trainer, data=data, registry=plan.registry, backend=backend,

@@ -1,5 +1,6 @@
 """MoE router replay: recorded experts replayed exactly; the mismatch metric; R2 in a run;
-R3 refused for a sampler that cannot report routing."""
+R3 refused at plan time for a sampler that cannot report routing (R3 itself:
+test_router_replay_r3.py)."""
 
 from __future__ import annotations
 
@@ -115,10 +116,28 @@ def test_r2_in_a_grpo_run_logs_the_replay_mismatch(tmp_path):
     assert metrics[0]["ratio_max"] == pytest.approx(1.0, abs=1e-5)
 
 
-def test_r3_with_a_sampler_that_cannot_report_routing_is_a_config_error(tmp_path):
-    with pytest.raises(ConfigError, match=r"strategy\.router_replay.*sampler 'torch' does not "
-                                          r"report MoE routing"):
-        build_strategy(_moe_run(tmp_path, "R3"), tmp_path)
+NO_ROUTING_PLUGIN = """
+from astrai_core import hookimpl, SamplerSpec
+
+@hookimpl
+def astrai_samplers():
+    return [SamplerSpec(name="no_routing", target="astrai_core.sampling.torch_sampler:TorchSampler",
+                        summary="the torch sampler, under a spec that reports no routing")]
+"""
+
+
+def test_r3_with_a_sampler_that_cannot_report_routing_is_a_config_error(tmp_path, monkeypatch):
+    from astrai_core.config.plan import plan_run
+    from astrai_core.config.schema import RunConfig
+    from tests.training.conftest import install_plugin
+
+    install_plugin(tmp_path, monkeypatch, "no_routing_plugin",
+                   {"no_routing_plugin": NO_ROUTING_PLUGIN})
+    config = _moe_run(tmp_path, "R3")
+    config["sampler"]["name"] = "no_routing"
+    with pytest.raises(ConfigError, match=r"strategy\.router_replay.*sampler 'no_routing' does "
+                                          r"not report MoE routing"):
+        plan_run(RunConfig.model_validate(config), registry=None)
 
 
 def test_replay_on_a_dense_model_is_refused(tmp_path):
