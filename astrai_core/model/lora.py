@@ -119,9 +119,11 @@ def base_name(name: str) -> str:
     return name.replace(".base_layer.", ".")
 
 
-def base_state_dict(model: nn.Module) -> dict[str, torch.Tensor]:
-    """The frozen base weights under native names (no adapter tensors)."""
-    return {base_name(name): t for name, t in model.state_dict().items() if "lora_" not in name}
+def base_state_dict(model: nn.Module, state: dict[str, Any] | None = None) -> dict[str, torch.Tensor]:
+    """The frozen base weights under native names (no adapter tensors), from ``state``
+    (the model's state dict, e.g. gathered from its FSDP shards; default: its own)."""
+    state = model.state_dict() if state is None else state
+    return {base_name(name): t for name, t in state.items() if "lora_" not in name}
 
 
 @torch.no_grad()
