@@ -100,8 +100,9 @@ class DisabledAdapterReference(nn.Module):
         object.__setattr__(self, "policy", policy)  # not a submodule: no second registration
         self.config = policy.config
 
-    def head_weight(self) -> torch.Tensor:
-        return self.__dict__["policy"].head_weight()
+    @property
+    def chunked_head(self) -> bool:  # forwards target_ids= to the policy (model/head.py)
+        return bool(getattr(self.__dict__["policy"], "chunked_head", False))
 
     def forward(self, *args: Any, **kwargs: Any) -> dict[str, Any]:
         policy: nn.Module = self.__dict__["policy"]

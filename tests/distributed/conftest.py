@@ -61,6 +61,17 @@ def assert_close_metrics(a: list[dict], b: list[dict], names: tuple[str, ...],
                 f"step {x['step']} {name}: {u} vs {v}"
 
 
+def run_torchrun(script: Path, *args: str, nproc: int = 2) -> None:
+    """``script`` on ``nproc`` processes under torch.distributed.run (a worker that checks
+    sharded code against an unsharded copy in the same process)."""
+    env = dict(os.environ, OMP_NUM_THREADS="1",
+               PYTHONPATH=os.pathsep.join(p for p in sys.path if p))  # the same imports
+    command = [sys.executable, "-m", "torch.distributed.run", "--standalone",
+               f"--nproc-per-node={nproc}", str(script), *args]
+    done = subprocess.run(command, env=env, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+
+
 def copy_checkpoint(source: Path, target: Path, step: int) -> None:
     """A run directory holding only ``source``'s checkpoint ``step`` and its metrics, as
     if the run had stopped there."""

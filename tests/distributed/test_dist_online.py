@@ -28,6 +28,24 @@ def astrai_reward_functions():
                                summary="1 when the completion has a digit")]
 
 
+# Where CHUNK_LOG is set, each process notes every call of the chunked head (the test
+# asserts that the sharded runs' log-probs came through it, not through full logits).
+import astrai_core.model.head as _head
+
+_chunked_logprobs = _head.chunked_logprobs
+
+
+def _noting_chunked_logprobs(*args, **kwargs):
+    if os.environ.get("CHUNK_LOG"):
+        rank = "rank" + os.environ.get("RANK", "0")
+        with open(os.path.join(os.environ["CHUNK_LOG"], rank), "a") as f:
+            f.write("chunked_logprobs\\n")
+    return _chunked_logprobs(*args, **kwargs)
+
+
+_head.chunked_logprobs = _noting_chunked_logprobs
+
+
 def digit(prompts, completions, **columns):
     if os.environ.get("EXPLODE_ON_RANK", "none") == os.environ.get("RANK"):
         raise RuntimeError("dist_digit exploded on rank " + os.environ["RANK"])
@@ -73,8 +91,9 @@ def pair(request, tmp_path_factory, plugin_env):
     """(strategy, 1-process run dir, 2-process run dir)."""
     tmp = tmp_path_factory.mktemp(request.param)
     for name, nproc in (("one", 1), ("two", 2)):
+        (tmp / f"{name}_chunks").mkdir()
         ok(train(online_config(tmp, name, STRATEGIES[request.param]), tmp, name, nproc,
-                 env=plugin_env))
+                 env={**plugin_env, "CHUNK_LOG": str(tmp / f"{name}_chunks")}))
     return request.param, tmp / "one", tmp / "two"
 
 
@@ -98,6 +117,15 @@ def test_same_metrics_and_weights(pair):
     assert_close_weights(weights(one, STEPS), weights(two, STEPS))
     if strategy == "ppo":
         assert_close_weights(weights(one, STEPS, "critic"), weights(two, STEPS, "critic"))
+
+
+def test_every_rank_took_the_chunked_head(pair):
+    """Log-probs of the sharded policy came from the chunked head, on both ranks."""
+    _, one, two = pair
+    for run, ranks in ((one, ["rank0"]), (two, ["rank0", "rank1"])):
+        notes = run.parent / f"{run.name}_chunks"
+        assert sorted(p.name for p in notes.iterdir()) == ranks
+        assert all((notes / rank).read_text().count("\n") >= STEPS for rank in ranks)
 
 
 def test_failure_on_one_rank_ends_the_job(tmp_path, plugin_env):
