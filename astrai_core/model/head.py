@@ -64,7 +64,12 @@ def head_logprobs(hidden: Tensor, weight: Tensor, target_ids: Tensor, temperatur
     positions = predicting_positions(hidden.shape[1], target_ids.shape[1])
     logprobs, entropy = chunked_logprobs(hidden[:, positions], weight, target_ids, temperature,
                                          with_entropy=with_entropy)
-    return {"logprobs": logprobs} if entropy is None else {"logprobs": logprobs, "entropy": entropy}
+    # Fresh [B, T] tensors, not views of the chunks' concatenation: FSDP2 hooks a module's
+    # outputs for its pre-backward, and an in-place op on a view would bypass that hook.
+    out = {"logprobs": logprobs.clone()}
+    if entropy is not None:
+        out["entropy"] = entropy.clone()
+    return out
 
 
 def predicting_positions(seq: int, targets: int) -> slice:

@@ -1,7 +1,8 @@
 """LoRA SFT on 2 processes (FSDP2 over gloo) equals LoRA SFT on 1: the same losses and
 adapter weights (within reduction order), the frozen base bit-identical to the start,
-the adapter written once by rank 0 in PEFT's format with Hugging Face names, and a
-2-process resume from that checkpoint equal to the uninterrupted run."""
+the adapter written once by rank 0 in PEFT's format with Hugging Face names, the sharded
+state holding only the adapter, and a 2-process resume from that checkpoint equal to the
+uninterrupted run; a bfloat16 base trains its float32 adapter too."""
 
 from __future__ import annotations
 
@@ -45,7 +46,11 @@ def runs(tmp_path_factory):
     ok(train(config("two"), tmp, "two", 2))
     copy_checkpoint(tmp / "two", tmp / "resumed", 3)
     ok(train(config("resumed"), tmp, "resumed", 2, "--resume"))
-    return {name: tmp / name for name in ("one", "two", "resumed", "start")}
+    bf16 = config("bf16")  # a bfloat16 base under bf16 autocast, the adapter float32
+    bf16["model"] = dict(base["model"], dtype="bfloat16")
+    bf16["trainer"] = dict(base["trainer"], mixed_precision="bf16", max_steps=2, save_every=2)
+    ok(train(bf16, tmp, "bf16", 2))
+    return {name: tmp / name for name in ("one", "two", "resumed", "start", "bf16")}
 
 
 def test_two_processes_equal_one(runs):
@@ -65,6 +70,18 @@ def test_base_stays_bit_identical_to_the_start(runs):
         assert saved.keys() == start.keys()
         for name, tensor in start.items():
             assert saved[name].equal(tensor), f"{run}: {name}"
+
+
+def test_bf16_base_trains_a_float32_adapter(runs):
+    """FSDP2 shards a unit holding bf16 frozen and float32 trained tensors side by side."""
+    start = load_file(str(runs["start"] / "model.safetensors"))
+    saved = weights(runs["bf16"], 2)
+    for name, tensor in start.items():
+        assert saved[name].dtype == torch.bfloat16 and saved[name].equal(tensor.bfloat16()), name
+    trained = adapter(runs["bf16"], 2)
+    assert {t.dtype for t in trained.values()} == {torch.float32}
+    assert any(t.abs().max() > 0 for n, t in trained.items() if "lora_B" in n)
+    assert all(torch.isfinite(torch.tensor(r["loss"])) for r in read_metrics(runs["bf16"]))
 
 
 def test_adapter_is_peft_format_with_hf_names(runs):
