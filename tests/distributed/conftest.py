@@ -39,6 +39,14 @@ def weights(run_dir: Path, step: int, name: str = "model") -> dict[str, torch.Te
     return load_file(str(Path(run_dir) / "checkpoints" / f"step_{step}" / f"{name}.safetensors"))
 
 
+def adapter(run_dir: Path, step: int) -> dict[str, torch.Tensor]:
+    """A LoRA checkpoint's adapter tensors (PEFT's Hugging Face names)."""
+    from astrai_core.model.lora_files import ADAPTER_DIR, ADAPTER_WEIGHTS
+
+    return load_file(str(Path(run_dir) / "checkpoints" / f"step_{step}" / ADAPTER_DIR /
+                         ADAPTER_WEIGHTS))
+
+
 def without_timing(record: dict[str, Any]) -> dict[str, Any]:
     return {k: v for k, v in record.items() if k not in TIMING}
 

@@ -13,9 +13,9 @@ import torch
 from safetensors.torch import load_file
 
 from astrai_core.distributed.checkpoint import read_sharded
-from astrai_core.model.lora_files import ADAPTER_DIR, ADAPTER_WEIGHTS
+from astrai_core.model.lora_files import ADAPTER_DIR
 from astrai_core.testing import read_metrics
-from tests.distributed.conftest import (assert_close_metrics, assert_close_weights,
+from tests.distributed.conftest import (adapter, assert_close_metrics, assert_close_weights,
                                         copy_checkpoint, ok, train, weights, without_timing)
 from tests.training.conftest import tiny_config
 from tests.training.reference import save_start_model
@@ -23,10 +23,6 @@ from tests.training.reference import save_start_model
 pytestmark = pytest.mark.slow  # runs of 2 processes under torchrun
 STEPS = 6
 LOSSES = ("loss", "lm_loss", "grad_norm", "tokens")
-
-
-def adapter(run_dir, step: int) -> dict[str, torch.Tensor]:
-    return load_file(str(run_dir / "checkpoints" / f"step_{step}" / ADAPTER_DIR / ADAPTER_WEIGHTS))
 
 
 @pytest.fixture(scope="module")

@@ -14,8 +14,9 @@ import torch
 from safetensors.torch import load_file
 
 from astrai_core.testing import read_metrics, tiny_run_config, write_arith_prompts
-from tests.distributed.conftest import (assert_close_metrics, assert_close_weights,
+from tests.distributed.conftest import (adapter, assert_close_metrics, assert_close_weights,
                                         ok, train, weights)
+from tests.training.reference import save_start_model
 
 PLUGIN = '''
 import os
@@ -126,6 +127,19 @@ def test_every_rank_took_the_chunked_head(pair):
         notes = run.parent / f"{run.name}_chunks"
         assert sorted(p.name for p in notes.iterdir()) == ranks
         assert all((notes / rank).read_text().count("\n") >= STEPS for rank in ranks)
+
+
+def test_lora_grpo_with_kl_equals_one_process(tmp_path, plugin_env):
+    """A LoRA policy whose KL reference is itself with the adapter disabled, sharded."""
+    start = save_start_model(tmp_path / "start")
+    for name, nproc in (("one", 1), ("two", 2)):
+        config = online_config(tmp_path, name, STRATEGIES["grpo"])
+        config["model"] = {"path": str(start), "lora": {"r": 4, "alpha": 8.0}}
+        ok(train(config, tmp_path, name, nproc, env=plugin_env))
+    one, two = read_metrics(tmp_path / "one"), read_metrics(tmp_path / "two")
+    assert_close_metrics(one, two, SHARED + ("kl",), rtol=1e-4)
+    assert two[-1]["kl"] > 0  # the adapter moved the policy away from its reference
+    assert_close_weights(adapter(tmp_path / "one", STEPS), adapter(tmp_path / "two", STEPS))
 
 
 def test_failure_on_one_rank_ends_the_job(tmp_path, plugin_env):
