@@ -55,11 +55,17 @@ def full_model_state(module: nn.Module, dist: DistContext) -> dict[str, Any]:
 
 def sharded_state(modules: list[Any]) -> dict[str, Any]:
     """{"modules": {name: state}, "optimizers": {name: state}} of the trained modules
-    (objects with ``name``, ``module``, ``optimizer``), as this rank holds them."""
-    from torch.distributed.checkpoint.state_dict import (get_model_state_dict,
+    (objects with ``name``, ``module``, ``optimizer``), as this rank holds them.
+
+    Frozen parameters are left out: they never change, and a resumed run rebuilds them
+    from the model it starts from (a LoRA policy's base: the checkpoint holds only the
+    adapter, not a second copy of the base)."""
+    from torch.distributed.checkpoint.state_dict import (StateDictOptions, get_model_state_dict,
                                                          get_optimizer_state_dict)
 
-    return {"modules": {m.name: get_model_state_dict(m.module) for m in modules},
+    trained_only = StateDictOptions(ignore_frozen_params=True)
+    return {"modules": {m.name: get_model_state_dict(m.module, options=trained_only)
+                        for m in modules},
             "optimizers": {m.name: get_optimizer_state_dict(m.module, _optimizers(m.optimizer))
                            for m in modules}}
 
@@ -82,7 +88,7 @@ def load_sharded(directory: Path, modules: list[Any]) -> None:
     run's mesh (a collective)."""
     import torch.distributed.checkpoint as dcp
     from torch.distributed.checkpoint import DefaultLoadPlanner
-    from torch.distributed.checkpoint.state_dict import (set_model_state_dict,
+    from torch.distributed.checkpoint.state_dict import (StateDictOptions, set_model_state_dict,
                                                          set_optimizer_state_dict)
 
     state = sharded_state(modules)
@@ -94,7 +100,9 @@ def load_sharded(directory: Path, modules: list[Any]) -> None:
                  planner=DefaultLoadPlanner(allow_partial_load=True))
     saved = _saved_keys(directory)
     for m in modules:
-        set_model_state_dict(m.module, state["modules"][m.name])
+        # not strict: the state has no frozen parameters (see sharded_state)
+        set_model_state_dict(m.module, state["modules"][m.name],
+                             options=StateDictOptions(strict=False))
         set_optimizer_state_dict(m.module, _optimizers(m.optimizer),
                                  state["optimizers"][m.name])
         _drop_unsaved_state(m, saved)

@@ -11,6 +11,7 @@ from torch.utils.checkpoint import checkpoint
 
 from astrai_core.model.attention import Attention
 from astrai_core.model.config import ModelConfig
+from astrai_core.model.head import head_logprobs
 from astrai_core.model.kv_cache import KVCache
 from astrai_core.model.masks import AttentionBias, build_attention_bias
 from astrai_core.model.mlp import SwiGLU
@@ -43,6 +44,8 @@ class DecoderLayer(nn.Module):
 
 class CausalLM(nn.Module):
     """Decoder with an LM head. ``forward`` returns a dict (see its docstring)."""
+
+    chunked_head = True  # forward(target_ids=...) gives log-probs (model/head.py)
 
     def __init__(self, config: ModelConfig) -> None:
         super().__init__()
@@ -100,7 +103,9 @@ class CausalLM(nn.Module):
         kv_cache: KVCache | None = None,
         return_hidden_states: bool = False,
         logits_to_keep: int = 0,
-        return_logits: bool = True,
+        target_ids: torch.Tensor | None = None,
+        temperature: float = 1.0,
+        return_entropy: bool = False,
     ) -> dict[str, Any]:
         """input_ids [B, S] -> {"logits" [B, S, V] float32, "aux_loss" 0-d, "router_stats" list,
         "hidden_states" [B, S, H] (after the final norm) when asked}.
@@ -109,8 +114,12 @@ class CausalLM(nn.Module):
         default arange from the cache length; without a cache, positions that do not follow
         their predecessor by exactly 1 start a new packed document. logits_to_keep > 0:
         logits only for the last that many positions ([B, logits_to_keep, V]; generation
-        needs only the last one); 0 keeps all. return_logits=False: no logits at all (a
-        chunked head computes log-probs from the hidden states: model/head.py).
+        needs only the last one); 0 keeps all.
+
+        target_ids [B, T] (the last T tokens of input_ids): no logits; instead "logprobs"
+        [B, T] of each target under softmax(logits / temperature) at the position before
+        it, and "entropy" [B, T] of that distribution with return_entropy, computed by the
+        chunked head (model/head.py) here, where FSDP2 has gathered the head.
         """
         batch, seq = input_ids.shape
         past = kv_cache.length if kv_cache is not None else 0
@@ -137,10 +146,11 @@ class CausalLM(nn.Module):
 
         hidden = self.norm(x)
         head_input = hidden[:, -logits_to_keep:] if 0 < logits_to_keep < seq else hidden
-        out: dict[str, Any] = {}
-        if return_logits:
-            out["logits"] = F.linear(head_input, self.head_weight()).float()
-        if return_hidden_states or not return_logits:
+        if target_ids is not None:
+            out = head_logprobs(hidden, self.head_weight(), target_ids, temperature, return_entropy)
+        else:
+            out = {"logits": F.linear(head_input, self.head_weight()).float()}
+        if return_hidden_states:
             out["hidden_states"] = hidden
         out.update(self._router_outputs(routers, attention_mask, seq, x.device))
         return out

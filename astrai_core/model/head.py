@@ -2,15 +2,20 @@
 
 A full-logits forward keeps float32 logits of every position (and, for backward, their
 softmax): for a 151,936-token vocabulary and [4, 2048] tokens that is 5 GB per copy.
-Here the model returns its final hidden states and the head runs over a chunk of rows at
-a time, sized so that one chunk's float32 logits hold about 2**26 numbers (256 MB: 441
-tokens of a 151,936-token vocabulary, 2,048 of a 32,768 one). Each chunk runs under ``torch.utils.checkpoint``, so backward recomputes
-that chunk's logits instead of keeping them: at any moment only one chunk's logits
+Here the model's own forward (``target_ids=``, see :func:`target_logprobs`) runs the
+head over a chunk of rows at a time, sized so that one chunk's float32 logits hold about
+2**26 numbers (256 MB: 441 tokens of a 151,936-token vocabulary, 2,048 of a 32,768 one).
+Each chunk runs under ``torch.utils.checkpoint``, so backward recomputes that chunk's
+logits instead of keeping them: at any moment only one chunk's logits
 exist. The numbers are those of the unchunked path (the same per-row operations; the
-head matmul is only split by rows).
+head matmul is only split by rows). Running inside the forward also makes it work under
+FSDP2: the head (the root unit's, with the embedding) is gathered only during the
+model's forward, and its gradient is reduce-scattered by the same unit's backward.
 """
 
 from __future__ import annotations
+
+from typing import Any
 
 import torch
 import torch.nn.functional as F
@@ -20,16 +25,58 @@ from torch.utils.checkpoint import checkpoint
 CHUNK_LOGITS = 2**26  # float32 logits per chunk: ~256 MB, whatever the vocabulary
 
 
-def head_weight(model: torch.nn.Module) -> Tensor | None:
-    """The output projection [V, H] of a native model (the embedding when tied), or None
-    for a model without one (then callers use its logits). Also None under FSDP2: outside
-    the model's own forward the head is a sharded DTensor, gathered only inside it, so the
-    chunked head would see a shard; such runs take the model's logits."""
-    get = getattr(model, "head_weight", None)
-    if not callable(get):
-        return None
-    weight = get()
-    return None if type(weight).__name__ == "DTensor" else weight
+def has_chunked_head(model: torch.nn.Module) -> bool:
+    """True for a model whose forward takes ``target_ids`` (a native :class:`CausalLM`,
+    sharded or not, and the LoRA reference around one): it computes log-probs with the
+    chunked head inside its own forward. Other models return logits."""
+    return bool(getattr(model, "chunked_head", False))
+
+
+def target_logprobs(model: torch.nn.Module, input_ids: Tensor, target_ids: Tensor,
+                    temperature: float = 1.0, *, with_entropy: bool = False,
+                    **forward: Any) -> dict[str, Any]:
+    """The model's forward output plus ``logprobs`` [B, T] (and ``entropy`` [B, T] when
+    asked) of ``target_ids`` [B, T], the last T tokens of ``input_ids`` [B, S], each
+    scored from the position before it (T < S).
+
+    The one way every strategy gets log-probs. A native model computes them inside its
+    forward with the chunked head (:func:`head_logprobs`): no [B, S, V] logits exist, and
+    under FSDP2 the forward is where the sharded head is gathered. Any other model's
+    float32 logits are scored. ``forward``: further arguments of the model's forward.
+    """
+    if has_chunked_head(model):
+        return model(input_ids, target_ids=target_ids, temperature=temperature,
+                     return_entropy=with_entropy, **forward)
+    from astrai_core.rl.functional import entropy_from_logits, token_logprobs
+
+    out = model(input_ids, **forward)
+    logits = out["logits"][:, predicting_positions(input_ids.shape[1], target_ids.shape[1])]
+    out["logprobs"] = token_logprobs(logits, target_ids, temperature)
+    if with_entropy:
+        out["entropy"] = entropy_from_logits(logits, temperature)
+    return out
+
+
+def head_logprobs(hidden: Tensor, weight: Tensor, target_ids: Tensor, temperature: float,
+                  with_entropy: bool) -> dict[str, Tensor]:
+    """The model-side half of :func:`target_logprobs`: hidden [B, S, H] (after the final
+    norm), the head ``weight`` [V, H] -> {"logprobs" [B, T], "entropy" [B, T] if asked}."""
+    positions = predicting_positions(hidden.shape[1], target_ids.shape[1])
+    logprobs, entropy = chunked_logprobs(hidden[:, positions], weight, target_ids, temperature,
+                                         with_entropy=with_entropy)
+    # Fresh [B, T] tensors, not views of the chunks' concatenation: FSDP2 hooks a module's
+    # outputs for its pre-backward, and an in-place op on a view would bypass that hook.
+    out = {"logprobs": logprobs.clone()}
+    if entropy is not None:
+        out["entropy"] = entropy.clone()
+    return out
+
+
+def predicting_positions(seq: int, targets: int) -> slice:
+    """The positions predicting the last ``targets`` tokens of a ``seq``-token sequence."""
+    if not 0 <= targets < seq:
+        raise ValueError(f"target_ids must be the last T < S tokens: T={targets}, S={seq}")
+    return slice(seq - targets - 1, seq - 1)
 
 
 def _chunk_stats(hidden: Tensor, weight: Tensor, targets: Tensor, temperature: float,

@@ -100,8 +100,9 @@ class DisabledAdapterReference(nn.Module):
         object.__setattr__(self, "policy", policy)  # not a submodule: no second registration
         self.config = policy.config
 
-    def head_weight(self) -> torch.Tensor:
-        return self.__dict__["policy"].head_weight()
+    @property
+    def chunked_head(self) -> bool:  # forwards target_ids= to the policy (model/head.py)
+        return bool(getattr(self.__dict__["policy"], "chunked_head", False))
 
     def forward(self, *args: Any, **kwargs: Any) -> dict[str, Any]:
         policy: nn.Module = self.__dict__["policy"]
@@ -119,9 +120,11 @@ def base_name(name: str) -> str:
     return name.replace(".base_layer.", ".")
 
 
-def base_state_dict(model: nn.Module) -> dict[str, torch.Tensor]:
-    """The frozen base weights under native names (no adapter tensors)."""
-    return {base_name(name): t for name, t in model.state_dict().items() if "lora_" not in name}
+def base_state_dict(model: nn.Module, state: dict[str, Any] | None = None) -> dict[str, torch.Tensor]:
+    """The frozen base weights under native names (no adapter tensors), from ``state``
+    (the model's state dict, e.g. gathered from its FSDP shards; default: its own)."""
+    state = model.state_dict() if state is None else state
+    return {base_name(name): t for name, t in state.items() if "lora_" not in name}
 
 
 @torch.no_grad()

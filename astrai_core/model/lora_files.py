@@ -138,11 +138,13 @@ def _rows(tensor: torch.Tensor, tensor_map: Any, to_hf: bool) -> torch.Tensor:
     return out.squeeze(-1) if tensor.dim() == 1 else out
 
 
-def adapter_to_hf(model: nn.Module, model_type: str) -> dict[str, torch.Tensor]:
-    """The adapter's tensors under PEFT's Hugging Face names."""
+def adapter_to_hf(model: nn.Module, model_type: str,
+                  adapter: dict[str, torch.Tensor] | None = None) -> dict[str, torch.Tensor]:
+    """The adapter's tensors (``adapter``: by native name, whole; default: the model's own
+    parameters) under PEFT's Hugging Face names."""
     maps = module_maps(model, model_type)
     tensors = {}
-    for name, param in adapter_parameters(model).items():
+    for name, param in (adapter_parameters(model) if adapter is None else adapter).items():
         module, suffix = _split(name)
         if module not in maps:
             raise CheckpointError(f"adapted module {module!r} has no Hugging Face name under "
@@ -184,15 +186,17 @@ def load_adapter_tensors(model: nn.Module, tensors: dict[str, torch.Tensor], mod
 # ---------------------------------------------------------------- files
 
 def save_adapter(model: nn.Module, directory: Path, model_type: str,
-                 base_name: str | None = None) -> Path:
-    """Write ``directory`` (adapter_config.json + adapter_model.safetensors)."""
+                 base_name: str | None = None,
+                 adapter: dict[str, torch.Tensor] | None = None) -> Path:
+    """Write ``directory`` (adapter_config.json + adapter_model.safetensors); ``adapter``
+    as in :func:`adapter_to_hf`."""
     from safetensors.torch import save_file
 
     directory.mkdir(parents=True, exist_ok=True)
     config = model.peft_config[ADAPTER]
     config.base_model_name_or_path = base_name
     config.save_pretrained(str(directory))
-    save_file(adapter_to_hf(model, model_type), str(directory / ADAPTER_WEIGHTS),
+    save_file(adapter_to_hf(model, model_type, adapter), str(directory / ADAPTER_WEIGHTS),
               metadata={"format": "pt"})
     return directory
 
@@ -237,18 +241,25 @@ def model_type_of(directory: Path) -> str:
     return export_model_type(directory)
 
 
-def write_lora_weights(model: nn.Module, staging: Path) -> None:
-    """A LoRA model's part of a checkpoint: ``adapter/``, plus the base record (or, for a
-    from-scratch base or ``save_base``, the base weights as ``model.safetensors``).
-    ``staging`` already holds config.json and any hf_source.json."""
+def saves_base(model: nn.Module) -> bool:
+    """True when a checkpoint of ``model`` holds its base weights (a from-scratch base, or
+    ``save_base``), False when it records where the base is."""
+    return getattr(model, "lora_base", None) is None
+
+
+def write_lora_weights(model: nn.Module, staging: Path, adapter: dict[str, torch.Tensor],
+                       base_weights: dict[str, torch.Tensor] | None) -> None:
+    """A LoRA model's part of a checkpoint: ``adapter/`` (``adapter``: the whole adapter
+    tensors by native name), plus the base record, or ``base_weights`` (native names) as
+    ``model.safetensors`` when :func:`saves_base`. ``staging`` already holds config.json
+    and any hf_source.json."""
     from astrai_core.model.checkpoint import write_weights
-    from astrai_core.model.lora import base_state_dict
 
     base: LoraBase | None = getattr(model, "lora_base", None)
     save_adapter(model, staging / ADAPTER_DIR, model_type_of(staging),
-                 base_name=str(base.path) if base is not None else None)
+                 base_name=str(base.path) if base is not None else None, adapter=adapter)
     if base is None:
-        write_weights(base_state_dict(model), staging, max_shard_bytes=2 * 1024**3)
+        write_weights(base_weights, staging, max_shard_bytes=2 * 1024**3)
     else:  # staging is a sibling of the final directory: the relative path is the same
         (staging / BASE_RECORD).write_text(json.dumps(base.record(staging), indent=2) + "\n")
 

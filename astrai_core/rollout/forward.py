@@ -7,8 +7,7 @@ from typing import Any
 
 import torch
 
-from astrai_core.model.head import chunked_logprobs, head_weight
-from astrai_core.rl.functional import entropy_from_logits, token_logprobs
+from astrai_core.model.head import predicting_positions, target_logprobs
 from astrai_core.rollout.batch import RolloutBatch
 
 
@@ -21,31 +20,17 @@ def policy_forward(model: torch.nn.Module, batch: RolloutBatch, temperature: flo
     ``hidden_states`` [N, R, H] at those same positions when asked (a value head on them
     gives V(s_t), the value before action t, with no extra shift) and ``aux_loss`` (MoE).
     Padding positions hold finite numbers that callers mask with ``response_mask``.
+    A native model computes the log-probs with its chunked head (model/head.py).
     """
-    prompt_width, response_width = batch.prompt_ids.shape[1], batch.response_ids.shape[1]
-    before = slice(prompt_width - 1, prompt_width + response_width - 1)
-    weight = head_weight(model)
-    if weight is not None:  # a native model: chunked head, no [N, S, V] logits (model/head.py)
-        out = model(batch.input_ids(), attention_mask=batch.attention_mask(),
-                    position_ids=batch.position_ids(), return_logits=False)
-        logprobs, entropy = chunked_logprobs(out["hidden_states"][:, before], weight,
-                                             batch.response_ids, temperature,
-                                             with_entropy=return_entropy)
-        result: dict[str, Any] = {"logprobs": logprobs, "aux_loss": out.get("aux_loss")}
-        if return_entropy:
-            result["entropy"] = entropy
-        if return_hidden_states:
-            result["hidden_states"] = out["hidden_states"][:, before]
-        return result
-    out = model(batch.input_ids(), attention_mask=batch.attention_mask(),
-                position_ids=batch.position_ids(), return_hidden_states=return_hidden_states)
-    logits = out["logits"][:, before]
-    result = {
-        "logprobs": token_logprobs(logits, batch.response_ids, temperature),
-        "aux_loss": out.get("aux_loss"),
-    }
+    out = target_logprobs(model, batch.input_ids(), batch.response_ids, temperature,
+                          with_entropy=return_entropy, attention_mask=batch.attention_mask(),
+                          position_ids=batch.position_ids(),
+                          return_hidden_states=return_hidden_states)
+    result: dict[str, Any] = {"logprobs": out["logprobs"], "aux_loss": out.get("aux_loss")}
     if return_entropy:
-        result["entropy"] = entropy_from_logits(logits, temperature)
+        result["entropy"] = out["entropy"]
     if return_hidden_states:
-        result["hidden_states"] = out["hidden_states"][:, before]
+        hidden = out["hidden_states"]
+        result["hidden_states"] = hidden[:, predicting_positions(hidden.shape[1],
+                                                                 batch.response_ids.shape[1])]
     return result

@@ -5,24 +5,22 @@ from __future__ import annotations
 from typing import Any, ClassVar
 
 import torch
-import torch.nn.functional as F
 from pydantic import BaseModel, ConfigDict, Field
 
+from astrai_core.model.head import target_logprobs
 from astrai_core.training.strategy import Strategy
 
 
-def next_token_loss(logits: torch.Tensor, input_ids: torch.Tensor,
-                    loss_mask: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+def next_token_loss(logprobs: torch.Tensor, loss_mask: torch.Tensor
+                    ) -> tuple[torch.Tensor, torch.Tensor]:
     """Mean cross-entropy over target tokens, and their count.
 
-    ``loss_mask[b, t]`` marks token t as a target predicted from position t-1, so the
-    logits at t-1 are scored against ``input_ids[b, t]``.
+    ``logprobs[b, t - 1]``: the log-prob of ``input_ids[b, t]`` from position t - 1 (see
+    :func:`target_logprobs`); ``loss_mask[b, t]`` marks token t as a target.
     """
-    targets = loss_mask[:, 1:]
-    predicting = logits[:, :-1][targets]
-    labels = input_ids[:, 1:][targets]
+    targets = loss_mask[:, 1:].bool()
     count = targets.sum()
-    loss = F.cross_entropy(predicting.float(), labels, reduction="sum") / count.clamp(min=1)
+    loss = -torch.where(targets, logprobs, 0.0).sum() / count.clamp(min=1)
     return loss, count
 
 
@@ -50,8 +48,12 @@ class LanguageModeling(Strategy):
 
     def compute_loss(self, batch: dict[str, torch.Tensor]) -> tuple[torch.Tensor, dict[str, Any]]:
         batch = self.to_device(batch)
-        output = self.forward(batch)
-        loss, count = next_token_loss(output["logits"], batch["input_ids"], batch["loss_mask"])
+        ids = batch["input_ids"]
+        # the chunked head scores every next token: no [B, S, V] logits (model/head.py)
+        output = target_logprobs(self.run.model, ids, ids[:, 1:],
+                                 attention_mask=batch.get("attention_mask"),
+                                 position_ids=batch.get("position_ids"))
+        loss, count = next_token_loss(output["logprobs"], batch["loss_mask"])
         # loss_weight: the mean runs over `count` targets, so accumulated micro-batches are
         # weighted by their targets and grad_accum_steps equals one big batch.
         metrics: dict[str, Any] = {"lm_loss": loss.detach(), "tokens": count,

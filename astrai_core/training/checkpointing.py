@@ -33,7 +33,8 @@ from astrai_core.distributed.context import SINGLE, DistContext
 from astrai_core.errors import CheckpointError
 from astrai_core.importers.base import HF_SOURCE_FILE
 from astrai_core.model import lora_files
-from astrai_core.model.lora import has_lora
+from astrai_core.distributed.fsdp import full_tensor
+from astrai_core.model.lora import adapter_parameters, base_state_dict, has_lora
 from astrai_core.model.checkpoint import (
     atomic_directory,
     copy_tokenizer_files,
@@ -84,9 +85,10 @@ def save_checkpoint(target: Path, *, model: nn.Module, tokenizer_dir: Path,
     once every rank has finished.
     """
     # Gathered on rank 0 (collectives: all ranks). A LoRA policy saves only its adapter/,
-    # so its full weights are not gathered at all.
+    # so its full weights are not gathered at all (unless the checkpoint saves its base).
     lora = has_lora(model)
     weights = None if lora else full_model_state(model, dist)
+    lora_weights = _full_lora_state(model, dist) if lora else None
     extra_weights = {name: full_model_state(module, dist)
                      for name, module in extra_modules.items()}
     with _staging(target, dist) as staging:
@@ -101,7 +103,7 @@ def save_checkpoint(target: Path, *, model: nn.Module, tokenizer_dir: Path,
         if initial_model_dir is not None and (initial_model_dir / HF_SOURCE_FILE).is_file():
             shutil.copy2(initial_model_dir / HF_SOURCE_FILE, staging / HF_SOURCE_FILE)
         if lora:  # adapter/ in PEFT format (+ the base record); after hf_source
-            lora_files.write_lora_weights(model, staging)
+            lora_files.write_lora_weights(model, staging, *lora_weights)
         for name, state in extra_weights.items():
             tensors = {k: v.detach().contiguous() for k, v in state.items()}
             save_file(tensors, str(staging / f"{name}.safetensors"))
@@ -111,6 +113,18 @@ def save_checkpoint(target: Path, *, model: nn.Module, tokenizer_dir: Path,
         torch.save(training_state, staging / TRAINING_STATE)
         (staging / TRAINER_JSON).write_text(json.dumps(summary, indent=2) + "\n")
     return target
+
+
+def _full_lora_state(model: nn.Module, dist: DistContext
+                     ) -> tuple[dict[str, torch.Tensor], dict[str, torch.Tensor] | None]:
+    """(the whole adapter tensors, the base weights or None when the checkpoint records
+    its base) of a LoRA policy, on every rank: under FSDP2 each parameter is a DTensor
+    shard, gathered here by every rank (collectives) before rank 0 writes."""
+    adapter = {name: full_tensor(param.detach())
+               for name, param in adapter_parameters(model).items()}
+    if not lora_files.saves_base(model):
+        return adapter, None
+    return adapter, base_state_dict(model, full_model_state(model, dist))
 
 
 @contextmanager

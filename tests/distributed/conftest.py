@@ -39,6 +39,14 @@ def weights(run_dir: Path, step: int, name: str = "model") -> dict[str, torch.Te
     return load_file(str(Path(run_dir) / "checkpoints" / f"step_{step}" / f"{name}.safetensors"))
 
 
+def adapter(run_dir: Path, step: int) -> dict[str, torch.Tensor]:
+    """A LoRA checkpoint's adapter tensors (PEFT's Hugging Face names)."""
+    from astrai_core.model.lora_files import ADAPTER_DIR, ADAPTER_WEIGHTS
+
+    return load_file(str(Path(run_dir) / "checkpoints" / f"step_{step}" / ADAPTER_DIR /
+                         ADAPTER_WEIGHTS))
+
+
 def without_timing(record: dict[str, Any]) -> dict[str, Any]:
     return {k: v for k, v in record.items() if k not in TIMING}
 
@@ -59,6 +67,17 @@ def assert_close_metrics(a: list[dict], b: list[dict], names: tuple[str, ...],
             u, v = x[name], y[name]
             assert abs(u - v) <= rtol * max(abs(u), abs(v), 1e-8) + 1e-7, \
                 f"step {x['step']} {name}: {u} vs {v}"
+
+
+def run_torchrun(script: Path, *args: str, nproc: int = 2) -> None:
+    """``script`` on ``nproc`` processes under torch.distributed.run (a worker that checks
+    sharded code against an unsharded copy in the same process)."""
+    env = dict(os.environ, OMP_NUM_THREADS="1",
+               PYTHONPATH=os.pathsep.join(p for p in sys.path if p))  # the same imports
+    command = [sys.executable, "-m", "torch.distributed.run", "--standalone",
+               f"--nproc-per-node={nproc}", str(script), *args]
+    done = subprocess.run(command, env=env, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
 
 
 def copy_checkpoint(source: Path, target: Path, step: int) -> None:

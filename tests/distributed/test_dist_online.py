@@ -14,8 +14,9 @@ import torch
 from safetensors.torch import load_file
 
 from astrai_core.testing import read_metrics, tiny_run_config, write_arith_prompts
-from tests.distributed.conftest import (assert_close_metrics, assert_close_weights,
+from tests.distributed.conftest import (adapter, assert_close_metrics, assert_close_weights,
                                         ok, train, weights)
+from tests.training.reference import save_start_model
 
 PLUGIN = '''
 import os
@@ -26,6 +27,24 @@ from astrai_core import RewardFunctionSpec, hookimpl
 def astrai_reward_functions():
     return [RewardFunctionSpec(name="dist_digit", target="dist_reward_plugin:digit",
                                summary="1 when the completion has a digit")]
+
+
+# Where CHUNK_LOG is set, each process notes every call of the chunked head (the test
+# asserts that the sharded runs' log-probs came through it, not through full logits).
+import astrai_core.model.head as _head
+
+_chunked_logprobs = _head.chunked_logprobs
+
+
+def _noting_chunked_logprobs(*args, **kwargs):
+    if os.environ.get("CHUNK_LOG"):
+        rank = "rank" + os.environ.get("RANK", "0")
+        with open(os.path.join(os.environ["CHUNK_LOG"], rank), "a") as f:
+            f.write("chunked_logprobs\\n")
+    return _chunked_logprobs(*args, **kwargs)
+
+
+_head.chunked_logprobs = _noting_chunked_logprobs
 
 
 def digit(prompts, completions, **columns):
@@ -73,8 +92,9 @@ def pair(request, tmp_path_factory, plugin_env):
     """(strategy, 1-process run dir, 2-process run dir)."""
     tmp = tmp_path_factory.mktemp(request.param)
     for name, nproc in (("one", 1), ("two", 2)):
+        (tmp / f"{name}_chunks").mkdir()
         ok(train(online_config(tmp, name, STRATEGIES[request.param]), tmp, name, nproc,
-                 env=plugin_env))
+                 env={**plugin_env, "CHUNK_LOG": str(tmp / f"{name}_chunks")}))
     return request.param, tmp / "one", tmp / "two"
 
 
@@ -98,6 +118,28 @@ def test_same_metrics_and_weights(pair):
     assert_close_weights(weights(one, STEPS), weights(two, STEPS))
     if strategy == "ppo":
         assert_close_weights(weights(one, STEPS, "critic"), weights(two, STEPS, "critic"))
+
+
+def test_every_rank_took_the_chunked_head(pair):
+    """Log-probs of the sharded policy came from the chunked head, on both ranks."""
+    _, one, two = pair
+    for run, ranks in ((one, ["rank0"]), (two, ["rank0", "rank1"])):
+        notes = run.parent / f"{run.name}_chunks"
+        assert sorted(p.name for p in notes.iterdir()) == ranks
+        assert all((notes / rank).read_text().count("\n") >= STEPS for rank in ranks)
+
+
+def test_lora_grpo_with_kl_equals_one_process(tmp_path, plugin_env):
+    """A LoRA policy whose KL reference is itself with the adapter disabled, sharded."""
+    start = save_start_model(tmp_path / "start")
+    for name, nproc in (("one", 1), ("two", 2)):
+        config = online_config(tmp_path, name, STRATEGIES["grpo"])
+        config["model"] = {"path": str(start), "lora": {"r": 4, "alpha": 8.0}}
+        ok(train(config, tmp_path, name, nproc, env=plugin_env))
+    one, two = read_metrics(tmp_path / "one"), read_metrics(tmp_path / "two")
+    assert_close_metrics(one, two, SHARED + ("kl",), rtol=1e-4)
+    assert two[-1]["kl"] > 0  # the adapter moved the policy away from its reference
+    assert_close_weights(adapter(tmp_path / "one", STEPS), adapter(tmp_path / "two", STEPS))
 
 
 def test_failure_on_one_rank_ends_the_job(tmp_path, plugin_env):

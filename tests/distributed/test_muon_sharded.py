@@ -5,9 +5,6 @@ against torch.optim.Muon on plain tensors, bit for bit."""
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
 from collections import Counter
 from pathlib import Path
 
@@ -15,19 +12,11 @@ import pytest
 import torch
 
 from astrai_core.training.muon import Muon, balance, newton_schulz
+from tests.distributed.conftest import run_torchrun
 
 WORKER = Path(__file__).with_name("muon_worker.py")
 MODEL_WORKER = Path(__file__).with_name("muon_model_worker.py")
 SETTINGS = dict(lr=0.02, weight_decay=0.1, momentum=0.9, adjust_lr_fn="match_rms_adamw")
-
-
-def run_torchrun(script: Path, *args: str, nproc: int = 2) -> None:
-    env = dict(os.environ, OMP_NUM_THREADS="1",
-               PYTHONPATH=os.pathsep.join(p for p in sys.path if p))  # the same imports
-    command = [sys.executable, "-m", "torch.distributed.run", "--standalone",
-               f"--nproc-per-node={nproc}", str(script), *args]
-    done = subprocess.run(command, env=env, capture_output=True, text=True, timeout=300)
-    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
 
 
 @pytest.fixture(scope="module")

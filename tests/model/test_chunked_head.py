@@ -109,3 +109,60 @@ def test_policy_forward_chunked_equals_the_logits_path():
                                rtol=1e-6, atol=1e-6)
     torch.testing.assert_close(out["entropy"], entropy_from_logits(logits, 0.8),
                                rtol=1e-6, atol=1e-6)
+
+
+def tiny_model(tied: bool):
+    from astrai_core.model import CausalLM, ModelConfig
+
+    torch.manual_seed(0)
+    return CausalLM(ModelConfig(vocab_size=VOCAB, hidden_size=32, intermediate_size=64,
+                                num_layers=2, num_heads=4, num_kv_heads=2,
+                                max_position_embeddings=64, tie_word_embeddings=tied)).double()
+
+
+class LogitsOnly(torch.nn.Module):
+    """A model seen through its logits alone (no chunked head)."""
+
+    def __init__(self, model):
+        super().__init__()
+        self.model = model
+
+    def forward(self, *args, **kwargs):
+        return self.model(*args, **kwargs)
+
+
+@pytest.mark.parametrize("tied", [False, True])
+def test_the_models_forward_with_target_ids_equals_its_logits_with_gradients(tied, monkeypatch):
+    """target_logprobs on the native model (the chunked head inside its forward, chunks of
+    3 tokens) against the same model's logits (target_logprobs' fallback), gradients of
+    every parameter included; tied: the embedding is the head."""
+    from astrai_core.model import head
+    from astrai_core.model.head import has_chunked_head, target_logprobs
+
+    monkeypatch.setattr(head, "CHUNK_LOGITS", 3 * VOCAB)
+    model = tiny_model(tied)
+    ids = torch.randint(0, VOCAB, (2, 9), generator=torch.Generator().manual_seed(1))
+    targets = ids[:, 4:]
+    results = []
+    for target in (model, LogitsOnly(model)):
+        model.zero_grad()
+        out = target_logprobs(target, ids, targets, 0.7, with_entropy=True)
+        assert ("logits" in out) != has_chunked_head(target)
+        (out["logprobs"].sum() + (out["entropy"] * 0.3).sum()).backward()
+        results.append((out["logprobs"].detach(), out["entropy"].detach(),
+                        {n: p.grad.clone() for n, p in model.named_parameters()}))
+    (logp, ent, grads), (ref_logp, ref_ent, ref_grads) = results
+    assert logp.shape == targets.shape
+    assert (logp - ref_logp).abs().max() < 1e-6 and (ent - ref_ent).abs().max() < 1e-6
+    assert ("lm_head.weight" in grads) != tied
+    for name, grad in grads.items():
+        assert (grad - ref_grads[name]).abs().max() < 1e-6, name
+
+
+def test_target_ids_must_be_a_suffix_shorter_than_the_input():
+    model = tiny_model(False)
+    ids = torch.randint(0, VOCAB, (1, 5))
+    with pytest.raises(ValueError, match="T=5, S=5"):
+        model(ids, target_ids=ids)
+    out = model(ids, target_ids=ids[:, 5:])  # no targets: empty log-probs
+    assert out["logprobs"].shape == (1, 0) and "logits" not in out

@@ -7,7 +7,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from astrai_core.api import chunked_logprobs, head_weight, token_logprobs
+from astrai_core.api import target_logprobs
 from astrai_core.api import AstraiError, RolloutBatch, RolloutRunner, rollout_metrics
 from astrai_core.api import policy_forward
 from astrai_plugin_dpo.losses import sequence_logprobs
@@ -27,16 +27,12 @@ def dataset_pair_logprobs(model: torch.nn.Module, batch: dict[str, Tensor]
         return torch.cat([batch[f"{side}_{name}"] for side in SIDES])
 
     input_ids, attention_mask = both("input_ids"), both("attention_mask")
-    weight = head_weight(model)
-    head = {} if weight is None else {"return_logits": False}
-    out = model(input_ids, attention_mask=attention_mask, position_ids=both("position_ids"), **head)
+    # every token after the first, scored by the chunked head (no [B, S, V] logits)
+    out = target_logprobs(model, input_ids, input_ids[:, 1:], attention_mask=attention_mask,
+                          position_ids=both("position_ids"))
     # loss_mask[b, t]: token t is a target predicted from position t - 1.
     targets = both("loss_mask")[:, 1:].bool() & attention_mask[:, 1:].bool()
-    if weight is None:
-        token_logps = token_logprobs(out["logits"][:, :-1], input_ids[:, 1:])
-    else:  # the chunked head: no [B, S, V] logits
-        token_logps = chunked_logprobs(out["hidden_states"][:, :-1], weight, input_ids[:, 1:])[0]
-    logps = sequence_logprobs(token_logps, targets)
+    logps = sequence_logprobs(out["logprobs"], targets)
     pairs = batch["chosen_input_ids"].shape[0]
     return logps[:pairs], logps[pairs:], out.get("aux_loss"), targets.sum()
 
