@@ -5,9 +5,11 @@ on the same prompts, with the same prompts per step, group size, completion leng
 (forced: no early stop), learning rate and loss (token-mean PPO-clip, no KL), float32
 without activation checkpointing (TRL's bf16 and gradient-checkpointing defaults are
 switched off), and the same reward function (TRL's calling convention, which astrai shares). A step is one
-rollout + one optimizer step. Prints the median step time of each and the ratio.
+rollout + one optimizer step. Each trainer runs in a fresh process (astrai, TRL, astrai,
+TRL, ...), so that neither inherits the other's global torch state; prints the median step
+time of each (first step of every run left out) and the ratio.
 
-    .venv/bin/python bench/bench_grpo_trl.py [--steps 6] [--prompts 8] [--group 8] [--tokens 16]
+    .venv/bin/python bench/bench_grpo_trl.py [--steps 6] [--prompts 8] [--group 8] [--tokens 16] [--rounds 2]
 
 TRL is a benchmark-only dependency: `make bench` installs bench/requirements.txt.
 """
@@ -17,6 +19,7 @@ from __future__ import annotations
 import argparse
 import json
 import statistics
+import subprocess
 import sys
 import tempfile
 import time
@@ -127,6 +130,25 @@ def time_astrai(model_dir: Path, work: Path, args: argparse.Namespace) -> list[f
     return [r["time/step_seconds"] for r in records if "time/step_seconds" in r]
 
 
+def run_one(args: argparse.Namespace) -> None:
+    """The child: one trainer's step times, as a JSON line, on the model in --model-dir."""
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    with tempfile.TemporaryDirectory() as tmp:
+        timer = time_astrai if args.only == "astrai" else time_trl
+        steps = timer(Path(args.model_dir), Path(tmp), args)
+    print("STEPS " + json.dumps(steps), flush=True)
+
+
+def child_steps(who: str, model_dir: Path, argv: list[str]) -> list[float]:
+    command = [sys.executable, __file__, *argv, "--only", who, "--model-dir", str(model_dir)]
+    out = subprocess.run(command, capture_output=True, text=True)
+    if out.returncode != 0:
+        raise SystemExit(f"the {who} run failed:\n{out.stderr[-3000:]}")
+    line = next(line for line in out.stdout.splitlines() if line.startswith("STEPS "))
+    return json.loads(line[len("STEPS "):])
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--steps", type=int, default=6)
@@ -135,23 +157,32 @@ def main() -> None:
     parser.add_argument("--tokens", type=int, default=16, help="completion length")
     parser.add_argument("--size", choices=("tiny", "small"), default="small")
     parser.add_argument("--lr", type=float, default=1e-5)
-    parser.add_argument("--threads", type=int, default=None)
+    parser.add_argument("--threads", type=int, default=1)
+    parser.add_argument("--rounds", type=int, default=2,
+                        help="astrai, TRL, astrai, TRL, ...: each run in a fresh process")
+    parser.add_argument("--only", choices=("astrai", "trl"), help=argparse.SUPPRESS)
+    parser.add_argument("--model-dir", help=argparse.SUPPRESS)
     args = parser.parse_args()
-    if args.threads:
-        torch.set_num_threads(args.threads)
+    if args.only:
+        return run_one(args)
+    argv = sys.argv[1:]
+    # Each trainer runs in its own process: neither inherits the other's global torch
+    # state (thread count, deterministic mode, allocator), and alternating the order
+    # spreads the machine's drift over both.
+    steps: dict[str, list[float]] = {"astrai": [], "trl": []}
     with tempfile.TemporaryDirectory() as tmp:
-        work = Path(tmp)
-        model_dir = work / "hf"
+        model_dir = Path(tmp) / "hf"
         make_model(model_dir, args.size)
-        astrai_steps = time_astrai(model_dir, work, args)
-        trl_steps = time_trl(model_dir, work, args)
-    # the first step of each pays one-off costs (allocation, first kernels)
-    astrai_median = statistics.median(astrai_steps[1:] or astrai_steps)
-    trl_median = statistics.median(trl_steps[1:] or trl_steps)
+        for _ in range(args.rounds):
+            for who in steps:
+                # the first step of each run pays one-off costs (allocation, first kernels)
+                steps[who] += child_steps(who, model_dir, argv)[1:]
+    astrai_median = statistics.median(steps["astrai"])
+    trl_median = statistics.median(steps["trl"])
     print(f"GRPO step, {args.size} model, {args.prompts} prompts x {args.group} completions x "
-          f"{args.tokens} tokens, {torch.get_num_threads()} threads, CPU")
-    print(f"  astrai: {astrai_median:.3f} s/step   (steps: {', '.join(f'{s:.2f}' for s in astrai_steps)})")
-    print(f"  TRL   : {trl_median:.3f} s/step   (steps: {', '.join(f'{s:.2f}' for s in trl_steps)})")
+          f"{args.tokens} tokens, {args.threads} thread(s), CPU, {args.rounds} rounds")
+    print(f"  astrai: {astrai_median:.3f} s/step   (steps: {', '.join(f'{s:.2f}' for s in steps['astrai'])})")
+    print(f"  TRL   : {trl_median:.3f} s/step   (steps: {', '.join(f'{s:.2f}' for s in steps['trl'])})")
     print(f"  astrai / TRL time ratio: {astrai_median / trl_median:.2f} (target <= 0.5)")
 
 

@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from astrai_core.config.schema import RunConfig
-from astrai_core.training.run import prepare_run
+from astrai_core.training.run import prepare_run, train
 from tests.training.conftest import tiny_config
 
 
@@ -36,6 +36,17 @@ def test_null_threads_and_deterministic_off_leave_torch_alone(tmp_path, restore_
     torch.use_deterministic_algorithms(False)
     config = tiny_config(tmp_path, threads=None, deterministic=False)
     prepare_run(RunConfig.model_validate(config))
+    assert torch.get_num_threads() == 2
+    assert not torch.are_deterministic_algorithms_enabled()
+
+
+def test_train_gives_the_caller_its_numerics_back(tmp_path, restore_numerics):
+    # A benchmark's peer or a notebook cell run after train() in the same process must not
+    # inherit its pinned thread count or deterministic mode (the latter fills every
+    # torch.empty with NaN: it made TRL's GRPO step 1.5x slower in bench_grpo_trl.py).
+    torch.set_num_threads(2)
+    torch.use_deterministic_algorithms(False)
+    train(RunConfig.model_validate(tiny_config(tmp_path, threads=1)))
     assert torch.get_num_threads() == 2
     assert not torch.are_deterministic_algorithms_enabled()
 
