@@ -64,7 +64,9 @@ class EnvironmentProtocol(Protocol):
     returns its state (anything); ``step`` gets that state and the assistant's turn and
     returns an ``EnvStep`` (messages to append, or done with a reward). ``step`` of
     different episodes may run at once on worker threads: keep per-episode data in the
-    state."""
+    state. Optional: a ``prompt_tools`` attribute, a list of OpenAI tool schemas the run
+    gives the chat template of every prompt (``apply_chat_template(tools=...)``) when it
+    tokenizes the prompts; absent or None, the prompts are rendered without tools."""
 
     def reset(self, row: Any) -> Any: ...
 

@@ -7,7 +7,6 @@ prints alone. Prints both demos' tables at the end.
 
 from __future__ import annotations
 
-import argparse
 import importlib.util
 import os
 import sys
@@ -16,7 +15,7 @@ from types import ModuleType
 
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
-from stages import run_stages  # noqa: E402  (examples/stages.py)
+from stages import demo_main  # noqa: E402  (examples/stages.py)
 
 
 def load_demo(name: str) -> ModuleType:
@@ -28,15 +27,16 @@ def load_demo(name: str) -> ModuleType:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--jobs", type=int, default=None,
-                        help="stages run at once (default: the number of cores)")
-    args = parser.parse_args()
     demos = [load_demo("arith"), load_demo("calc")]
-    seconds = run_stages([stage for demo in demos for stage in demo.stages(sys.executable)],
-                         args.jobs)
-    for demo in demos:
-        demo.report(seconds)
+
+    def stages(python: str) -> list:
+        return [stage for demo in demos for stage in demo.stages(python)]
+
+    def report(seconds: dict[str, float]) -> None:
+        for demo in demos:
+            demo.report(seconds)
+
+    demo_main(__doc__.splitlines()[0], stages, report)
 
 
 if __name__ == "__main__":

@@ -10,11 +10,12 @@ printed, the stages still running are stopped, and the exit status is non-zero.
 
 from __future__ import annotations
 
+import argparse
 import os
 import subprocess
 import sys
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -75,6 +76,16 @@ def run_stages(stages: Sequence[Stage], jobs: int | None = None) -> dict[str, fl
         for process, _ in running.values():
             process.wait()
     return seconds
+
+
+def demo_main(description: str, stages: Callable[[str], list[Stage]],
+              report: Callable[[dict[str, float]], None]) -> None:
+    """A demo script's command line: ``--jobs``, then its stages, then its report."""
+    parser = argparse.ArgumentParser(description=description)
+    parser.add_argument("--jobs", type=int, default=None,
+                        help="stages run at once (default: the number of cores)")
+    args = parser.parse_args()
+    report(run_stages(stages(sys.executable), args.jobs))
 
 
 def _start(stage: Stage) -> subprocess.Popen:

@@ -61,6 +61,7 @@ def _check_formats(formats: tuple[str, ...] | None, fmt: str, field: str) -> Non
 def build_train_loader(cfg: DataConfig, tokenizer: Any, *, base_dir: str | Path | None = None,
                        formats: tuple[str, ...] | None = None,
                        required_columns: Required | None = None,
+                       tools: list[dict] | None = None,
                        ) -> SequenceLoader | PreferenceLoader | PromptLoader:
     """The endless, resumable training loader.
 
@@ -68,13 +69,14 @@ def build_train_loader(cfg: DataConfig, tokenizer: Any, *, base_dir: str | Path 
     directory); without it, ``cfg`` paths are used as they are. ``formats``: the source formats the caller
     accepts (e.g. a strategy's); another format is a DataError naming the field.
     ``required_columns``: {reward: columns} every prompt row must carry (DataError naming
-    the file, line and column otherwise).
+    the file, line and column otherwise). ``tools``: OpenAI tool schemas for the chat
+    template of prompt rows (the environment's ``prompt_tools``).
     """
     cfg = _prepare(cfg, base_dir)
     fields = [f"data.sources[{i}].path" for i in range(len(cfg.sources))]
     for i, source in enumerate(cfg.sources):
         _check_formats(formats, source.format, f"data.sources[{i}].format")
-    sources = [tokenize_source(s.path, s.format, tokenizer, _cache_dir(cfg), f)
+    sources = [tokenize_source(s.path, s.format, tokenizer, _cache_dir(cfg), f, tools)
                for s, f in zip(cfg.sources, fields)]
     for source, field in zip(sources, fields):
         check_required_columns(source, required_columns, field)
@@ -84,15 +86,18 @@ def build_train_loader(cfg: DataConfig, tokenizer: Any, *, base_dir: str | Path 
 
 def build_eval_loader(cfg: DataConfig, tokenizer: Any, *, base_dir: str | Path | None = None,
                       formats: tuple[str, ...] | None = None,
-                      required_columns: Required | None = None) -> EvalLoader | None:
+                      required_columns: Required | None = None,
+                      tools: list[dict] | None = None) -> EvalLoader | None:
     """One pass over ``cfg.eval`` in file order per iteration, or None without one.
-    ``base_dir``, ``formats`` and ``required_columns`` as for ``build_train_loader``."""
+    ``base_dir``, ``formats``, ``required_columns`` and ``tools`` as for
+    ``build_train_loader``."""
     cfg = _prepare(cfg, base_dir)
     if cfg.eval is None:
         return None
     _check_formats(formats, cfg.eval.format, "data.eval.format")
     field = "data.eval.path"
-    source = tokenize_source(cfg.eval.path, cfg.eval.format, tokenizer, _cache_dir(cfg), field)
+    source = tokenize_source(cfg.eval.path, cfg.eval.format, tokenizer, _cache_dir(cfg), field,
+                             tools)
     check_required_columns(source, required_columns, field)
     batch_size = cfg.eval_batch_size or cfg.batch_size
 

@@ -33,9 +33,11 @@ def render_text(tokenizer: Any, texts: list[str]) -> list[list[int]]:
     return [ids + [eos] if eos is not None and (not ids or ids[-1] != eos) else ids for ids in docs]
 
 
-def _template(tokenizer: Any, messages: list[dict], generation_prompt: bool) -> str:
+def _template(tokenizer: Any, messages: list[dict], generation_prompt: bool,
+              tools: list[dict] | None = None) -> str:
+    extra = {"tools": tools} if tools else {}
     return tokenizer.apply_chat_template(messages, tokenize=False,
-                                         add_generation_prompt=generation_prompt)
+                                         add_generation_prompt=generation_prompt, **extra)
 
 
 def render_chat(tokenizer: Any, messages: list[dict],
@@ -109,10 +111,12 @@ def render_preference(tokenizer: Any, row: dict) -> dict[str, tuple[list[int], l
     return out
 
 
-def render_prompt(tokenizer: Any, row: dict) -> tuple[str, list[int]]:
+def render_prompt(tokenizer: Any, row: dict,
+                  tools: list[dict] | None = None) -> tuple[str, list[int]]:
     """``(prompt_text, prompt_ids)``: a string prompt verbatim, messages through the chat
-    template with the generation prompt appended."""
+    template with the generation prompt appended. ``tools``: OpenAI tool schemas the
+    template is given (``tools=``), for a template that renders them."""
     if row["prompt"] is not None:
         return row["prompt"], list(tokenizer(row["prompt"], add_special_tokens=True)["input_ids"])
-    text = _template(tokenizer, row["messages"], generation_prompt=True)
+    text = _template(tokenizer, row["messages"], generation_prompt=True, tools=tools)
     return text, list(tokenizer(text, add_special_tokens=False)["input_ids"])

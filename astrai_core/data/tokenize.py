@@ -76,19 +76,23 @@ class TokenizedSource:
         return len(next(iter(self.fields.values())))
 
 
-def cache_key(path: Path, fmt: str, tokenizer: Any) -> str:
+def cache_key(path: Path, fmt: str, tokenizer: Any, tools: list[dict] | None = None) -> str:
     stat = path.stat()
     identity = {"version": CACHE_FORMAT_VERSION, "path": str(path.resolve()),
                 "size": stat.st_size, "mtime_ns": stat.st_mtime_ns, "format": fmt,
                 "tokenizer": tokenizer_fingerprint(tokenizer)}
+    if tools:  # prompts rendered with tool schemas are other tokens (no key change without)
+        identity["tools"] = tools
     return hashlib.sha256(json.dumps(identity, sort_keys=True).encode()).hexdigest()[:24]
 
 
 def tokenize_source(path: str | Path, fmt: str, tokenizer: Any, cache_dir: str | Path,
-                    field: str = "data") -> TokenizedSource:
+                    field: str = "data", tools: list[dict] | None = None) -> TokenizedSource:
     """The tokenized ``path``: loaded from the cache, or tokenized and cached first.
 
-    ``field`` names the config field holding ``path``, for error messages.
+    ``field`` names the config field holding ``path``, for error messages. ``tools``:
+    OpenAI tool schemas given to the chat template of ``prompt`` rows (an environment's
+    ``prompt_tools``).
     """
     path = Path(path)
     require_file(path, field)
@@ -97,20 +101,21 @@ def tokenize_source(path: str | Path, fmt: str, tokenizer: Any, cache_dir: str |
     if fmt == "chat":
         render.require_chat_template(tokenizer, f"the chat data in {path}")
     cache_dir = Path(cache_dir)
-    entry = cache_dir / f"{path.stem}-{fmt}-{cache_key(path, fmt, tokenizer)}"
+    entry = cache_dir / f"{path.stem}-{fmt}-{cache_key(path, fmt, tokenizer, tools)}"
     if not (entry / "meta.json").is_file():
-        _build_entry(path, fmt, tokenizer, entry, field)
+        _build_entry(path, fmt, tokenizer, entry, field, tools)
     else:
         log.info("data cache hit", source=str(path), entry=str(entry))
     return open_entry(entry, path)
 
 
-def _build_entry(path: Path, fmt: str, tokenizer: Any, entry: Path, field: str) -> None:
+def _build_entry(path: Path, fmt: str, tokenizer: Any, entry: Path, field: str,
+                 tools: list[dict] | None) -> None:
     entry.parent.mkdir(parents=True, exist_ok=True)
     tmp = entry.parent / f".{entry.name}.tmp-{os.getpid()}-{uuid.uuid4().hex[:8]}"
     tmp.mkdir()
     try:
-        count = _write_fields(path, fmt, tokenizer, tmp, field)
+        count = _write_fields(path, fmt, tokenizer, tmp, field, tools)
         meta = {"version": CACHE_FORMAT_VERSION, "source": str(path.resolve()), "format": fmt,
                 "rows": count}
         (tmp / "meta.json").write_text(json.dumps(meta, indent=1))
@@ -124,13 +129,14 @@ def _build_entry(path: Path, fmt: str, tokenizer: Any, entry: Path, field: str) 
     log.info("tokenized data", source=str(path), format=fmt, rows=count, entry=str(entry))
 
 
-def _write_fields(path: Path, fmt: str, tokenizer: Any, out: Path, field: str) -> int:
+def _write_fields(path: Path, fmt: str, tokenizer: Any, out: Path, field: str,
+                  tools: list[dict] | None) -> int:
     writers = {name: _RaggedWriter(out, name, with_targets=fmt != "text" and name != "prompt")
                for name in FIELDS[fmt]}
     records = (out / "records.jsonl").open("w", encoding="utf-8") if fmt == "prompt" else None
     count = 0
     try:
-        for encoded, record in _encode_rows(path, fmt, tokenizer, field):
+        for encoded, record in _encode_rows(path, fmt, tokenizer, field, tools):
             for name, (ids, targets) in encoded.items():
                 writers[name].append(ids, targets)
             if records is not None:
@@ -144,8 +150,8 @@ def _write_fields(path: Path, fmt: str, tokenizer: Any, out: Path, field: str) -
     return count
 
 
-def _encode_rows(path: Path, fmt: str, tokenizer: Any,
-                 field: str) -> Iterator[tuple[Encoded, dict | None]]:
+def _encode_rows(path: Path, fmt: str, tokenizer: Any, field: str,
+                 tools: list[dict] | None = None) -> Iterator[tuple[Encoded, dict | None]]:
     """Yield ``({field: (ids, targets)}, record)`` per row; record is for prompts only."""
     rows = read_rows(path, fmt, field)
     if fmt == "text":
@@ -158,7 +164,7 @@ def _encode_rows(path: Path, fmt: str, tokenizer: Any,
             elif fmt == "preference":
                 yield render.render_preference(tokenizer, row), None
             else:
-                text, ids = render.render_prompt(tokenizer, row)
+                text, ids = render.render_prompt(tokenizer, row, tools)
                 yield {"prompt": (ids, None)}, {"prompt_text": text, "columns": row["columns"]}
         except render.TemplateError as err:
             raise DataError(f"data file {path}, line {line_number}: {err}; add "

@@ -56,6 +56,10 @@ class Tools:
         tools: list[str] = Field(min_length=1, description='"module:function" of each tool')
         timeout: float = Field(10.0, gt=0, description="seconds each tool call may take")
         max_result_chars: int = Field(2000, ge=1, description="longer results are cut")
+        tools_in_prompt: bool = Field(
+            True, description="give the tools' OpenAI schemas to the chat template of every "
+            "prompt (apply_chat_template(tools=...)), as a server does; a template that does "
+            "not render tools is unaffected")
 
         @field_validator("tools")
         @classmethod
@@ -73,6 +77,7 @@ class Tools:
             function = _import_tool(target)
             self.functions[getattr(function, "__name__", target.rpartition(":")[2])] = function
         self.schemas = [tool_schema(f, name) for name, f in self.functions.items()]
+        self.prompt_tools = self.schemas if self.config.tools_in_prompt else None
 
     def reset(self, row: Mapping[str, Any]) -> None:
         return None

@@ -106,10 +106,12 @@ def wire_components(plan: RunPlan, *, backend: Any, device: torch.device, model:
     config, needs = plan.config, plan.needs
     data = config.data.resolve_paths(base_dir)
     required = {choice.label: choice.required_columns for choice in plan.rewards}
+    environment = plan.environment.target(**plan.environment.options) if plan.environment else None
+    tools = getattr(environment, "prompt_tools", None)  # rendered into prompts by the template
     train_loader = shard_loader(
         build_train_loader(data, tokenizer, formats=needs.data_formats,
-                           required_columns=required if needs.rollouts else {}), dist)
-    eval_loader = build_eval_loader(data, tokenizer, required_columns=required)
+                           required_columns=required if needs.rollouts else {}, tools=tools), dist)
+    eval_loader = build_eval_loader(data, tokenizer, required_columns=required, tools=tools)
     rewards = RewardSet.from_choices(plan.rewards)
     sampling = rollout_sampling(plan, tokenizer)
     generates = needs.rollouts or (eval_loader is not None and eval_loader.kind == "prompt")
@@ -121,7 +123,8 @@ def wire_components(plan: RunPlan, *, backend: Any, device: torch.device, model:
     policy_loss = (plan.policy_loss.target(**plan.policy_loss.options)
                    if plan.policy_loss else None)
     pad_token_id = getattr(tokenizer, "pad_token_id", None) or 0
-    episodes = build_episodes(plan, sampler, tokenizer, rewards, pad_token_id) if generates else None
+    episodes = (build_episodes(plan, environment, sampler, tokenizer, rewards, pad_token_id)
+                if generates else None)
     rollouts = None
     if needs.rollouts:
         rollouts = RolloutRunner(sampler, tokenizer, rewards, sampling, group_size=needs.group_size,
@@ -140,13 +143,10 @@ def wire_components(plan: RunPlan, *, backend: Any, device: torch.device, model:
         episodes=episodes)
 
 
-def build_episodes(plan: RunPlan, sampler: Any, tokenizer: Any, rewards: Any,
+def build_episodes(plan: RunPlan, environment: Any, sampler: Any, tokenizer: Any, rewards: Any,
                    pad_token_id: int) -> Any:
-    """The episode runner of a multi-turn environment; None for ``single_turn``."""
-    if plan.environment is None:
-        return None
-    environment = plan.environment.target(**plan.environment.options)
-    if getattr(environment, "single_turn", False):
+    """The episode runner of a multi-turn ``environment``; None for none or ``single_turn``."""
+    if environment is None or getattr(environment, "single_turn", False):
         return None
     from astrai_core.rollout.episodes import EpisodeRunner
 

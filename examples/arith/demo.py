@@ -7,7 +7,6 @@ same numbers to runs/demo/summary.json. Run from the repository root: `make demo
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import sys
@@ -15,7 +14,7 @@ from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parent))
-from stages import Stage, run_stages  # noqa: E402  (examples/stages.py)
+from stages import Stage, demo_main  # noqa: E402  (examples/stages.py)
 
 STAGES = ("sft", "grpo", "grpo_gspo", "grpo_cispo", "ppo", "dpo")  # the table's order
 # The order they start in: SFT, then the RL stages longest first, so that with a core
@@ -54,14 +53,6 @@ def report(seconds: dict[str, float]) -> None:
     print_table(summary, timings, final_accuracy(OUT / "sft")[0])
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__)
-    parser.add_argument("--jobs", type=int, default=None,
-                        help="stages run at once (default: the number of cores)")
-    args = parser.parse_args()
-    report(run_stages(stages(sys.executable), args.jobs))
-
-
 def print_table(summary: dict[str, float], timings: dict[str, float], before: float | None) -> None:
     from rich.console import Console
     from rich.table import Table
@@ -82,4 +73,4 @@ def print_table(summary: dict[str, float], timings: dict[str, float], before: fl
 
 if __name__ == "__main__":
     os.environ.setdefault("PYTHONUNBUFFERED", "1")
-    main()
+    demo_main(__doc__, stages, report)

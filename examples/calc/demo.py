@@ -7,7 +7,6 @@ repository root: `make demo` (beside the arithmetic demo) or `python examples/ca
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import sys
@@ -15,7 +14,7 @@ from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parent))
-from stages import Stage, run_stages  # noqa: E402  (examples/stages.py)
+from stages import Stage, demo_main  # noqa: E402  (examples/stages.py)
 
 OUT = Path("runs/calc")  # the stage configs read and write here (paths relative to the cwd)
 CHECKPOINTS = {"sft": OUT / "sft/checkpoints/step_300", "grpo": OUT / "grpo/checkpoints/step_40"}
@@ -47,14 +46,6 @@ def report(seconds: dict[str, float]) -> None:
     print_table(summary)
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__)
-    parser.add_argument("--jobs", type=int, default=None,
-                        help="stages run at once (default: the number of cores)")
-    args = parser.parse_args()
-    report(run_stages(stages(sys.executable), args.jobs))
-
-
 def print_table(summary: dict[str, dict[str, float]]) -> None:
     from rich.console import Console
     from rich.table import Table
@@ -71,4 +62,4 @@ def print_table(summary: dict[str, dict[str, float]]) -> None:
 
 if __name__ == "__main__":
     os.environ.setdefault("PYTHONUNBUFFERED", "1")
-    main()
+    demo_main(__doc__, stages, report)
