@@ -9,7 +9,6 @@ signal stops at once, as without this handler.
 
 from __future__ import annotations
 
-import os
 import signal
 import threading
 from types import FrameType, TracebackType
@@ -50,8 +49,14 @@ class StopOnSignal:
 
     def _handle(self, signum: int, frame: FrameType | None) -> None:
         if self.received is not None:  # the second one: stop now, the usual way
+            previous = self._previous.get(signum)
             self.__exit__(None, None, None)
-            os.kill(os.getpid(), signum)
+            if callable(previous):  # Python's own (SIGINT: raises KeyboardInterrupt here)
+                previous(signum, frame)
+                return
+            # The default action (SIGTERM: the process ends), sent to this very thread:
+            # os.kill could hand it to another thread while this one finished the step.
+            signal.raise_signal(signum)
             return
         self.received = signum
         log.warning(f"received {signal.Signals(signum).name}: stopping at the end of this "

@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import json
 import signal
+import subprocess
+import sys
 import threading
 
 import pytest
@@ -90,6 +92,20 @@ def test_signal_without_checkpoint_on_signal(tmp_path):
     with pytest.raises(TrainingInterrupted, match="no checkpoint written"):
         trainer.fit()
     assert not (tmp_path / "run" / "checkpoints").exists()
+
+
+def test_a_second_sigterm_ends_the_process_at_once():
+    # The default action of the second signal, in the thread that handles it: nothing
+    # after it runs (os.kill could deliver it to another thread, too late).
+    code = ("import signal\nfrom astrai_core.training.signals import StopOnSignal\n"
+            "with StopOnSignal():\n"
+            "    signal.raise_signal(signal.SIGTERM)\n"
+            "    print('first seen', flush=True)\n"
+            "    signal.raise_signal(signal.SIGTERM)\n"
+            "    print('survived', flush=True)\n")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert done.returncode == -signal.SIGTERM, done.stderr
+    assert "first seen" in done.stdout and "survived" not in done.stdout
 
 
 def test_second_sigint_stops_at_once(tmp_path):
