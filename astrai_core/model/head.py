@@ -81,7 +81,9 @@ def predicting_positions(seq: int, targets: int) -> slice:
 
 def _chunk_stats(hidden: Tensor, weight: Tensor, targets: Tensor, temperature: float,
                  with_entropy: bool) -> tuple[Tensor, Tensor]:
-    logits = F.linear(hidden, weight).float()
+    logits = F.linear(hidden, weight)
+    # At least float32 (bf16/fp16 logits are widened), float64 stays float64.
+    logits = logits.to(torch.promote_types(logits.dtype, torch.float32))
     if temperature != 1.0:
         logits = logits / temperature
     lse = torch.logsumexp(logits, dim=-1)
@@ -96,8 +98,9 @@ def _chunk_stats(hidden: Tensor, weight: Tensor, targets: Tensor, temperature: f
 def chunked_logprobs(hidden: Tensor, weight: Tensor, target_ids: Tensor, temperature: float = 1.0,
                      *, with_entropy: bool = False, chunk_tokens: int | None = None
                      ) -> tuple[Tensor, Tensor | None]:
-    """float32 log-prob of each ``target_ids`` entry under log_softmax(hidden @ weight.T /
-    temperature), and the entropy of that distribution when asked.
+    """Log-prob of each ``target_ids`` entry under log_softmax(hidden @ weight.T /
+    temperature), and the entropy of that distribution when asked, in float32 (float64
+    for float64 inputs).
 
     hidden [..., H] (the positions predicting the targets), weight [V, H],
     target_ids [...] -> (logprobs [...], entropy [...] or None). ``chunk_tokens``: rows per
@@ -124,7 +127,7 @@ def chunked_logprobs(hidden: Tensor, weight: Tensor, target_ids: Tensor, tempera
         entropies.append(ent)
     shape = target_ids.shape
     if not logprobs:  # no tokens at all
-        empty = hidden.new_zeros(shape, dtype=torch.float32)
+        empty = hidden.new_zeros(shape, dtype=torch.promote_types(hidden.dtype, torch.float32))
         return empty, (empty if with_entropy else None)
     entropy = torch.cat(entropies).reshape(shape) if with_entropy else None
     return torch.cat(logprobs).reshape(shape), entropy

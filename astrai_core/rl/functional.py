@@ -87,13 +87,14 @@ def masked_max(values: Tensor, mask: Tensor) -> Tensor:
 # ---------------------------------------------------------------- log-probs, entropy
 
 def _scaled_float_chunks(logits: Tensor, temperature: float):
-    """Yield (row slice, float32 logits / temperature) over the flattened rows."""
+    """Yield (row slice, logits / temperature) over the flattened rows, widened to float32
+    (float64 logits stay float64, so a float64 reference stays exact)."""
     if temperature <= 0:
         raise ValueError(f"temperature must be > 0, got {temperature}")
     flat = logits.reshape(-1, logits.shape[-1])
     for start in range(0, flat.shape[0], _LOGIT_ROWS_PER_CHUNK):
         rows = slice(start, start + _LOGIT_ROWS_PER_CHUNK)
-        chunk = flat[rows].float()
+        chunk = flat[rows].to(torch.promote_types(flat.dtype, torch.float32))
         yield rows, (chunk if temperature == 1.0 else chunk / temperature)
 
 
