@@ -5,8 +5,8 @@ marker and the spec records that plugins need.
 """
 
 from astrai_core.errors import AstraiError
-from astrai_core.hookspecs import hookimpl
-from astrai_core.specs import (
+from astrai_core.plugins.hookspecs import hookimpl
+from astrai_core.plugins.specs import (
     AdvantageEstimatorSpec,
     DeviceBackendSpec,
     EnvironmentSpec,

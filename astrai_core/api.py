@@ -42,7 +42,7 @@ from astrai_core.model import (
 from astrai_core.model.head import chunked_logprobs, has_chunked_head, target_logprobs
 from astrai_core.model.lora import has_lora, merge_and_unload, merged_state_dict
 from astrai_core.plugins import process_registry
-from astrai_core.protocols import (
+from astrai_core.plugins.protocols import (
     AdvantageEstimatorProtocol,
     EnvironmentProtocol,
     PolicyLossProtocol,

@@ -7,7 +7,7 @@ import re
 from pathlib import Path
 
 from astrai_core import hookspecs
-from astrai_core.specs import SPEC_CLASSES, Spec
+from astrai_core.plugins.specs import SPEC_CLASSES, Spec
 
 GUIDE = Path(__file__).resolve().parents[1] / "docs" / "plugins.md"
 

@@ -68,7 +68,7 @@ def run(args: argparse.Namespace) -> int:
 
 
 def resolve_kind(text: str) -> str:
-    from astrai_core.specs import KINDS
+    from astrai_core.plugins.specs import KINDS
 
     kind = text.replace("-", "_").lower()
     kind = KIND_ALIASES.get(kind, kind)
@@ -135,7 +135,7 @@ def reward_inputs(target: Any) -> list[str]:
 
 
 def _kinds(registry: Any) -> list[dict[str, Any]]:
-    from astrai_core.specs import KINDS
+    from astrai_core.plugins.specs import KINDS
 
     return [{"kind": kind, "configured_as": WHERE_CONFIGURED.get(kind, ""),
              "names": registry.names(kind)} for kind in KINDS]

@@ -12,7 +12,7 @@ import argparse
 import json
 from typing import Any
 
-from astrai_core.hookspecs import HOOK_FOR_KIND
+from astrai_core.plugins.hookspecs import HOOK_FOR_KIND
 
 STYLES = {"ok": "green", "error": "red", "incompatible": "yellow", "disabled": "dim"}
 NOT_OK_NOTE = ("A plugin that is not ok was skipped and breaks nothing else; its message "

@@ -28,9 +28,9 @@ from astrai_core.distributed.world import launched_world_size
 from astrai_core.distributed.mesh import check_parallel
 from astrai_core.environments.episode_config import DEFAULT_ENVIRONMENT, EpisodeConfig
 from astrai_core.errors import ConfigError, FieldError, PluginError
-from astrai_core.protocols import missing_members
-from astrai_core.registry import Registry
-from astrai_core.specs import import_target
+from astrai_core.plugins.protocols import missing_members
+from astrai_core.plugins.registry import Registry
+from astrai_core.plugins.specs import import_target
 from astrai_core.training.needs import StrategyNeeds
 
 DEFAULT_SAMPLER = "torch"

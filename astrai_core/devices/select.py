@@ -6,8 +6,8 @@ from typing import Any
 
 from astrai_core.devices.base import DeviceBackend
 from astrai_core.errors import PluginError
-from astrai_core.registry import Registry
-from astrai_core.specs import DeviceBackendSpec
+from astrai_core.plugins.registry import Registry
+from astrai_core.plugins.specs import DeviceBackendSpec
 
 
 def resolve_device(registry: Registry, name: str = "auto", **params: Any) -> DeviceBackend:

@@ -22,7 +22,7 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from astrai_core.environments.base import AssistantTurn, EnvMessage, EnvStep, ToolCall, error_message
 from astrai_core.environments.timeouts import start_call
-from astrai_core.specs import import_target
+from astrai_core.plugins.specs import import_target
 
 _JSON_TYPES = {int: "integer", float: "number", str: "string", bool: "boolean",
                list: "array", tuple: "array", dict: "object"}

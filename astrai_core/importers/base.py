@@ -44,7 +44,7 @@ from astrai_core.importers.hf_files import (
     write_json,
 )
 from astrai_core.importers.tensor_map import TensorMap, rename
-from astrai_core.known_plugins import MODEL_TYPES
+from astrai_core.plugins.known import MODEL_TYPES
 from astrai_core.log import get_logger
 
 if TYPE_CHECKING:

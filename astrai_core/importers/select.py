@@ -18,8 +18,8 @@ from astrai_core.importers.base import (
     unsupported_model_type_message,
 )
 from astrai_core.importers.hf_files import read_hf_config
-from astrai_core.registry import Registry
-from astrai_core.specs import ModelImporterSpec
+from astrai_core.plugins.registry import Registry
+from astrai_core.plugins.specs import ModelImporterSpec
 
 KIND = "model_importer"
 

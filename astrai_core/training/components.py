@@ -19,7 +19,7 @@ from astrai_core.config.trainer import TrainerConfig
 from astrai_core.data.config import DataConfig
 from astrai_core.devices.base import DeviceBackend
 from astrai_core.distributed.context import SINGLE, DistContext
-from astrai_core.registry import Registry
+from astrai_core.plugins.registry import Registry
 from astrai_core.rewards.reward_set import RewardSet
 from astrai_core.rollout.runner import RolloutRunner
 from astrai_core.sampling.params import SamplingParams

@@ -27,7 +27,7 @@ from astrai_core.distributed.data import shard_loader
 from astrai_core.distributed.fsdp import UnshardedSampler, shard_run
 from astrai_core.errors import CheckpointError, ConfigError
 from astrai_core.log import get_logger
-from astrai_core.registry import Registry
+from astrai_core.plugins.registry import Registry
 from astrai_core.training import checkpointing as ckpt
 from astrai_core.training.components import RunComponents
 from astrai_core.training.strategy import Strategy

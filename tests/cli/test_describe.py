@@ -8,7 +8,7 @@ import textwrap
 import pytest
 
 from astrai_core.plugins import load_plugins
-from astrai_core.specs import KINDS
+from astrai_core.plugins.specs import KINDS
 from astrai_core.testing import run_astrai
 
 

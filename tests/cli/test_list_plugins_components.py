@@ -10,7 +10,7 @@ import subprocess
 import sys
 
 from astrai_core.plugins import load_plugins
-from astrai_core.specs import KINDS
+from astrai_core.plugins.specs import KINDS
 from astrai_core.testing import _CLI_PROBE, run_astrai
 
 HAS_VLLM = importlib.util.find_spec("vllm") is not None

@@ -20,7 +20,7 @@ PACKAGE = Path(__file__).resolve().parents[1] / "astrai_plugin_ppo"
 # `astrai train` with astrai-plugin-gae's entry point hidden: as if it were not installed.
 WITHOUT_GAE = """
 import sys
-import astrai_core.plugins as plugins
+import astrai_core.plugins.discovery as plugins
 from astrai_core.cli.main import main
 listed = plugins._entry_points
 plugins._entry_points = lambda: [ep for ep in listed() if ep.name != "gae"]

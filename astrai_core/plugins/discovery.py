@@ -17,13 +17,13 @@ from packaging.requirements import InvalidRequirement, Requirement
 from packaging.utils import canonicalize_name
 from packaging.version import InvalidVersion, Version
 
-from astrai_core import hookspecs
-from astrai_core.registry import PluginInfo, Registry
-from astrai_core.specs import SPEC_CLASSES, Spec
+from astrai_core.plugins import hookspecs
+from astrai_core.plugins.registry import PluginInfo, Registry
+from astrai_core.plugins.specs import SPEC_CLASSES, Spec
 
 ENTRY_POINT_GROUP = "astrai"
 CORE_DISTRIBUTION = "astrai-core"
-BUILTIN_MODULE = "astrai_core.builtins"
+BUILTIN_MODULE = "astrai_core.plugins.core_plugins"
 
 _in_process: list[Any] = []
 _cached: tuple[tuple, Registry] | None = None

@@ -64,10 +64,11 @@ class Spec(BaseModel):
         """Import and return the target, checked against its kind's Protocol.
 
         Raises PluginError naming the target when it does not import, lacks its
-        attribute, or lacks a member the core calls (see :mod:`astrai_core.protocols`).
+        attribute, or lacks a member the core calls (see
+        :mod:`astrai_core.plugins.protocols`).
         """
         from astrai_core.errors import PluginError
-        from astrai_core.protocols import missing_members
+        from astrai_core.plugins.protocols import missing_members
 
         label = f"{self.kind.replace('_', ' ')} {self.name!r}: target {self.target!r}"
         try:
@@ -76,8 +77,9 @@ class Spec(BaseModel):
             raise PluginError(f"{label} cannot be loaded ({type(exc).__name__}: {exc})") from exc
         missing = missing_members(self.kind, target)
         if missing:
-            raise PluginError(f"{label} lacks {', '.join(missing)} (see astrai_core.protocols; "
-                              "extend the base classes of astrai_core.api)")
+            raise PluginError(f"{label} lacks {', '.join(missing)} (see "
+                              "astrai_core.plugins.protocols; extend the base classes of "
+                              "astrai_core.api)")
         return target
 
 

@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from astrai_core.hookspecs import hookimpl
-from astrai_core.specs import (
+from astrai_core.plugins.hookspecs import hookimpl
+from astrai_core.plugins.specs import (
     DeviceBackendSpec,
     EnvironmentSpec,
     ModelImporterSpec,

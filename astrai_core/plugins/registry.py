@@ -6,10 +6,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from astrai_core.errors import PluginConflictError, PluginError, UnknownComponentError
-from astrai_core.known_plugins import SHIPPED
-from astrai_core.specs import KINDS, Spec
-
-STATUSES = ("ok", "error", "incompatible", "disabled")
+from astrai_core.plugins.known import SHIPPED
+from astrai_core.plugins.specs import KINDS, Spec
 
 
 @dataclass
@@ -62,7 +60,7 @@ class Registry:
         self._conflicts: dict[tuple[str, str], _Conflict] = {}
         self.plugins: list[PluginInfo] = []
 
-    # -- filled by astrai_core.plugins ---------------------------------------------
+    # -- filled by astrai_core.plugins.discovery ------------------------------------
     def add(self, spec: Spec, plugin: PluginInfo) -> None:
         """Record ``spec`` from ``plugin``; a second distribution with the same name
         turns the name into a conflict that :meth:`get` reports."""
