@@ -16,6 +16,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="the model name clients send (default: MODEL_DIR's directory name)")
     parser.add_argument("--tool-call-parser", choices=("hermes", "none"), default="hermes")
     parser.add_argument("--max-batch-size", type=int, default=32, help="sequences decoded together")
+    parser.add_argument("--max-seqs-per-request", type=int, default=256,
+                        help="most sequences (prompts x n) one request may ask for; more: 400")
+    parser.add_argument("--max-queued-seqs", type=int, default=4096,
+                        help="most sequences waiting for a batch slot; a request that would "
+                             "overflow it: 429 with Retry-After")
     parser.add_argument("--device", default="auto", help="device backend name (auto, cpu, cuda, ...)")
     parser.add_argument("--threads", type=int, default=None,
                         help="torch intra-op CPU threads (default: torch's choice)")
@@ -31,7 +36,8 @@ def _require_serve_extra() -> None:
         raise AstraiError("astrai serve needs FastAPI and uvicorn: pip install 'astrai-core[serve]'") from None
 
 
-def build_engine(registry, sampler_name: str, model_dir: Path, device_name: str, max_batch_size: int):
+def build_engine(registry, sampler_name: str, model_dir: Path, device_name: str, max_batch_size: int,
+                 max_queued: int | None = None):
     """The engine for ``--sampler``: the continuous-batching one for torch, the adapter otherwise."""
     from astrai_core.cli.generate import _load
 
@@ -40,31 +46,41 @@ def build_engine(registry, sampler_name: str, model_dir: Path, device_name: str,
     if spec.name == "torch":
         from astrai_core.serving.engine import BatchingEngine
 
-        return BatchingEngine(model, tokenizer, max_batch_size=max_batch_size)
+        return BatchingEngine(model, tokenizer, max_batch_size=max_batch_size, max_queued=max_queued)
     from astrai_core.serving.sampler_engine import SamplerEngine
 
     sampler = spec.load()(model=model, tokenizer=tokenizer)  # the sampler contract: a live native model
     return SamplerEngine(sampler, tokenizer, max_context=int(model.config.max_position_embeddings),
-                         vocab_size=int(model.config.vocab_size), max_batch_size=max_batch_size)
+                         vocab_size=int(model.config.vocab_size), max_batch_size=max_batch_size,
+                         max_queued=max_queued)
 
 
 def run(args: argparse.Namespace) -> int:
     _require_serve_extra()
     import uvicorn
 
+    from astrai_core.errors import AstraiError
     from astrai_core.plugins import process_registry
     from astrai_core.serving.app import create_app
 
     model_dir = Path(args.model_dir)
+    for flag in ("max_batch_size", "max_seqs_per_request", "max_queued_seqs"):
+        if getattr(args, flag) < 1:
+            raise AstraiError(f"--{flag.replace('_', '-')} must be >= 1, got {getattr(args, flag)}")
+    if args.max_seqs_per_request > args.max_queued_seqs:  # such a request could never be queued
+        raise AstraiError(f"--max-seqs-per-request ({args.max_seqs_per_request}) must not exceed "
+                          f"--max-queued-seqs ({args.max_queued_seqs})")
     if args.threads:
         import torch
 
         torch.set_num_threads(args.threads)
     registry = process_registry()  # once: the sampler and the device backend come from it
-    engine = build_engine(registry, args.sampler, model_dir, args.device, args.max_batch_size)
+    engine = build_engine(registry, args.sampler, model_dir, args.device, args.max_batch_size,
+                          args.max_queued_seqs)
     name = args.served_model_name or model_dir.resolve().name
     parser = None if args.tool_call_parser == "none" else args.tool_call_parser
-    app = create_app(engine, model_name=name, tool_call_parser=parser)
+    app = create_app(engine, model_name=name, tool_call_parser=parser,
+                     max_seqs_per_request=args.max_seqs_per_request)
     try:
         uvicorn.run(app, host=args.host, port=args.port, log_level="info")
     finally:

@@ -21,11 +21,17 @@ from fastapi.responses import JSONResponse, StreamingResponse
 from pydantic import BaseModel, ValidationError
 
 from astrai_core.serving.choices import ChatChoice, TextChoice
+from astrai_core.serving.engine_base import QueueFull
 from astrai_core.serving.prompts import (
-    check_tools, chat_prompt, completion_prompts, engine_requests, forced_prefix,
+    check_tools, chat_prompt, completion_prompts, engine_requests, forced_prefix, prompt_count,
 )
 from astrai_core.serving.protocol import APIError, ChatCompletionRequest, CompletionRequest
 from astrai_core.serving.sequence import Engine, FinishEvent, Handle
+
+
+MAX_JSON_DEPTH = 64  # deeper bodies are refused (OpenAI's own shapes nest a few levels)
+DEFAULT_MAX_SEQS_PER_REQUEST = 256
+RETRY_AFTER_S = 1  # what a 429 asks the client to wait: the queue drains continuously
 
 
 def _frame(payload: dict[str, Any] | str) -> bytes:
@@ -40,6 +46,11 @@ async def _parse(request: Request, model_cls: type[BaseModel]) -> Any:
         body = json.loads(await request.body())
     except (json.JSONDecodeError, UnicodeDecodeError) as error:
         raise APIError(400, f"malformed JSON body: {error}", code="invalid_json") from None
+    except RecursionError:  # the parser's own guard, far deeper than MAX_JSON_DEPTH
+        body = None
+    if body is None or _depth(body) > MAX_JSON_DEPTH:
+        raise APIError(400, f"the JSON body nests deeper than {MAX_JSON_DEPTH} levels",
+                       code="invalid_json")
     if not isinstance(body, dict):
         raise APIError(400, "the body must be a JSON object")
     try:
@@ -47,8 +58,24 @@ async def _parse(request: Request, model_cls: type[BaseModel]) -> Any:
     except ValidationError as error:
         problem = error.errors()[0]
         param = ".".join(str(p) for p in problem["loc"]) or None
-        raise APIError(400, f"{param}: {problem['msg']}" if param else problem["msg"], param=param,
+        message = problem["msg"].removeprefix("Value error, ")
+        raise APIError(400, f"{param}: {message}" if param else message, param=param,
                        code="invalid_value") from None
+
+
+def _depth(value: Any) -> int:
+    """How deep objects and arrays nest in ``value`` (iterative: no recursion to exhaust)."""
+    deepest, stack = 0, [(value, 1)]
+    while stack:
+        item, level = stack.pop()
+        children = item.values() if isinstance(item, dict) else item if isinstance(item, list) else None
+        if children is None:
+            continue
+        deepest = max(deepest, level)
+        if deepest > MAX_JSON_DEPTH:
+            break
+        stack.extend((child, level + 1) for child in children)
+    return deepest
 
 
 class _Run:
@@ -61,9 +88,13 @@ class _Run:
         self.open = 0
 
     def submit(self, requests: list) -> None:
-        for index, request in enumerate(requests):
-            self.handles.append(self.engine.submit(request, self._sink(index)))
-            self.open += 1
+        """Queue every sequence of the request as one group; 429 when the queue is full."""
+        try:
+            self.handles = self.engine.submit_group(requests, [self._sink(i) for i in range(len(requests))])
+        except QueueFull as full:
+            raise APIError(429, f"the server is busy: {full}; retry later", code="queue_full",
+                           headers={"Retry-After": str(RETRY_AFTER_S)}) from None
+        self.open = len(requests)
 
     def _sink(self, index: int) -> Callable:
         def sink(event) -> None:
@@ -90,8 +121,11 @@ async def _until_disconnected(request: Request) -> None:
         pass
 
 
-def create_app(engine: Engine, *, model_name: str, tool_call_parser: str | None = "hermes") -> FastAPI:
-    """The app over ``engine``; requests must name ``model_name``."""
+def create_app(engine: Engine, *, model_name: str, tool_call_parser: str | None = "hermes",
+               max_seqs_per_request: int = DEFAULT_MAX_SEQS_PER_REQUEST) -> FastAPI:
+    """The app over ``engine``; requests must name ``model_name``. A request asking for more
+    than ``max_seqs_per_request`` sequences (prompts x n) is refused with a 400; the
+    engine's own ``max_queued`` bound answers 429."""
     app = FastAPI(title="astrai serve", docs_url=None, redoc_url=None)
     tokenizer = engine.tokenizer
     vocab_size = getattr(engine, "vocab_size", len(tokenizer))
@@ -99,7 +133,7 @@ def create_app(engine: Engine, *, model_name: str, tool_call_parser: str | None 
 
     @app.exception_handler(APIError)
     async def _api_error(_request: Request, error: APIError) -> JSONResponse:
-        return JSONResponse(error.body(), status_code=error.status)
+        return JSONResponse(error.body(), status_code=error.status, headers=error.headers)
 
     @app.exception_handler(Exception)
     async def _internal(_request: Request, error: Exception) -> JSONResponse:
@@ -111,6 +145,12 @@ def create_app(engine: Engine, *, model_name: str, tool_call_parser: str | None 
         wants_top = body.top_logprobs if isinstance(body, ChatCompletionRequest) else body.logprobs
         if wants_top and not getattr(engine, "supports_top_logprobs", True):
             raise APIError(400, "this sampler does not report top log-probs", param="top_logprobs")
+
+    def check_sequences(count: int) -> None:
+        if count > max_seqs_per_request:
+            raise APIError(400, f"this request asks for {count} sequences (prompts x n); this server "
+                           f"takes at most {max_seqs_per_request} per request", param="n",
+                           code="too_many_sequences")
 
     def check_model(name: str) -> None:
         if name != model_name:
@@ -136,6 +176,7 @@ def create_app(engine: Engine, *, model_name: str, tool_call_parser: str | None 
         body: ChatCompletionRequest = await _parse(request, ChatCompletionRequest)
         check_model(body.model)
         check_engine_supports(body)
+        check_sequences(body.n)
         if body.top_logprobs and not body.logprobs:
             raise APIError(400, "top_logprobs needs logprobs: true", param="top_logprobs")
         use_tools = check_tools(body) and tool_call_parser == "hermes"
@@ -152,6 +193,7 @@ def create_app(engine: Engine, *, model_name: str, tool_call_parser: str | None 
         body: CompletionRequest = await _parse(request, CompletionRequest)
         check_model(body.model)
         check_engine_supports(body)
+        check_sequences(prompt_count(body.prompt) * body.n)
         prompts = completion_prompts(tokenizer, body.prompt)
         requests = []
         for prompt in prompts:

@@ -91,15 +91,17 @@ def _aligned(a: Tensor, b: Tensor, a_len: int, b_len: int, length: int, capacity
 
 
 class BatchingEngine(ThreadedEngine):
-    """``BatchingEngine(model, tokenizer, max_batch_size=32)``; see the module docstring."""
+    """``BatchingEngine(model, tokenizer, max_batch_size=32, max_queued=None)``; see the
+    module docstring and :class:`ThreadedEngine` (fair, bounded inbox)."""
 
-    def __init__(self, model: torch.nn.Module, tokenizer: Any, max_batch_size: int = 32) -> None:
+    def __init__(self, model: torch.nn.Module, tokenizer: Any, max_batch_size: int = 32,
+                 max_queued: int | None = None) -> None:
         self.model = model.eval()
         self.max_context = int(model.config.max_position_embeddings)
         self.vocab_size = int(model.config.vocab_size)
         self.device = next(model.parameters()).device
         self._batch: _Batch | None = None
-        super().__init__(tokenizer, max_batch_size)
+        super().__init__(tokenizer, max_batch_size, max_queued)
 
     def _active(self) -> list[Sequence]:
         return list(self._batch.rows) if self._batch is not None else []

@@ -1,11 +1,18 @@
-"""The thread, inbox and counters both engines share; subclasses say what one step does."""
+"""The thread, inbox and counters both engines share; subclasses say what one step does.
+
+The inbox is fair: the sequences of one HTTP request form a group, and free batch slots
+go to the waiting groups in turn (round-robin), so a small request queued behind a large
+one starts as soon as one slot frees, not after the large one's last sequence. The inbox
+is bounded (``max_queued``): a submission that would overflow it is refused whole with
+:class:`QueueFull`, before anything of it is queued.
+"""
 
 from __future__ import annotations
 
 import itertools
 import threading
-from collections import deque
-from collections.abc import Callable
+from collections import OrderedDict, deque
+from collections.abc import Callable, Sequence as Seq
 from dataclasses import replace
 from typing import Any
 
@@ -13,6 +20,15 @@ from astrai_core.log import get_logger
 from astrai_core.serving.sequence import EngineRequest, EngineStats, Handle, Sequence, Sink
 
 log = get_logger(__name__)
+
+
+class QueueFull(Exception):
+    """The inbox cannot take a submission: ``waiting`` sequences wait, at most ``limit``."""
+
+    def __init__(self, wanted: int, waiting: int, limit: int) -> None:
+        super().__init__(f"{wanted} more sequences do not fit: {waiting} are waiting, "
+                         f"the queue holds at most {limit}")
+        self.wanted, self.waiting, self.limit = wanted, waiting, limit
 
 
 class ThreadedEngine:
@@ -25,28 +41,43 @@ class ThreadedEngine:
 
     thread_name = "astrai-engine"
 
-    def __init__(self, tokenizer: Any, max_batch_size: int) -> None:
+    def __init__(self, tokenizer: Any, max_batch_size: int, max_queued: int | None = None) -> None:
         if max_batch_size < 1:
             raise ValueError(f"max_batch_size must be >= 1, got {max_batch_size}")
+        if max_queued is not None and max_queued < 1:
+            raise ValueError(f"max_queued must be >= 1, got {max_queued}")
         self.tokenizer = tokenizer
         self.max_batch_size = max_batch_size
+        self.max_queued = max_queued
         self._cond = threading.Condition()
-        self._inbox: deque[Sequence] = deque()
+        self._inbox: OrderedDict[int, deque[Sequence]] = OrderedDict()  # group -> its waiting sequences
+        self._waiting = 0
         self._stats = EngineStats(max_batch_size=max_batch_size)
         self._ids = itertools.count()
+        self._groups = itertools.count()
         self._closing = False
         self._thread = threading.Thread(target=self._loop, name=self.thread_name, daemon=True)
         self._thread.start()
 
     # ---------------------------------------------------------------- public (any thread)
     def submit(self, request: EngineRequest, sink: Sink) -> Handle:
-        sequence = Sequence(request, Handle(next(self._ids)), sink, self.tokenizer)
+        return self.submit_group([request], [sink])[0]
+
+    def submit_group(self, requests: Seq[EngineRequest], sinks: Seq[Sink]) -> list[Handle]:
+        """Queue the sequences of one client request as one group (all or none: a group
+        that would overflow ``max_queued`` raises :class:`QueueFull`)."""
+        sequences = [Sequence(request, Handle(next(self._ids)), sink, self.tokenizer)
+                     for request, sink in zip(requests, sinks, strict=True)]
         with self._cond:
             if self._closing:
                 raise RuntimeError("the engine is closed")
-            self._inbox.append(sequence)
+            if self.max_queued is not None and self._waiting + len(sequences) > self.max_queued:
+                raise QueueFull(len(sequences), self._waiting, self.max_queued)
+            if sequences:
+                self._inbox[next(self._groups)] = deque(sequences)
+                self._waiting += len(sequences)
             self._cond.notify_all()
-        return sequence.handle
+        return [sequence.handle for sequence in sequences]
 
     def cancel(self, handle: Handle) -> None:
         """Free the request's slot at the next step boundary."""
@@ -82,14 +113,21 @@ class ThreadedEngine:
         raise NotImplementedError
 
     def _stats_locked(self) -> EngineStats:
-        return replace(self._stats, active=len(self._active()), waiting=len(self._inbox))
+        return replace(self._stats, active=len(self._active()), waiting=self._waiting)
 
     def _take(self, limit: int) -> list[Sequence]:
-        """Up to ``limit`` waiting sequences; cancelled ones met on the way are released."""
+        """Up to ``limit`` waiting sequences, one group at a time in turn (round-robin);
+        cancelled ones met on the way are released."""
         taken: list[Sequence] = []
         with self._cond:
             while self._inbox and len(taken) < limit:
-                sequence = self._inbox.popleft()
+                group, queue = next(iter(self._inbox.items()))
+                sequence = queue.popleft()
+                self._waiting -= 1
+                if queue:
+                    self._inbox.move_to_end(group)  # the next slot goes to the next group
+                else:
+                    del self._inbox[group]
                 if sequence.handle.cancelled.is_set():
                     self._release(sequence)
                 else:
@@ -120,7 +158,8 @@ class ThreadedEngine:
 
     def _fail_all(self, message: str, reason: str = "error") -> None:
         with self._cond:
-            waiting, self._inbox = list(self._inbox), deque()
+            waiting = [sequence for queue in self._inbox.values() for sequence in queue]
+            self._inbox, self._waiting = OrderedDict(), 0
         running = self._active()
         self._clear()
         for sequence in running + waiting:

@@ -70,6 +70,13 @@ def chat_prompt(tokenizer: Any, request: ChatCompletionRequest, use_tools: bool)
     return tokenizer(text, add_special_tokens=False)["input_ids"]
 
 
+def prompt_count(prompt: str | list) -> int:
+    """How many prompts a ``/v1/completions`` prompt holds, before any tokenization."""
+    if isinstance(prompt, list) and prompt and not all(isinstance(p, int) for p in prompt):
+        return len(prompt)
+    return 1
+
+
 def completion_prompts(tokenizer: Any, prompt: str | list) -> list[list[int]]:
     if isinstance(prompt, str):
         return [tokenizer(prompt)["input_ids"]]

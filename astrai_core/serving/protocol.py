@@ -10,16 +10,20 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
+from astrai_core.serving.messages import check_message, check_parameters_schema
+
 
 class APIError(Exception):
     """An error answered in OpenAI's shape: ``{"error": {"message", "type", "param", "code"}}``."""
 
     TYPES = {400: "invalid_request_error", 404: "not_found_error", 422: "unprocessable_entity_error",
-             500: "internal_server_error"}
+             429: "rate_limit_error", 500: "internal_server_error"}
 
-    def __init__(self, status: int, message: str, param: str | None = None, code: str | None = None) -> None:
+    def __init__(self, status: int, message: str, param: str | None = None, code: str | None = None,
+                 headers: dict[str, str] | None = None) -> None:
         super().__init__(message)
         self.status, self.message, self.param, self.code = status, message, param, code
+        self.headers = headers
 
     def body(self) -> dict[str, Any]:
         return {"error": {"message": self.message, "type": self.TYPES.get(self.status, "error"),
@@ -39,6 +43,13 @@ class FunctionDefinition(_Request):
     description: str | None = None
     parameters: dict[str, Any] | None = None
     strict: bool | None = None
+
+    @field_validator("parameters")
+    @classmethod
+    def _schema(cls, value: dict[str, Any] | None) -> dict[str, Any] | None:
+        if value is not None:
+            check_parameters_schema(value)
+        return value
 
 
 class Tool(_Request):
@@ -103,11 +114,9 @@ class ChatCompletionRequest(SamplingFields):
 
     @field_validator("messages")
     @classmethod
-    def _roles(cls, messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    def _shapes(cls, messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
         for i, message in enumerate(messages):
-            if message.get("role") not in ("system", "developer", "user", "assistant", "tool"):
-                raise ValueError(f"messages[{i}].role must be system, developer, user, assistant "
-                                 f"or tool, got {message.get('role')!r}")
+            check_message(i, message)
         return messages
 
 

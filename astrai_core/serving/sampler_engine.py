@@ -27,10 +27,10 @@ class SamplerEngine(ThreadedEngine):
     thread_name = "astrai-sampler-engine"
 
     def __init__(self, sampler: Any, tokenizer: Any, *, max_context: int, vocab_size: int,
-                 max_batch_size: int = 64) -> None:
+                 max_batch_size: int = 64, max_queued: int | None = None) -> None:
         self.sampler, self.max_context, self.vocab_size = sampler, max_context, vocab_size
         self._running: list[Sequence] = []
-        super().__init__(tokenizer, max_batch_size)
+        super().__init__(tokenizer, max_batch_size, max_queued)
 
     def _active(self) -> list[Sequence]:
         return list(self._running)

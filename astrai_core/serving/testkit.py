@@ -132,7 +132,8 @@ class LiveServer:
     connect at once (the connection waits in the backlog): no polling for readiness.
     """
 
-    def __init__(self, model_dir: Path, name: str = "tiny", max_batch_size: int = 32) -> None:
+    def __init__(self, model_dir: Path, name: str = "tiny", max_batch_size: int = 32,
+                 max_queued: int | None = None, max_seqs_per_request: int = 256) -> None:
         import uvicorn
 
         from astrai_core.data.tokenizer import load_tokenizer
@@ -142,13 +143,15 @@ class LiveServer:
 
         self.model = load_pretrained(model_dir).eval()
         self.tokenizer = load_tokenizer(model_dir)
-        self.engine = BatchingEngine(self.model, self.tokenizer, max_batch_size=max_batch_size)
+        self.engine = BatchingEngine(self.model, self.tokenizer, max_batch_size=max_batch_size,
+                                     max_queued=max_queued)
         self.name = name
         self.socket = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
         self.socket.bind(("127.0.0.1", 0))
         self.socket.listen(64)
         self.port = self.socket.getsockname()[1]
-        config = uvicorn.Config(create_app(self.engine, model_name=name), log_level="warning", lifespan="off")
+        app = create_app(self.engine, model_name=name, max_seqs_per_request=max_seqs_per_request)
+        config = uvicorn.Config(app, log_level="warning", lifespan="off")
         self.server = uvicorn.Server(config)
         self.thread = threading.Thread(target=self.server.run, kwargs={"sockets": [self.socket]}, daemon=True)
         self.thread.start()
