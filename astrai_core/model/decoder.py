@@ -149,7 +149,8 @@ class CausalLM(nn.Module):
         if target_ids is not None:
             out = head_logprobs(hidden, self.head_weight(), target_ids, temperature, return_entropy)
         else:
-            out = {"logits": F.linear(head_input, self.head_weight()).float()}
+            logits = F.linear(head_input, self.head_weight())  # at least float32; float64 stays
+            out = {"logits": logits.to(torch.promote_types(logits.dtype, torch.float32))}
         if return_hidden_states:
             out["hidden_states"] = hidden
         out.update(self._router_outputs(routers, attention_mask, seq, x.device))
