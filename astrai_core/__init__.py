@@ -17,8 +17,7 @@ from astrai_core.plugins.specs import (
     Spec,
     StrategySpec,
 )
-
-__version__ = "0.1.0"
+from astrai_core.version import __version__
 
 __all__ = [
     "AdvantageEstimatorSpec",

@@ -66,8 +66,8 @@ def _offline(model_dir: Path, args) -> float:
 
     import torch
 
+    from astrai_core.checkpoints.native import load_pretrained
     from astrai_core.data.tokenizer import load_tokenizer
-    from astrai_core.model import load_pretrained
     from astrai_core.sampling import SamplingParams
     from astrai_core.sampling.torch_sampler import TorchSampler
 

@@ -12,7 +12,7 @@ import importlib
 import sys
 from collections.abc import Sequence
 
-from astrai_core import __version__
+from astrai_core.version import __version__
 from astrai_core.errors import AstraiError
 from astrai_core.log import configure_logging
 

@@ -1,5 +1,4 @@
-"""Hugging Face checkpoint import/export (the ``model_importer`` kind).
+"""Parity tools for model importers (:mod:`astrai_core.importers.parity`).
 
-The contract is in :mod:`astrai_core.importers.base`; :mod:`astrai_core.importers.select`
-chooses an importer. Importing this package does not import torch.
+The importers themselves are in :mod:`astrai_core.checkpoints.hf`.
 """

@@ -13,10 +13,9 @@ from astrai_core.model.attention import Attention
 from astrai_core.model.config import ModelConfig
 from astrai_core.model.head import head_logprobs
 from astrai_core.model.kv_cache import KVCache
+from astrai_core.model.layers import RMSNorm, SwiGLU
 from astrai_core.model.masks import AttentionBias, build_attention_bias
-from astrai_core.model.mlp import SwiGLU
 from astrai_core.model.moe import MoEBlock, RouterOutput, load_balancing_loss, router_statistics
-from astrai_core.model.norm import RMSNorm
 from astrai_core.model.rope import RotaryEmbedding
 
 

@@ -84,7 +84,7 @@ def build_checkpoint(directory: str | Path, *, hidden_size: int = 32, num_layers
     import torch
 
     from astrai_core.model import CausalLM, ModelConfig
-    from astrai_core.model.checkpoint import save_pretrained
+    from astrai_core.checkpoints.native import save_pretrained
 
     with tempfile.TemporaryDirectory() as tokenizer_dir:
         tokenizer = build_chat_tokenizer(tokenizer_dir)
@@ -108,8 +108,8 @@ def train_to_replay(directory: str | Path, examples: list[tuple[list[int], list[
 
     import torch
 
-    from astrai_core.model import load_pretrained
-    from astrai_core.model.checkpoint import copy_tokenizer_files, save_pretrained
+    from astrai_core.checkpoints.native import load_pretrained
+    from astrai_core.checkpoints.native import copy_tokenizer_files, save_pretrained
 
     model = load_pretrained(directory).train()
     optimizer = torch.optim.Adam(model.parameters(), lr=lr)
@@ -137,7 +137,7 @@ class LiveServer:
         import uvicorn
 
         from astrai_core.data.tokenizer import load_tokenizer
-        from astrai_core.model import load_pretrained
+        from astrai_core.checkpoints.native import load_pretrained
         from astrai_core.serving.app import create_app
         from astrai_core.serving.engine import BatchingEngine
 

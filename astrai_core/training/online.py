@@ -37,7 +37,7 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from astrai_core.config.schema import ComponentSection, RunConfig
 from astrai_core.distributed.world import launched_world_size
-from astrai_core.distributed.rollouts import gather_rollout
+from astrai_core.rollout.gather import gather_rollout
 from astrai_core.errors import ConfigError, FieldError
 from astrai_core.model.router_replay import (ROUTED_EXPERTS, has_moe, record_routing,
                                              replay_routing)
@@ -48,7 +48,7 @@ from astrai_core.rollout.batch import RolloutBatch
 from astrai_core.rollout.dynamic_sampling import DynamicSampler, DynamicSamplingConfig
 from astrai_core.rollout.forward import policy_forward
 from astrai_core.rollout.metrics import rollout_metrics
-from astrai_core.training.needs import ComponentChoice, StrategyNeeds
+from astrai_core.config.strategy_needs import ComponentChoice, StrategyNeeds
 from astrai_core.training.sources import RolloutSource
 from astrai_core.training.strategy import Strategy
 

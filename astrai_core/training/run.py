@@ -17,6 +17,7 @@ from typing import Any
 
 import torch
 
+from astrai_core.checkpoints import training_state as ckpt
 from astrai_core.config.loader import validate_model
 from astrai_core.config.plan import RunPlan, plan_run
 from astrai_core.config.schema import ModelSection, RunConfig
@@ -28,7 +29,6 @@ from astrai_core.distributed.fsdp import UnshardedSampler, shard_run
 from astrai_core.errors import CheckpointError, ConfigError
 from astrai_core.log import get_logger
 from astrai_core.plugins.registry import Registry
-from astrai_core.training import checkpointing as ckpt
 from astrai_core.training.components import RunComponents
 from astrai_core.training.strategy import Strategy
 from astrai_core.training.trainer import Trainer
@@ -235,7 +235,7 @@ def build_model(section: ModelSection, tokenizer: Any, source: YamlSource | None
     add the ``model.lora`` adapter when there is one."""
     model = _build_base(section, tokenizer, source)
     if section.lora is not None:  # peft adapter; only it trains (model/lora.py)
-        from astrai_core.model.lora_files import attach_lora
+        from astrai_core.checkpoints.lora_files import attach_lora
 
         base_dir = Path(section.path) if section.path is not None else None
         model = attach_lora(model, section.lora, base_dir).train()
@@ -243,7 +243,8 @@ def build_model(section: ModelSection, tokenizer: Any, source: YamlSource | None
 
 
 def _build_base(section: ModelSection, tokenizer: Any, source: YamlSource | None) -> torch.nn.Module:
-    from astrai_core.model import CausalLM, ModelConfig, load_pretrained
+    from astrai_core.checkpoints.native import load_pretrained
+    from astrai_core.model import CausalLM, ModelConfig
 
     dtype = DTYPES[section.dtype]
     if section.path is not None:

@@ -26,8 +26,8 @@ import torch
 from pydantic import BaseModel, ConfigDict
 from torch import nn
 
+from astrai_core.config.strategy_needs import StrategyNeeds
 from astrai_core.training.modules import TrainedModule
-from astrai_core.training.needs import StrategyNeeds
 from astrai_core.training.sources import BatchSource, LoaderSource
 
 if TYPE_CHECKING:

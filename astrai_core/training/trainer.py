@@ -20,13 +20,13 @@ from typing import Any
 import torch
 from torch import nn
 
+from astrai_core.checkpoints import training_state as ckpt
+from astrai_core.checkpoints.sharded import has_sharded, load_sharded
 from astrai_core.config.trainer import TrainerConfig
-from astrai_core.distributed.checkpoint import has_sharded, load_sharded
 from astrai_core.distributed.fsdp import full_tensor
 from astrai_core.distributed.metrics import MicroBatchRecord, NullMetricsLog, reduce_micro_batches
 from astrai_core.errors import AstraiError
 from astrai_core.log import get_logger
-from astrai_core.training import checkpointing as ckpt
 from astrai_core.training import faults
 from astrai_core.training.components import RunComponents
 from astrai_core.training.evaluation import evaluate

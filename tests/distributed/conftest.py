@@ -41,7 +41,7 @@ def weights(run_dir: Path, step: int, name: str = "model") -> dict[str, torch.Te
 
 def adapter(run_dir: Path, step: int) -> dict[str, torch.Tensor]:
     """A LoRA checkpoint's adapter tensors (PEFT's Hugging Face names)."""
-    from astrai_core.model.lora_files import ADAPTER_DIR, ADAPTER_WEIGHTS
+    from astrai_core.checkpoints.lora_files import ADAPTER_DIR, ADAPTER_WEIGHTS
 
     return load_file(str(Path(run_dir) / "checkpoints" / f"step_{step}" / ADAPTER_DIR /
                          ADAPTER_WEIGHTS))

@@ -8,7 +8,7 @@ import json
 
 import pytest
 
-from astrai_core.model import load_pretrained
+from astrai_core.checkpoints.native import load_pretrained
 from astrai_core.testing import read_metrics
 from astrai_core.training.faults import KILL_AFTER_CHECKPOINT
 from tests.distributed.conftest import (assert_close_metrics, assert_close_weights,

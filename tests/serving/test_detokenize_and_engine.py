@@ -16,8 +16,8 @@ from astrai_core.serving.sequence import EngineRequest, FinishEvent
 
 @pytest.fixture(scope="module")
 def model_and_tokenizer(random_checkpoint):
+    from astrai_core.checkpoints.native import load_pretrained
     from astrai_core.data.tokenizer import load_tokenizer
-    from astrai_core.model import load_pretrained
 
     return load_pretrained(random_checkpoint).eval(), load_tokenizer(random_checkpoint)
 

@@ -83,8 +83,8 @@ def test_every_step_is_logged_exactly_once_after_a_kill_right_after_a_checkpoint
 
 
 def test_checkpoint_is_the_trained_model_with_its_tokenizer(tmp_path):
+    from astrai_core.checkpoints.native import load_pretrained
     from astrai_core.data.tokenizer import load_tokenizer
-    from astrai_core.model import load_pretrained
     from astrai_core.testing import ARITH_TOKENIZER
 
     start = save_start_model(tmp_path / "start")
