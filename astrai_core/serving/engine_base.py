@@ -5,7 +5,6 @@ from __future__ import annotations
 import itertools
 import threading
 from collections import deque
-from collections.abc import Callable
 from dataclasses import replace
 from typing import Any
 
@@ -59,11 +58,6 @@ class ThreadedEngine:
     def stats(self) -> EngineStats:
         with self._cond:
             return self._stats_locked()
-
-    def wait_until(self, predicate: Callable[[EngineStats], bool], timeout: float = 60.0) -> bool:
-        """Block until ``predicate(stats())`` holds (checked whenever the engine's state changes)."""
-        with self._cond:
-            return self._cond.wait_for(lambda: predicate(self._stats_locked()), timeout=timeout)
 
     def close(self) -> None:
         with self._cond:

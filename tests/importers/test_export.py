@@ -9,7 +9,7 @@ import torch
 
 from astrai_core.importers.base import HF_SOURCE_FILE
 from astrai_core.importers.llama import LlamaImporter
-from astrai_core.importers.parity import (
+from astrai_core.testing.parity import (
     load_hf_model,
     padded_batch,
     safetensors_tensors,

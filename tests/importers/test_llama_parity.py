@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from astrai_core.importers.llama import LlamaImporter
-from astrai_core.importers.parity import (
+from astrai_core.testing.parity import (
     max_packed_diff,
     max_padded_diff,
     padded_batch,

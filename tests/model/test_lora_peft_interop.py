@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from astrai_core.config.lora import LoraSection
-from astrai_core.importers.parity import load_hf_model, padded_batch, save_hf_model, tiny_hf_model
+from astrai_core.testing.parity import load_hf_model, padded_batch, save_hf_model, tiny_hf_model
 from astrai_core.importers.select import load_importer
 from astrai_core.model import load_pretrained
 from astrai_core.model.lora import adapter_disabled, adapter_parameters, has_lora

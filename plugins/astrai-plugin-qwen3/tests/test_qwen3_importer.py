@@ -13,7 +13,7 @@ import torch
 from safetensors.torch import save_file
 
 from astrai_core.importers.base import HF_SOURCE_FILE
-from astrai_core.importers.parity import (
+from astrai_core.testing.parity import (
     load_hf_model,
     max_packed_diff,
     max_padded_diff,
