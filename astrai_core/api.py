@@ -77,11 +77,11 @@ from astrai_core.rollout.metrics import rollout_metrics
 from astrai_core.rollout.runner import RolloutRunner
 from astrai_core.sampling.params import Completion, SamplingParams
 from astrai_core.sampling.requests import Request, expand_requests
-from astrai_core.training.run_components import RunComponents
+from astrai_core.training.batch_sources import BatchSource, LoaderSource, RolloutSource
 from astrai_core.training.modules import TrainedModule, frozen_copy, frozen_reference
 from astrai_core.training.needs import StrategyNeeds
 from astrai_core.training.online import OnlineConfig, OnlineStrategy
-from astrai_core.training.batch_sources import BatchSource, LoaderSource, RolloutSource
+from astrai_core.training.run_components import RunComponents
 from astrai_core.training.strategy import EmptyConfig, Strategy
 
 __all__ = [

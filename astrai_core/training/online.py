@@ -237,15 +237,16 @@ class OnlineStrategy(Strategy):
                 f"{self.run.plan.sampler.name!r} returned none for its tokens")
         rollout = rollout.to(self.run.device)
         self.deferred.stop()
-        # the training forward supplies the old log-probs
+        # whether the training forward supplies the old log-probs
         defer = may_defer(self.config, self.defers_old_logprobs, recompute)
         model = self.run.model
         record = self.config.router_replay == "R2"
         token_tensors: dict[str, torch.Tensor] = {}
         with torch.no_grad():
             if not defer:
-                with record_routing(model) if record else \
-                        self.routing.sampler_routing(model, rollout) as tape:
+                routing = record_routing(model) if record else \
+                    self.routing.sampler_routing(model, rollout)  # R2 records, R3 replays
+                with routing as tape:
                     model.eval()
                     forward = policy_forward(model, rollout, self.run.logprob_temperature)
                     model.train()

@@ -29,8 +29,8 @@ from astrai_core.errors import CheckpointError, ConfigError
 from astrai_core.log import get_logger
 from astrai_core.registry import Registry
 from astrai_core.training import checkpointing as ckpt
-from astrai_core.training.run_components import RunComponents
 from astrai_core.training.phases import PhaseHook
+from astrai_core.training.run_components import RunComponents
 from astrai_core.training.strategy import Strategy
 from astrai_core.training.trainer import Trainer
 

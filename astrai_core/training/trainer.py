@@ -27,14 +27,14 @@ from astrai_core.distributed.metrics import MicroBatchRecord, NullMetricsLog, re
 from astrai_core.errors import AstraiError
 from astrai_core.log import get_logger
 from astrai_core.training import checkpointing as ckpt
-from astrai_core.training.run_components import RunComponents
+from astrai_core.training.batch_sources import TENSORS
 from astrai_core.training.evaluation import evaluate
 from astrai_core.training.metrics import MetricsLog, Throughput, to_number
-from astrai_core.training.phases import CHECKPOINT_SAVED, PhaseHook, no_hook
 from astrai_core.training.optim import build_optimizer, build_scheduler
+from astrai_core.training.phases import CHECKPOINT_SAVED, PhaseHook, no_hook
 from astrai_core.training.progress import Clock, RunReporter
+from astrai_core.training.run_components import RunComponents
 from astrai_core.training.signals import StopOnSignal, TrainingInterrupted
-from astrai_core.training.batch_sources import TENSORS
 from astrai_core.training.strategy import Strategy
 
 log = get_logger("astrai.trainer")
