@@ -22,6 +22,7 @@ from astrai_core.checkpoints.native import load_pretrained, load_state_dict_stri
 from astrai_core.config.schema import RunConfig
 from astrai_core.config.strategy_needs import StrategyNeeds
 from astrai_core.config.trainer import TrainerConfig
+from astrai_core.devices.accelerator import AcceleratorBackend
 from astrai_core.devices.base import DeviceBackend
 from astrai_core.devices.select import resolve_device
 from astrai_core.environments import AssistantTurn, EnvMessage, EnvStep, ToolCall, error_message
@@ -62,6 +63,7 @@ from astrai_core.rl.functional import (
     token_logprobs,
     token_rewards_from_scores,
 )
+from astrai_core.rl.estimator import AdvantageEstimator
 from astrai_core.rl.objective import ObjectiveSettings, PolicyObjective
 from astrai_core.rl.policy_losses import apply_rollout_weights
 from astrai_core.rl.rollout_correction import RolloutCorrectionConfig, correction_weights
@@ -71,10 +73,10 @@ from astrai_core.rollout.metrics import rollout_metrics
 from astrai_core.rollout.runner import RolloutRunner
 from astrai_core.sampling.params import Completion, SamplingParams
 from astrai_core.sampling.requests import Request, expand_requests
-from astrai_core.training.components import RunComponents
+from astrai_core.training.batch_sources import BatchSource, LoaderSource, RolloutSource
 from astrai_core.training.modules import TrainedModule, frozen_copy, frozen_reference
 from astrai_core.training.online import OnlineConfig, OnlineStrategy
-from astrai_core.training.sources import BatchSource, LoaderSource, RolloutSource
+from astrai_core.training.run_components import RunComponents
 from astrai_core.training.strategy import EmptyConfig, Strategy
 
 __all__ = [
@@ -85,7 +87,7 @@ __all__ = [
     # rollouts and the trainer-side forward
     "RolloutBatch", "RolloutRunner", "pad_rows", "policy_forward", "rollout_metrics",
     # RL math
-    "aggregate_loss", "broadcast_to_tokens", "clipped_policy_loss", "entropy_from_logits",
+    "AdvantageEstimator", "aggregate_loss", "broadcast_to_tokens", "clipped_policy_loss", "entropy_from_logits",
     "explained_variance", "group_stats", "kl_estimate", "masked_mean", "masked_sum",
     "masked_var", "masked_whiten", "sequence_scores", "token_logprobs",
     "token_rewards_from_scores",
@@ -106,7 +108,7 @@ __all__ = [
     "chunked_logprobs", "has_chunked_head", "has_lora", "merge_and_unload", "merged_state_dict",
     "target_logprobs",
     # devices, plugins, errors, logging
-    "AdvantageEstimatorProtocol", "AstraiError", "CheckpointError", "ConfigError",
+    "AcceleratorBackend", "AdvantageEstimatorProtocol", "AstraiError", "CheckpointError", "ConfigError",
     "DataError", "DeviceBackend", "FieldError", "resolve_device", "PluginError", "PolicyLossProtocol",
     "RewardFunctionProtocol",
     "SamplerProtocol", "StrategyProtocol", "get_logger", "process_registry",

@@ -53,6 +53,16 @@ def test_the_core_never_imports_a_plugin():
     assert not offending, offending
 
 
+def test_the_product_never_imports_the_test_kit():
+    """astrai_core.testing is for tests; the rest of the core runs without it."""
+    kit = CORE / "testing"
+    offending = [f"{path.relative_to(REPO_ROOT)}:{line}: {module}"
+                 for path in CORE.rglob("*.py") if not path.is_relative_to(kit)
+                 for line, module in _imports(path)
+                 if module == "astrai_core.testing" or module.startswith("astrai_core.testing.")]
+    assert not offending, offending
+
+
 def test_only_commands_discover_plugins():
     """Components get the registry passed down (or the process's cached one)."""
     callers = []
@@ -169,7 +179,7 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     ("rollout",),
     ("training",),
     ("strategies",),
-    ("cli", "api", "testing", "importers"),
+    ("cli", "api", "testing"),
 )
 
 

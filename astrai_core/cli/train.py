@@ -44,5 +44,6 @@ def run(args: argparse.Namespace) -> int:
     from astrai_core.training.run import train
 
     with worker_errors():
-        train(loaded.config, source=loaded.source, resume=args.resume, overwrite=args.overwrite)
+        train(loaded.config, source=loaded.source, resume=args.resume, overwrite=args.overwrite,
+              phase_hook=getattr(args, "phase_hook", None))
     return 0

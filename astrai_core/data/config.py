@@ -82,11 +82,6 @@ class DataConfig(BaseModel):
                              "text and chat mix, preference and prompt only with themselves")
         return self
 
-    @property
-    def batch_kind(self) -> str:
-        """``sequence`` (text/chat), ``preference`` or ``prompt``."""
-        return BATCH_KIND[self.sources[0].format]
-
     def resolve_paths(self, base_dir: str | Path) -> DataConfig:
         """A copy with relative source, eval and cache paths made absolute under
         ``base_dir`` (`astrai train` passes the current directory); the default cache

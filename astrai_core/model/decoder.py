@@ -82,10 +82,6 @@ class CausalLM(nn.Module):
         """Number of parameters (tied embeddings counted once)."""
         return sum(p.numel() for p in self.parameters() if p.requires_grad or not trainable_only)
 
-    def new_kv_cache(self, batch_size: int, max_length: int) -> KVCache:
-        weight = self.embed.weight
-        return KVCache(self.config, batch_size, max_length, dtype=weight.dtype, device=weight.device)
-
     def _run_layer(self, layer: DecoderLayer, *args: Any) -> tuple[torch.Tensor, RouterOutput | None]:
         # Only training forwards are checkpointed: generation (a KV cache) and no-grad
         # forwards keep nothing for a backward anyway. Non-reentrant, so it composes with

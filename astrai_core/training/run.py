@@ -29,7 +29,8 @@ from astrai_core.distributed.fsdp import UnshardedSampler, shard_run
 from astrai_core.errors import CheckpointError, ConfigError
 from astrai_core.log import get_logger
 from astrai_core.plugins.registry import Registry
-from astrai_core.training.components import RunComponents
+from astrai_core.training.phases import PhaseHook
+from astrai_core.training.run_components import RunComponents
 from astrai_core.training.strategy import Strategy
 from astrai_core.training.trainer import Trainer
 
@@ -38,8 +39,9 @@ DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch
 
 
 def train(config: RunConfig, *, source: YamlSource | None = None, resume: bool = False,
-          overwrite: bool = False) -> dict[str, Any]:
-    """Run ``config`` to completion; returns the last logged metrics.
+          overwrite: bool = False, phase_hook: PhaseHook | None = None) -> dict[str, Any]:
+    """Run ``config`` to completion; returns the last logged metrics. ``phase_hook`` is
+    called at each named phase of the run (:mod:`astrai_core.training.phases`).
 
     A ``resume`` whose checkpoint already reached ``trainer.max_steps`` has nothing to
     do: it says so in one line and returns ``{}`` (the CLI exits 0).
@@ -51,7 +53,7 @@ def train(config: RunConfig, *, source: YamlSource | None = None, resume: bool =
             log.warning(str(done))
             return {}
         try:
-            return Trainer(run, strategy).fit(resume=resume)
+            return Trainer(run, strategy, phase_hook=phase_hook).fit(resume=resume)
         finally:  # a sampler holding processes (ray workers, a vLLM engine) lets them go
             close = getattr(run.sampler, "close", None)
             if close is not None:

@@ -10,7 +10,7 @@ import torch
 from astrai_core.checkpoints.hf.base import HF_SOURCE_FILE
 from astrai_core.checkpoints.hf.llama import LlamaImporter
 from astrai_core.checkpoints.native import save_pretrained
-from astrai_core.importers.parity import (
+from astrai_core.testing.parity import (
     load_hf_model,
     padded_batch,
     safetensors_tensors,

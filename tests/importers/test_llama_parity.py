@@ -7,7 +7,7 @@ import torch
 
 from astrai_core.checkpoints.hf.llama import LlamaImporter
 from astrai_core.checkpoints.native import load_pretrained
-from astrai_core.importers.parity import (
+from astrai_core.testing.parity import (
     max_packed_diff,
     max_padded_diff,
     padded_batch,

@@ -15,7 +15,7 @@ from safetensors.torch import save_file
 from astrai_core.api import load_pretrained
 from astrai_core.checkpoints.hf.base import HF_SOURCE_FILE
 from astrai_core.checkpoints.hf.select import load_importer
-from astrai_core.importers.parity import (
+from astrai_core.testing.parity import (
     load_hf_model,
     max_packed_diff,
     max_padded_diff,
