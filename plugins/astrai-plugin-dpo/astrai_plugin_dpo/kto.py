@@ -67,7 +67,8 @@ def mismatched_batch(batch: dict[str, Tensor]) -> dict[str, Tensor]:
 
 
 class KTO(Strategy):
-    """Kahneman-Tversky optimization; see the module docstring."""
+    """KTO on ``unpaired`` data: desirable completions pushed above the reference point
+    z0 (a KL estimate from mismatched pairs of the batch), undesirable ones below it."""
 
     Config: ClassVar[type[BaseModel]] = KTOConfig
     data_formats: ClassVar[tuple[str, ...]] = ("unpaired",)

@@ -28,7 +28,8 @@ class ORPOConfig(PairConfig):
 
 
 class ORPO(PairStrategy):
-    """Odds ratio preference optimization; see the module docstring."""
+    """ORPO: the chosen responses' NLL plus beta times -log sigmoid of the log odds ratio
+    of chosen over rejected (length-normalised probabilities); no reference model."""
 
     Config: ClassVar[type[BaseModel]] = ORPOConfig
 

@@ -25,7 +25,8 @@ class DPOConfig(PairConfig):
 
     beta: float = Field(0.1, gt=0, description="strength of the KL anchor to the reference "
                         "(simpo: the reward scale)")
-    loss_type: Literal["sigmoid", "ipo", "hinge", "simpo"] = "sigmoid"
+    loss_type: Literal["sigmoid", "ipo", "hinge", "simpo"] = Field(
+        "sigmoid", description="sigmoid (DPO), ipo, hinge, or simpo (reference-free)")
     label_smoothing: float = Field(0.0, ge=0, lt=0.5, description="sigmoid and simpo: "
                                    "assumed probability that a preference label is flipped")
     gamma: float = Field(0.5, description="simpo only: the target reward margin")
@@ -41,7 +42,8 @@ class DPOConfig(PairConfig):
 
 
 class DPO(PairStrategy):
-    """Direct preference optimization (and SimPO); see the module docstring."""
+    """Direct preference optimization against a frozen reference; ``loss_type: simpo`` is
+    reference-free SimPO on length-normalised log-probs (no reference is built)."""
 
     Config: ClassVar[type[BaseModel]] = DPOConfig
 
