@@ -96,3 +96,29 @@ def test_bad_gamma_is_rejected():
         ReinforcePlusPlusAdvantage(gamma=1.5)
     with pytest.raises(ValidationError, match="extra"):
         ReinforcePlusPlusAdvantage(lam=0.9)
+
+
+def test_grpo_run_with_reinforce_pp_whitens_over_the_whole_rollout(tmp_path):
+    from astrai_core.testing import build_strategy, tiny_run_config, write_arith_prompts
+
+    prompts = write_arith_prompts(tmp_path / "prompts.jsonl", count=16)
+    config = tiny_run_config(tmp_path, prompts, {"name": "grpo", "group_size": 4,
+                                                 "kl_in_reward_coef": 0.1},
+                             sampler={"temperature": 1.3})
+    config["advantage"] = {"name": "reinforce_pp", "gamma": 0.9}
+    config["data"]["batch_size"] = 4
+    strategy, ctx = build_strategy(config, tmp_path)
+    assert isinstance(ctx.estimator, ReinforcePlusPlusAdvantage)
+    with torch.no_grad():  # a reference that differs, so the KL shaping is not zero
+        for param in strategy.reference.parameters():
+            param.add_(0.05 * torch.randn_like(param))
+    rollout = strategy.batch_source().next_step()[0]
+    mask = rollout.response_mask
+    valid = rollout.advantages[mask]
+    # one whitening over every valid token of the rollout (not per group, not per row)
+    assert valid.mean().item() == pytest.approx(0.0, abs=1e-5)
+    assert valid.std().item() == pytest.approx(1.0, abs=1e-3)
+    # the returns are the discounted shaped token rewards the strategy built
+    expected = discounted_returns(strategy.token_rewards(rollout), mask, 0.9)
+    torch.testing.assert_close(rollout.returns, expected)
+    assert (rollout.returns[mask] != rollout.rewards.repeat_interleave(mask.sum(-1))).any()
