@@ -63,6 +63,11 @@ class _StreamLoader:
     def _next_batch(self) -> Any:
         raise NotImplementedError
 
+    def _take_examples(self) -> list[tuple[int, int]]:
+        """Up to ``batch_size`` (source, example) pairs; fewer when a finite stream ends."""
+        return [pair for pair in (self.stream.take() for _ in range(self.batch_size))
+                if pair is not None]
+
     @property
     def epoch(self) -> int:
         """Completed passes over the first source."""
@@ -115,8 +120,7 @@ class PreferenceLoader(_StreamLoader):
         self.pairs, self.pad_id = pairs, pad_id
 
     def _next_batch(self) -> dict[str, torch.Tensor] | None:
-        taken = [pair for pair in (self.stream.take() for _ in range(self.batch_size))
-                 if pair is not None]
+        taken = self._take_examples()
         if not taken:
             return None
         chosen = [[self.pairs[s][0].get(k)] for s, k in taken]
@@ -145,8 +149,7 @@ class UnpairedLoader(_StreamLoader):
         self.sources, self.pad_id = sources, pad_id
 
     def _next_batch(self) -> dict[str, torch.Tensor] | None:
-        taken = [pair for pair in (self.stream.take() for _ in range(self.batch_size))
-                 if pair is not None]
+        taken = self._take_examples()
         if not taken:
             return None
         batch = collate_rows([[self.sources[s][0].get(k)] for s, k in taken], None, self.pad_id)
@@ -192,9 +195,7 @@ class PromptLoader(_StreamLoader):
         self.prompts = prompts
 
     def _next_batch(self) -> list[PromptRecord] | None:
-        records = [self.prompts[pair[0]].get(pair[1])
-                   for pair in (self.stream.take() for _ in range(self.batch_size))
-                   if pair is not None]
+        records = [self.prompts[s].get(k) for s, k in self._take_examples()]
         return records or None
 
 
