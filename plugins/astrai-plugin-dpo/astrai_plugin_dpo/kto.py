@@ -89,7 +89,9 @@ class KTO(Strategy):
 
     def compute_loss(self, batch: Any) -> tuple[Tensor, dict[str, Any]]:
         batch = self.to_device(batch)
-        if batch["input_ids"].shape[0] < 2:
+        # The last batch of an evaluation file may hold one row, which is then paired with
+        # itself (the estimate is biased, the evaluation still runs); training may not.
+        if batch["input_ids"].shape[0] < 2 and torch.is_grad_enabled():
             raise AstraiError("kto needs at least 2 rows per micro-batch on each process (its "
                               "KL estimate pairs rows); raise data.batch_size")
         policy, aux_loss, tokens = response_logprobs(self.run.model, batch)

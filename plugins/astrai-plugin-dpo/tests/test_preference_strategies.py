@@ -179,6 +179,20 @@ def test_kto_needs_two_rows_per_batch(tmp_path, unpaired_file):
         train(load_config(path))
 
 
+def test_kto_evaluates_unpaired_data_whose_last_batch_has_one_row(tmp_path, unpaired_file):
+    eval_file = tmp_path / "eval.jsonl"
+    eval_file.write_text("".join(unpaired_file.read_text().splitlines(keepends=True)[:3]))
+    config = tiny_run_config(tmp_path, unpaired_file, {"name": "kto"}, data_format="unpaired",
+                             max_steps=2, eval_every=2)
+    config["data"].update(eval={"path": str(eval_file), "format": "unpaired"},
+                          eval_batch_size=2)  # batches of 2 rows, then 1
+    path = tmp_path / "run.yaml"
+    path.write_text(yaml.safe_dump(config))
+    train(load_config(path))
+    losses = [m["eval/loss"] for m in read_metrics(tmp_path / "run") if "eval/loss" in m]
+    assert len(losses) == 1 and math.isfinite(losses[0])
+
+
 def test_kto_refuses_preference_data(tmp_path, pairs_file):
     config = tiny_run_config(tmp_path, pairs_file, {"name": "kto"}, data_format="preference")
     path = tmp_path / "run.yaml"
