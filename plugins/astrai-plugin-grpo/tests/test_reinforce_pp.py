@@ -34,7 +34,8 @@ def test_hand_computed_returns_and_whitening():
     valid = [0.75, 0.5, 2.0, 3.0, 4.0]
     mean = sum(valid) / 5                                      # 2.05
     std = math.sqrt(sum((v - mean) ** 2 for v in valid) / 4)   # unbiased, over all tokens
-    expected = [[(v - mean) / std for v in valid[:3]], [(v - mean) / std for v in valid[3:]] + [0.0]]
+    whitened = [(v - mean) / std for v in valid]
+    expected = [whitened[:3], whitened[3:] + [0.0]]
     assert advantages.tolist() == [pytest.approx(row, abs=1e-5) for row in expected]
 
 
