@@ -256,3 +256,15 @@ def test_online_pairs_train(tmp_path, strategy):
     metrics = [m for m in read_metrics(tmp_path / "run") if "loss" in m]
     assert len(metrics) == 2 and all(m["rollout/pairs"] >= 1 for m in metrics)
     assert all(math.isfinite(m["loss"]) for m in metrics)
+
+
+def test_online_pairs_refuse_stale_rollouts(tmp_path):
+    from astrai_core.testing import write_arith_prompts
+
+    prompts = write_arith_prompts(tmp_path / "prompts.jsonl")
+    config = tiny_run_config(tmp_path, prompts, {"name": "orpo", "mode": "online"})
+    config["rollout"] = {"max_staleness": 1}
+    path = tmp_path / "run.yaml"
+    path.write_text(yaml.safe_dump(config))
+    with pytest.raises(ConfigError, match="rollout.max_staleness.*online orpo pairs"):
+        train(load_config(path))
