@@ -1,11 +1,12 @@
 """The ``orpo`` strategy: odds ratio preference optimization, without a reference model.
 
-Loss per micro-batch: the NLL of the chosen responses (mean over their tokens, as SFT)
-plus ``beta`` (the paper's lambda) times the odds-ratio term
-``-log sigmoid(log odds(chosen) - log odds(rejected))`` (mean over pairs), where
-``odds(y) = p / (1 - p)`` and ``p`` is the response's length-normalised probability
-(exp of its mean token log-prob). Pairs come from preference data or from rollouts
-(see :mod:`astrai_plugin_dpo.pair_strategy`).
+Loss per pair: the chosen response's NLL per token, ``-avg(chosen)``, plus ``beta`` (the
+paper's lambda) times the odds-ratio term ``-log sigmoid(log odds(chosen) - log
+odds(rejected))``, where ``odds(y) = p / (1 - p)`` and ``p`` is the response's
+length-normalised probability (exp of its mean token log-prob). The micro-batch's loss
+is the mean over its pairs, so accumulated micro-batches and N processes take the
+1-process step. Pairs come from preference data or from rollouts (see
+:mod:`astrai_plugin_dpo.pair_strategy`).
 """
 
 from __future__ import annotations
@@ -17,7 +18,6 @@ from torch import Tensor
 
 from astrai_plugin_dpo.losses import orpo_loss
 from astrai_plugin_dpo.pair_strategy import PairConfig, PairStrategy
-from astrai_plugin_dpo.pairs import response_lengths
 
 
 class ORPOConfig(PairConfig):
@@ -38,10 +38,9 @@ class ORPO(PairStrategy):
         chosen, rejected, aux_loss, tokens = self.pair_logprobs(self.run.model, batch)
         chosen_avg, rejected_avg = self.average_logprobs(batch, chosen, rejected)
         odds_losses, metrics = orpo_loss(chosen_avg, rejected_avg, beta=self.config.beta)
-        # the chosen responses' NLL: a mean over all their tokens in the micro-batch
-        nll = -chosen.sum() / response_lengths(batch)[0].sum().clamp_min(1)
-        loss = nll + odds_losses.mean()
-        metrics.update(nll=nll.detach(), odds_ratio_loss=odds_losses.detach().mean(),
+        nll = -chosen_avg  # per pair: a mean over its own tokens
+        loss = (nll + odds_losses).mean()
+        metrics.update(nll=nll.detach().mean(), odds_ratio_loss=odds_losses.detach().mean(),
                        chosen_logp=chosen.detach().mean(), rejected_logp=rejected.detach().mean(),
                        tokens=tokens, loss_weight=len(odds_losses))
         return self.add_aux_loss(loss, aux_loss, metrics), metrics

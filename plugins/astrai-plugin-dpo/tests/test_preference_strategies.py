@@ -102,7 +102,7 @@ def test_orpo_loss_equals_the_formula(tmp_path, pairs_file, direct_logprob):
     loss, metrics = strategy.compute_loss(batch)
     chosen, chosen_len = _side(direct_logprob, ctx.model, batch, "chosen_")
     rejected, rejected_len = _side(direct_logprob, ctx.model, batch, "rejected_")
-    nll = -chosen.sum() / chosen_len.sum()  # a token mean over the chosen responses
+    nll = -(chosen / chosen_len).mean()  # each chosen response's per-token NLL, over pairs
 
     def log_odds(avg):
         return avg - torch.log1p(-torch.exp(avg))
