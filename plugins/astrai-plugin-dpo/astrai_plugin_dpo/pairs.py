@@ -1,4 +1,5 @@
-"""Sequence log-probs of preference pairs, and pairs picked from an online rollout."""
+"""Response log-probs of sequence batches and preference pairs, and pairs picked from an
+online rollout."""
 
 from __future__ import annotations
 
