@@ -8,7 +8,7 @@ from typing import Any
 from astrai_core.data.columns import Required, check_required_columns
 from astrai_core.data.config import BATCH_KIND, DEFAULT_CACHE_DIR, DataConfig
 from astrai_core.data.loader import (EvalLoader, PreferenceLoader, PromptExamples, PromptLoader,
-                                     SequenceLoader)
+                                     SequenceLoader, UnpairedLoader, unpaired_labels)
 from astrai_core.data.mixing import ExampleStream
 from astrai_core.data.packing import SequenceExamples
 from astrai_core.data.tokenize import TokenizedSource, tokenize_source
@@ -31,9 +31,12 @@ def _loader(cfg: DataConfig, tokenizer: Any, fmt: str, sources: list[TokenizedSo
         examples = [(SequenceExamples(s.fields["chosen"], cfg.seq_len),
                      SequenceExamples(s.fields["rejected"], cfg.seq_len)) for s in sources]
         assert all(len(c) == len(r) for c, r in examples)  # both sides always have tokens
+    elif kind == "unpaired":  # one completion per row, never split, with its label
+        examples = [(SequenceExamples(s.fields["completion"], cfg.seq_len), unpaired_labels(s))
+                    for s in sources]
     else:
         examples = [PromptExamples(s, cfg.max_prompt_len, f) for s, f in zip(sources, fields)]
-    sizes = [len(e[0]) if kind == "preference" else len(e) for e in examples]
+    sizes = [len(e[0]) if kind in ("preference", "unpaired") else len(e) for e in examples]
     stream = ExampleStream(sizes, weights, seed=cfg.seed, shuffle=shuffle,
                            finite=finite)
     if kind == "sequence":
@@ -41,6 +44,8 @@ def _loader(cfg: DataConfig, tokenizer: Any, fmt: str, sources: list[TokenizedSo
                               pack=cfg.pack, pad_id=_pad_id(tokenizer))
     if kind == "preference":
         return PreferenceLoader(examples, stream, batch_size=batch_size, pad_id=_pad_id(tokenizer))
+    if kind == "unpaired":
+        return UnpairedLoader(examples, stream, batch_size=batch_size, pad_id=_pad_id(tokenizer))
     return PromptLoader(examples, stream, batch_size=batch_size)
 
 
@@ -62,7 +67,7 @@ def build_train_loader(cfg: DataConfig, tokenizer: Any, *, base_dir: str | Path 
                        formats: tuple[str, ...] | None = None,
                        required_columns: Required | None = None,
                        tools: list[dict] | None = None,
-                       ) -> SequenceLoader | PreferenceLoader | PromptLoader:
+                       ) -> SequenceLoader | PreferenceLoader | UnpairedLoader | PromptLoader:
     """The endless, resumable training loader.
 
     ``base_dir``: resolve relative paths against it (`astrai train` passes the current

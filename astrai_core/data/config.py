@@ -7,10 +7,10 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-Format = Literal["text", "chat", "preference", "prompt"]
+Format = Literal["text", "chat", "preference", "unpaired", "prompt"]
 # Which formats produce which kind of batch; mixed sources must share one kind.
 BATCH_KIND = {"text": "sequence", "chat": "sequence", "preference": "preference",
-              "prompt": "prompt"}
+              "unpaired": "unpaired", "prompt": "prompt"}
 DEFAULT_CACHE_DIR = Path(".cache/astrai/data")
 
 
@@ -23,7 +23,8 @@ class SourceConfig(BaseModel):
     """The JSONL file; relative paths in a run config are relative to the current directory."""
     format: Format
     """``text`` ({"text"}), ``chat`` ({"messages"}), ``preference`` (prompt/messages +
-    chosen + rejected) or ``prompt`` (prompt/messages + any other columns)."""
+    chosen + rejected), ``unpaired`` (prompt/messages + completion + label: true for a
+    desirable completion) or ``prompt`` (prompt/messages + any other columns)."""
     weight: float = Field(1.0, gt=0)
     """Relative sampling weight when several sources are mixed (per example drawn)."""
     columns: list[str] | None = None
@@ -79,7 +80,7 @@ class DataConfig(BaseModel):
         if len(kinds) > 1:
             formats = sorted({s.format for s in self.sources})
             raise ValueError(f"sources mix formats that make different batches ({', '.join(formats)}); "
-                             "text and chat mix, preference and prompt only with themselves")
+                             "text and chat mix, the other formats only with themselves")
         return self
 
     def resolve_paths(self, base_dir: str | Path) -> DataConfig:

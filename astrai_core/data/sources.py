@@ -13,7 +13,7 @@ from typing import Any
 
 from astrai_core.errors import DataError
 
-FORMATS = ("text", "chat", "preference", "prompt")
+FORMATS = ("text", "chat", "preference", "unpaired", "prompt")
 ROLES = ("system", "user", "assistant", "tool")
 
 
@@ -33,8 +33,9 @@ def read_rows(path: Path, fmt: str, field: str = "data") -> Iterator[tuple[int, 
 
     Normalized rows: text ``{"text"}``; chat ``{"messages"}``; preference
     ``{"prompt": str | None, "messages": list | None, "chosen", "rejected"}`` where
-    chosen/rejected are strings or lists of assistant messages; prompt
-    ``{"prompt": str | None, "messages": list | None, "columns": dict}``.
+    chosen/rejected are strings or lists of assistant messages; unpaired ``{"prompt",
+    "messages", "completion", "label": bool}`` (a completion marked desirable or not);
+    prompt ``{"prompt": str | None, "messages": list | None, "columns": dict}``.
     """
     if fmt not in FORMATS:
         raise DataError(f"{field}: unknown data format {fmt!r}; expected one of {', '.join(FORMATS)}")
@@ -127,7 +128,8 @@ def _validate_chat(row: dict) -> dict:
 
 
 def _prompt_side(row: dict) -> tuple[str | None, list[dict] | None]:
-    """The prompt of a preference/prompt row: exactly one of 'prompt' and 'messages'."""
+    """The prompt of a preference/unpaired/prompt row: exactly one of 'prompt' and
+    'messages'."""
     has_prompt, has_messages = "prompt" in row, "messages" in row
     if has_prompt == has_messages:
         raise RowError("needs exactly one of 'prompt' (a string) and 'messages' (a chat prefix)"
@@ -141,7 +143,8 @@ def _prompt_side(row: dict) -> tuple[str | None, list[dict] | None]:
 
 
 def _response(row: dict, key: str) -> str | list[dict]:
-    """A preference response: a string, an assistant message, or a list of them."""
+    """A preference or unpaired response: a string, an assistant message, or a list of
+    them."""
     if key not in row:
         raise RowError(f"missing field {key!r}")
     value = row[key]
@@ -166,6 +169,16 @@ def _validate_preference(row: dict) -> dict:
             "chosen": _response(row, "chosen"), "rejected": _response(row, "rejected")}
 
 
+def _validate_unpaired(row: dict) -> dict:
+    prompt, messages = _prompt_side(row)
+    if "label" not in row:
+        raise RowError("missing field 'label' (true: a desirable completion, false: not)")
+    if not isinstance(row["label"], bool):
+        raise RowError(f"field 'label' must be true or false, got {_type_name(row['label'])}")
+    return {"prompt": prompt, "messages": messages,
+            "completion": _response(row, "completion"), "label": row["label"]}
+
+
 def _validate_prompt(row: dict) -> dict:
     prompt, messages = _prompt_side(row)
     columns = {k: v for k, v in row.items() if k not in ("prompt", "messages")}
@@ -173,4 +186,5 @@ def _validate_prompt(row: dict) -> dict:
 
 
 _VALIDATORS = {"text": _validate_text, "chat": _validate_chat,
-               "preference": _validate_preference, "prompt": _validate_prompt}
+               "preference": _validate_preference, "unpaired": _validate_unpaired,
+               "prompt": _validate_prompt}

@@ -3,7 +3,8 @@
 A cache entry is a directory ``<cache_dir>/<file stem>-<format>-<key>/`` holding, per
 field, ``<field>.tokens.bin`` (int32, all sequences end to end), ``<field>.offsets.bin``
 (int64, n+1 boundaries) and for masked fields ``<field>.targets.bin`` (uint8 target
-mask), plus ``records.jsonl`` for prompts and ``meta.json``. It is written in a
+mask), plus ``records.jsonl`` for prompts (and the labels of unpaired rows) and
+``meta.json``. It is written in a
 temporary directory and renamed, so an entry that exists is complete. The key hashes
 the source (absolute path, size, mtime), the format, the tokenizer (vocabulary,
 pipeline, special tokens, chat template) and CACHE_FORMAT_VERSION. Sequences are
@@ -34,7 +35,8 @@ from astrai_core.log import get_logger
 # Bump whenever rendering or the on-disk layout changes: old entries stop matching.
 CACHE_FORMAT_VERSION = 1
 FIELDS = {"text": ("input",), "chat": ("input",), "preference": ("chosen", "rejected"),
-          "prompt": ("prompt",)}
+          "unpaired": ("completion",), "prompt": ("prompt",)}
+RECORD_FORMATS = ("prompt", "unpaired")  # formats whose rows also keep a JSON record
 _TEXT_CHUNK = 1024  # rows tokenized per batched call for the text format
 Encoded = dict[str, tuple[list[int], list[int] | None]]  # field -> (token ids, target mask)
 
@@ -69,7 +71,7 @@ class TokenizedSource:
     path: Path
     format: str
     fields: dict[str, Ragged]
-    records: list[dict] | None  # prompt format: {"prompt_text", "columns"} per row
+    records: list[dict] | None  # prompt: {"prompt_text", "columns"}; unpaired: {"label"}
     cache_entry: Path
 
     def __len__(self) -> int:
@@ -133,7 +135,8 @@ def _write_fields(path: Path, fmt: str, tokenizer: Any, out: Path, field: str,
                   tools: list[dict] | None) -> int:
     writers = {name: _RaggedWriter(out, name, with_targets=fmt != "text" and name != "prompt")
                for name in FIELDS[fmt]}
-    records = (out / "records.jsonl").open("w", encoding="utf-8") if fmt == "prompt" else None
+    records = ((out / "records.jsonl").open("w", encoding="utf-8") if fmt in RECORD_FORMATS
+               else None)
     count = 0
     try:
         for encoded, record in _encode_rows(path, fmt, tokenizer, field, tools):
@@ -152,7 +155,7 @@ def _write_fields(path: Path, fmt: str, tokenizer: Any, out: Path, field: str,
 
 def _encode_rows(path: Path, fmt: str, tokenizer: Any, field: str,
                  tools: list[dict] | None = None) -> Iterator[tuple[Encoded, dict | None]]:
-    """Yield ``({field: (ids, targets)}, record)`` per row; record is for prompts only."""
+    """Yield ``({field: (ids, targets)}, record)`` per row; record: see RECORD_FORMATS."""
     rows = read_rows(path, fmt, field)
     if fmt == "text":
         yield from _encode_text(rows, tokenizer)
@@ -163,6 +166,9 @@ def _encode_rows(path: Path, fmt: str, tokenizer: Any, field: str,
                 yield {"input": render.render_chat(tokenizer, row["messages"])}, None
             elif fmt == "preference":
                 yield render.render_preference(tokenizer, row), None
+            elif fmt == "unpaired":
+                yield (render.render_preference(tokenizer, row, ("completion",)),
+                       {"label": row["label"]})
             else:
                 text, ids = render.render_prompt(tokenizer, row, tools)
                 yield {"prompt": (ids, None)}, {"prompt_text": text, "columns": row["columns"]}
@@ -230,7 +236,7 @@ def open_entry(entry: Path, source: Path) -> TokenizedSource:
                               offsets=np.fromfile(entry / f"{name}.offsets.bin", dtype=np.int64),
                               targets=_map(targets, np.uint8) if targets.is_file() else None)
     records = None
-    if meta["format"] == "prompt":
+    if meta["format"] in RECORD_FORMATS:
         with (entry / "records.jsonl").open(encoding="utf-8") as f:
             records = [json.loads(line) for line in f]
     return TokenizedSource(path=source, format=meta["format"], fields=fields, records=records,
