@@ -13,7 +13,7 @@ import torch
 from pydantic import BaseModel, ConfigDict, Field
 from torch import Tensor
 
-from astrai_core.api import masked_whiten
+from astrai_core.api import AdvantageEstimator, masked_whiten
 
 
 def discounted_returns(token_rewards: Tensor, response_mask: Tensor, gamma: float) -> Tensor:
@@ -32,26 +32,15 @@ def discounted_returns(token_rewards: Tensor, response_mask: Tensor, gamma: floa
     return torch.stack(columns[::-1], dim=1)
 
 
-class ReinforcePlusPlusAdvantage:
+class ReinforcePlusPlusAdvantage(AdvantageEstimator):
     """A_t = whiten(G_t) over the rollout's valid tokens; returns G_t (before whitening)."""
-
-    needs_values: bool = False
 
     class Config(BaseModel):
         model_config = ConfigDict(extra="forbid")
         gamma: float = Field(1.0, ge=0.0, le=1.0, description="discount per token")
 
-    def __init__(self, **params: object) -> None:
-        self.config = self.Config(**params)
-
-    def __call__(
-        self,
-        *,
-        token_rewards: Tensor,
-        response_mask: Tensor,
-        group_ids: Tensor,
-        values: Tensor | None = None,
-    ) -> tuple[Tensor, Tensor]:
+    def estimate(self, token_rewards: Tensor, response_mask: Tensor, group_ids: Tensor,
+                 values: Tensor | None) -> tuple[Tensor, Tensor]:
         with torch.no_grad():
             returns = discounted_returns(token_rewards, response_mask, self.config.gamma)
             advantages = masked_whiten(returns, response_mask.to(torch.bool))
