@@ -46,6 +46,8 @@ class Strategy:
 
     Config: ClassVar[type[BaseModel]] = EmptyConfig
     data_formats: ClassVar[tuple[str, ...]] = ()   # dataset formats it reads offline
+    # compute_loss metrics that evaluation on held-out data also logs as eval/<name>
+    eval_metrics: ClassVar[tuple[str, ...]] = ()
 
     @classmethod
     def needs(cls, config: BaseModel) -> StrategyNeeds:

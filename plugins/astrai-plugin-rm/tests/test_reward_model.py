@@ -1,0 +1,57 @@
+"""The reward_model reward function: built from a config entry, it scores as the rm trained."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from astrai_core.rewards import RewardSet
+from astrai_core.testing import build_strategy
+from astrai_plugin_rm.checkpoint import load_reward_model
+
+
+def test_scores_equal_the_strategy_on_the_same_pairs(tmp_path, rm_kit):
+    """A plain (prompt, completion) scores what the rm strategy scores for that pair side."""
+    native = rm_kit.native_rm(tmp_path / "rm", "llama")
+    # the strategy's rendering of plain preference rows, with the same weights
+    data = rm_kit.write_pairs(tmp_path / "pairs.jsonl", count=8, plain=True)
+    strategy, _ = build_strategy(rm_kit.rm_config(tmp_path, data), tmp_path)
+    model, _ = load_reward_model(native)
+    config = strategy.run.model.config
+    assert config.hidden_size == 32
+    batch = strategy.batch_source().next_step()[0]
+    # the strategy's model is the tiny kit model; score its batch with the saved RM instead
+    with torch.no_grad():
+        expected = model(batch["chosen_input_ids"], batch["chosen_attention_mask"]).tolist()
+
+    import json
+    rows = [json.loads(line) for line in data.read_text().splitlines()]
+    rewards = RewardSet.from_config([{"name": "reward_model", "path": str(native),
+                                      "batch_size": 3}])
+    totals, parts = rewards.score([r["prompt"] for r in rows], [r["chosen"] for r in rows],
+                                  [{} for _ in rows])
+    assert totals == pytest.approx(expected, abs=1e-5)
+    assert len(set(round(t, 4) for t in totals)) > 4  # distinct scores: a real comparison
+
+
+def test_chat_rendering_follows_the_template(tmp_path, rm_kit):
+    from astrai_plugin_rm.reward_model import RewardModelReward
+
+    native = rm_kit.native_rm(tmp_path / "rm", "llama")
+    reward = RewardModelReward(path=str(native), chat=True)
+    score = reward(["12+3="], ["15"])
+    tokenizer = reward._tokenizer
+    ids = tokenizer.apply_chat_template([{"role": "user", "content": "12+3="},
+                                         {"role": "assistant", "content": "15"}], tokenize=True,
+                                        return_dict=True)["input_ids"]
+    assert reward.token_ids("12+3=", "15") == list(ids)
+    with torch.no_grad():
+        direct = reward._model(torch.tensor([list(ids)]))
+    assert score == pytest.approx(direct.tolist(), abs=1e-6)
+
+
+def test_a_missing_checkpoint_is_a_config_error(tmp_path, rm_kit):
+    from astrai_core.errors import ConfigError
+
+    with pytest.raises(ConfigError, match="not a reward-model checkpoint"):
+        RewardSet.from_config([{"name": "reward_model", "path": str(tmp_path)}])
