@@ -33,9 +33,9 @@ def read_rows(path: Path, fmt: str, field: str = "data") -> Iterator[tuple[int, 
     """Yield ``(line_number, normalized_row)`` for each non-blank line of a JSONL file.
 
     Normalized rows: text ``{"text"}``; chat ``{"messages"}``; preference
-    ``{"prompt": str | None, "messages": list | None, "chosen", "rejected", "margin"}`` where
-    chosen/rejected are strings or lists of assistant messages and margin a float or None;
-    prompt
+    ``{"prompt": str | None, "messages": list | None, "chosen", "rejected"}`` (and
+    ``"margin"``, a float, when the row gives one) where chosen/rejected are strings or
+    lists of assistant messages; prompt
     ``{"prompt": str | None, "messages": list | None, "columns": dict}``.
     """
     if fmt not in FORMATS:
@@ -175,9 +175,10 @@ def _margin(row: dict) -> float | None:
 
 def _validate_preference(row: dict) -> dict:
     prompt, messages = _prompt_side(row)
-    return {"prompt": prompt, "messages": messages,
-            "chosen": _response(row, "chosen"), "rejected": _response(row, "rejected"),
-            "margin": _margin(row)}
+    pair = {"prompt": prompt, "messages": messages,
+            "chosen": _response(row, "chosen"), "rejected": _response(row, "rejected")}
+    margin = _margin(row)
+    return pair if margin is None else {**pair, "margin": margin}
 
 
 def _validate_prompt(row: dict) -> dict:

@@ -172,7 +172,7 @@ def _encode_rows(path: Path, fmt: str, tokenizer: Any, field: str,
             if fmt == "chat":
                 yield {"input": render.render_chat(tokenizer, row["messages"])}, None
             elif fmt == "preference":
-                margin = row["margin"]
+                margin = row.get("margin")
                 yield (render.render_preference(tokenizer, row),
                        None if margin is None else {"margin": margin})
             else:
