@@ -12,6 +12,7 @@ from astrai_core.config.trainer import TrainerConfig
 from astrai_core.devices.base import DeviceBackend
 from astrai_core.devices.select import resolve_device
 from astrai_core.data.render import render_preference
+from astrai_core.data.tokenizer import load_tokenizer
 from astrai_core.environments import AssistantTurn, EnvMessage, EnvStep, ToolCall, error_message
 from astrai_core.errors import (
     AstraiError,
@@ -100,8 +101,8 @@ __all__ = [
     "correction_weights",
     # environments of multi-turn rollouts
     "AssistantTurn", "EnvMessage", "EnvStep", "EnvironmentProtocol", "ToolCall", "error_message",
-    # data rendering (how a preference pair becomes tokens)
-    "render_preference",
+    # tokenizers and data rendering (how a preference pair becomes tokens)
+    "load_tokenizer", "render_preference",
     # sampling
     "Completion", "Request", "SamplingParams", "expand_requests",
     # models and importers

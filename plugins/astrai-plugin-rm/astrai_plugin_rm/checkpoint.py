@@ -11,7 +11,7 @@ from typing import Any
 
 import torch
 
-from astrai_core.api import CheckpointError, load_pretrained
+from astrai_core.api import CheckpointError, load_pretrained, load_tokenizer
 from astrai_plugin_rm.scoring import SCORE_HEAD, RewardModel, new_score_head, reward_pad_id
 
 SCORE_FILE = f"{SCORE_HEAD}.safetensors"
@@ -38,12 +38,6 @@ def load_score_weight(directory: str | Path) -> torch.Tensor:
         raise CheckpointError(f"{Path(directory) / SCORE_FILE} must hold one tensor 'weight' "
                               f"of shape [1, hidden], got {sorted(tensors)}")
     return weight
-
-
-def load_tokenizer(directory: str | Path) -> Any:
-    from transformers import AutoTokenizer
-
-    return AutoTokenizer.from_pretrained(str(directory))
 
 
 def load_reward_model(directory: str | Path, *, device: torch.device | str | None = None,

@@ -27,12 +27,13 @@ from astrai_core.api import (
     CheckpointError,
     export_model_type,
     load_importer,
+    load_tokenizer,
     process_registry,
     read_hf_config,
     read_hf_weights,
     staged_directory,
 )
-from astrai_plugin_rm.checkpoint import SCORE_FILE, load_score_weight, load_tokenizer
+from astrai_plugin_rm.checkpoint import SCORE_FILE, load_score_weight
 from astrai_plugin_rm.scoring import reward_pad_id
 
 CAUSAL, CLASSIFIER = "ForCausalLM", "ForSequenceClassification"
