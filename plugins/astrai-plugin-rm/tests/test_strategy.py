@@ -110,3 +110,30 @@ def test_trains_from_yaml_and_checkpoints_the_head(tmp_path, rm_kit):
         chosen, _, _ = strategy.rewards(batch)
         direct = model(batch["chosen_input_ids"], batch["chosen_attention_mask"])
     torch.testing.assert_close(direct, chosen)
+
+
+def test_resume_restores_the_score_head_exactly(tmp_path, rm_kit):
+    """A run stopped at step 2 and resumed ends where the uninterrupted run ends."""
+    from safetensors.torch import load_file
+
+    from astrai_core.config.schema import RunConfig
+    from astrai_core.training.run import train
+
+    data = rm_kit.write_pairs(tmp_path / "pairs.jsonl", count=32, margins=True)
+    reference = rm_kit.rm_config(tmp_path, data, center_rewards_coefficient=0.1)
+    reference["data"]["shuffle"] = True
+    reference["trainer"].update(max_steps=4, save_every=2, lr=3e-3)
+    reference["output_dir"] = str(tmp_path / "reference")
+    train(RunConfig.model_validate(reference))
+    interrupted = dict(reference, output_dir=str(tmp_path / "interrupted"))
+    interrupted["trainer"] = dict(reference["trainer"], max_steps=2)
+    train(RunConfig.model_validate(interrupted))
+    interrupted["trainer"] = dict(reference["trainer"])
+    train(RunConfig.model_validate(interrupted), resume=True)
+
+    def head(run: str, step: int):
+        return load_file(str(tmp_path / run / "checkpoints" / f"step_{step}" / "score.safetensors"))
+
+    expected, got = head("reference", 4), head("interrupted", 4)
+    torch.testing.assert_close(got["weight"], expected["weight"], rtol=0, atol=0)
+    assert not torch.equal(head("reference", 2)["weight"], expected["weight"])  # it trained
