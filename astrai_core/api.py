@@ -15,7 +15,7 @@ from astrai_core.checkpoints.hf.config import (
     qwen_sliding_window_to_hf,
     require,
 )
-from astrai_core.checkpoints.hf.files import read_hf_config
+from astrai_core.checkpoints.hf.files import read_hf_config, read_hf_weights, staged_directory
 from astrai_core.checkpoints.hf.select import export_model_type, load_importer
 from astrai_core.checkpoints.hf.tensor_map import TensorMap, rename, split_gate_up, stack_experts
 from astrai_core.checkpoints.native import load_pretrained, load_state_dict_strict, save_pretrained
@@ -25,6 +25,8 @@ from astrai_core.config.trainer import TrainerConfig
 from astrai_core.devices.accelerator import AcceleratorBackend
 from astrai_core.devices.base import DeviceBackend
 from astrai_core.devices.select import resolve_device
+from astrai_core.data.render import render_preference
+from astrai_core.data.tokenizer import load_tokenizer
 from astrai_core.environments import AssistantTurn, EnvMessage, EnvStep, ToolCall, error_message
 from astrai_core.errors import (
     AstraiError,
@@ -96,14 +98,16 @@ __all__ = [
     "correction_weights",
     # environments of multi-turn rollouts
     "AssistantTurn", "EnvMessage", "EnvStep", "EnvironmentProtocol", "ToolCall", "error_message",
+    # tokenizers and data rendering (how a preference pair becomes tokens)
+    "load_tokenizer", "render_preference",
     # sampling
     "Completion", "Request", "SamplingParams", "expand_requests",
     # models and importers
     "CausalLM", "FUSED", "HFImporter", "ModelConfig", "PER_EXPERT", "TensorMap",
     "common_fields_from_hf", "common_fields_to_hf", "dense_mlp_map", "export_model_type",
     "load_importer", "load_pretrained", "load_state_dict_strict", "qwen_sliding_window", "qwen_sliding_window_to_hf",
-    "read_hf_config", "rename", "require", "save_pretrained", "split_gate_up",
-    "stack_experts",
+    "read_hf_config", "read_hf_weights", "rename", "require", "save_pretrained", "split_gate_up",
+    "stack_experts", "staged_directory",
     # LoRA and the chunked head
     "chunked_logprobs", "has_chunked_head", "has_lora", "merge_and_unload", "merged_state_dict",
     "target_logprobs",

@@ -43,7 +43,8 @@ def _loader(cfg: DataConfig, tokenizer: Any, fmt: str, sources: list[TokenizedSo
         return SequenceLoader(examples, stream, batch_size=batch_size, seq_len=cfg.seq_len,
                               pack=cfg.pack, pad_id=_pad_id(tokenizer))
     if kind == "preference":
-        return PreferenceLoader(examples, stream, batch_size=batch_size, pad_id=_pad_id(tokenizer))
+        return PreferenceLoader(examples, stream, batch_size=batch_size, pad_id=_pad_id(tokenizer),
+                                margins=[s.margins for s in sources])
     if kind == "unpaired":
         return UnpairedLoader(examples, stream, batch_size=batch_size, pad_id=_pad_id(tokenizer))
     return PromptLoader(examples, stream, batch_size=batch_size)

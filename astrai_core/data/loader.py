@@ -6,7 +6,8 @@ Four loaders, one per batch kind, all driven by an ``ExampleStream``:
   ``attention_mask`` (long) and ``loss_mask`` (bool), each [B, S]. ``loss_mask[b, t]``
   True means token t is a target predicted from position t-1 (column 0 is never one).
 - ``PreferenceLoader``: the same four tensors prefixed ``chosen_`` and ``rejected_``,
-  one common width; the loss mask covers only response tokens.
+  one common width; the loss mask covers only response tokens; ``margin`` [B] when the
+  data gives margins.
 - ``UnpairedLoader``: the four tensors of one completion per row (the loss mask on its
   response tokens) and ``label`` (bool [B], True = desirable).
 - ``PromptLoader``: lists of ``PromptRecord``.
@@ -18,6 +19,7 @@ read their one source in file order and end after one pass, each time they are i
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
@@ -110,14 +112,20 @@ class SequenceLoader(_StreamLoader):
 
 
 class PreferenceLoader(_StreamLoader):
-    """Chosen/rejected pairs, one pair per row, both sides padded to one width."""
+    """Chosen/rejected pairs, one pair per row, both sides padded to one width.
+
+    ``margins``: per source, each pair's ``margin`` (NaN: none given) or None; when any
+    source has them, batches carry ``margin`` [B] float32 (0 for pairs without one).
+    """
 
     kind = "preference"
 
     def __init__(self, pairs: list[tuple[SequenceExamples, SequenceExamples]],
-                 stream: ExampleStream, *, batch_size: int, pad_id: int = 0):
+                 stream: ExampleStream, *, batch_size: int, pad_id: int = 0,
+                 margins: list[np.ndarray | None] | None = None):
         super().__init__(stream, batch_size)
         self.pairs, self.pad_id = pairs, pad_id
+        self.margins = margins if margins and any(m is not None for m in margins) else None
 
     def _next_batch(self) -> dict[str, torch.Tensor] | None:
         taken = self._take_examples()
@@ -130,7 +138,15 @@ class PreferenceLoader(_StreamLoader):
         for side, rows in (("chosen", chosen), ("rejected", rejected)):
             for name, tensor in collate_rows(rows, width, self.pad_id).items():
                 batch[f"{side}_{name}"] = tensor
+        if self.margins is not None:
+            batch["margin"] = torch.tensor([self._margin(s, k) for s, k in taken],
+                                           dtype=torch.float32)
         return batch
+
+    def _margin(self, source: int, k: int) -> float:
+        margins = self.margins[source]
+        value = math.nan if margins is None else float(margins[self.pairs[source][0].doc[k]])
+        return 0.0 if math.isnan(value) else value
 
 
 def unpaired_labels(source: Any) -> np.ndarray:

@@ -7,6 +7,7 @@ and the problem. Rows come back normalized (see :func:`read_rows`).
 from __future__ import annotations
 
 import json
+import math
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -32,10 +33,11 @@ def read_rows(path: Path, fmt: str, field: str = "data") -> Iterator[tuple[int, 
     """Yield ``(line_number, normalized_row)`` for each non-blank line of a JSONL file.
 
     Normalized rows: text ``{"text"}``; chat ``{"messages"}``; preference
-    ``{"prompt": str | None, "messages": list | None, "chosen", "rejected"}`` where
-    chosen/rejected are strings or lists of assistant messages; unpaired ``{"prompt",
-    "messages", "completion", "label": bool}`` (a completion marked desirable or not);
-    prompt ``{"prompt": str | None, "messages": list | None, "columns": dict}``.
+    ``{"prompt": str | None, "messages": list | None, "chosen", "rejected"}`` (and
+    ``"margin"``, a float, when the row gives one) where chosen/rejected are strings or
+    lists of assistant messages; unpaired ``{"prompt", "messages", "completion", "label":
+    bool}`` (a completion marked desirable or not); prompt
+    ``{"prompt": str | None, "messages": list | None, "columns": dict}``.
     """
     if fmt not in FORMATS:
         raise DataError(f"{field}: unknown data format {fmt!r}; expected one of {', '.join(FORMATS)}")
@@ -163,10 +165,23 @@ def _response(row: dict, key: str) -> str | list[dict]:
     return messages
 
 
+def _margin(row: dict) -> float | None:
+    """A preference row's optional ``margin``: how much more the chosen response is preferred
+    (a reward model's loss asks for at least this reward gap)."""
+    value = row.get("margin")
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+        raise RowError(f"field 'margin' must be a finite number, got {value!r}")
+    return float(value)
+
+
 def _validate_preference(row: dict) -> dict:
     prompt, messages = _prompt_side(row)
-    return {"prompt": prompt, "messages": messages,
+    pair = {"prompt": prompt, "messages": messages,
             "chosen": _response(row, "chosen"), "rejected": _response(row, "rejected")}
+    margin = _margin(row)
+    return pair if margin is None else {**pair, "margin": margin}
 
 
 def _validate_unpaired(row: dict) -> dict:

@@ -313,7 +313,8 @@ class Trainer:
         try:
             with torch.no_grad():
                 metrics = evaluate(self.run, self.strategy.compute_loss,
-                                   progress=self.reporter.eval_progress)
+                                   progress=self.reporter.eval_progress,
+                                   metric_names=tuple(getattr(self.strategy, "eval_metrics", ())))
         finally:
             for trained in self.modules:
                 trained.module.train()

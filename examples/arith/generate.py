@@ -15,6 +15,10 @@ appear in the training files. Files written (JSONL, one object per line):
 - ``unpaired.jsonl``   training-split problems for KTO, alternately with their answer
   (``"label": true``) and a near miss (off by 1 or 10: a slipped digit or carry, ``false``):
   ``{"messages": [user "12+35="], "completion": "57", "label": false}``
+- ``rm_train.jsonl``   preference pairs for a reward model, from the training split:
+  ``{"messages": [user "12+35="], "chosen": "47", "rejected": "48"}``, the rejected
+  answer a near miss (off by 1 to 3, by 10, or one digit changed)
+- ``rm_eval.jsonl``    one such pair per held-out problem
 
 SFT and RL prompts are drawn from the training split (they may overlap each other);
 ``--n-train`` larger than the training split samples problems again (with repeats).
@@ -82,6 +86,29 @@ def unpaired_rows(problems: list[tuple[str, str]], rng: random.Random) -> list[d
     return rows
 
 
+def near_miss(answer: str, rng: random.Random) -> str:
+    """A wrong answer of the kind a small model writes: off by 1 to 3 (a carry or borrow),
+    off by 10, or one digit changed."""
+    value, roll = int(answer), rng.random()
+    if roll < 0.5:
+        wrong = value + rng.choice((-1, 1)) * rng.randint(1, 3)
+    elif roll < 0.75:
+        wrong = value + rng.choice((-10, 10))
+    else:
+        digits = list(str(abs(value)))
+        i = rng.randrange(len(digits))
+        choices = [d for d in "0123456789" if d != digits[i] and not (i == 0 and d == "0"
+                                                                     and len(digits) > 1)]
+        digits[i] = rng.choice(choices)
+        wrong = int("".join(digits)) * (-1 if value < 0 else 1)
+    return str(wrong) if wrong != value else str(value + 1)
+
+
+def preference_row(question: str, answer: str, rng: random.Random) -> dict:
+    return {"messages": [{"role": "user", "content": question}], "chosen": answer,
+            "rejected": near_miss(answer, rng)}
+
+
 def write_jsonl(path: Path, rows: list[dict]) -> None:
     """Write aside, then rename: an interrupted run never leaves a half-written file."""
     aside = path.with_name(f".{path.name}.tmp")
@@ -92,8 +119,8 @@ def write_jsonl(path: Path, rows: list[dict]) -> None:
 
 
 def generate(out: Path, seed: int, n_train: int, n_eval: int, n_rl: int,
-             n_unpaired: int = 5000) -> dict[Path, str]:
-    """Write the four files; returns ``{path: what it holds}``."""
+             n_unpaired: int = 5000, n_pairs: int = 5000) -> dict[Path, str]:
+    """Write the six files; returns ``{path: what it holds}``."""
     train_pool, held_out = split(seed, n_eval)
     rng = random.Random(seed + 1)
     out.mkdir(parents=True, exist_ok=True)
@@ -104,10 +131,17 @@ def generate(out: Path, seed: int, n_train: int, n_eval: int, n_rl: int,
         out / "rl_prompts.jsonl": ([prompt_row(q, a) for q, a in sample(train_pool, n_rl, rng)],
                                    "prompt rows for RL"),
     }
-    unpaired_rng = random.Random(seed + 2)  # its own stream: the files above stay as they were
+    # Each added file draws from a stream of its own, so the files above stay as they were.
+    unpaired_rng = random.Random(seed + 2)
     files[out / "unpaired.jsonl"] = (
         unpaired_rows(sample(train_pool, n_unpaired, unpaired_rng), unpaired_rng),
         "unpaired rows (right or near-miss answers) for KTO")
+    pairs = random.Random(seed + 2)
+    files[out / "rm_train.jsonl"] = (
+        [preference_row(q, a, pairs) for q, a in sample(train_pool, n_pairs, pairs)],
+        "preference pairs for a reward model")
+    files[out / "rm_eval.jsonl"] = ([preference_row(q, a, pairs) for q, a in held_out],
+                                    "held-out preference pairs")
     for path, (rows, _) in files.items():
         write_jsonl(path, rows)
     return {path: f"{len(rows)} {what}" for path, (rows, what) in files.items()}
@@ -121,9 +155,10 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--n-eval", type=int, default=500, help="held-out problems")
     parser.add_argument("--n-rl", type=int, default=5000, help="RL prompt rows")
     parser.add_argument("--n-unpaired", type=int, default=5000, help="KTO rows")
+    parser.add_argument("--n-pairs", type=int, default=5000, help="reward-model pairs")
     args = parser.parse_args(argv)
     written = generate(args.out, args.seed, args.n_train, args.n_eval, args.n_rl,
-                       args.n_unpaired)
+                       args.n_unpaired, args.n_pairs)
     for path, what in written.items():
         print(f"wrote {path} ({what})")
 

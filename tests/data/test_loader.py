@@ -156,6 +156,36 @@ def test_unpaired_chat_rows_target_the_assistant_completion(write_jsonl, tmp_pat
         assert "<|assistant|>" in arith_tokenizer.decode(batch["input_ids"][row])
 
 
+def test_preference_margins_follow_their_pairs(write_jsonl, sources, tmp_path, arith_tokenizer):
+    """A `margin` column reaches batches as `margin` [B], 0 for pairs (or sources) without."""
+    rows = [{"prompt": f"{a}+2=", "chosen": str(a + 2), "rejected": str(a + 3)} for a in range(6)]
+    for a, row in enumerate(rows):
+        if a != 2:
+            row["margin"] = a / 4
+    with_margins = write_jsonl("margins.jsonl", rows)
+    cfg = config(tmp_path, [(with_margins, "preference", 1.0)], batch_size=6, shuffle=False)
+    batch = next(build_train_loader(cfg, arith_tokenizer))
+    assert batch["margin"].tolist() == [0.0, 0.25, 0.0, 0.75, 1.0, 1.25]
+    assert batch["margin"].dtype == torch.float32
+    # mixed with a source without margins ("a+1=" rows), shuffled: margins stay with pairs
+    cfg = config(tmp_path, [(with_margins, "preference", 1.0), (sources["preference"],
+                                                                 "preference", 1.0)],
+                 batch_size=16)
+    batch = next(build_train_loader(cfg, arith_tokenizer))
+    seen = set()
+    for row in range(16):
+        real = batch["chosen_attention_mask"][row].bool()
+        prompt = arith_tokenizer.decode(batch["chosen_input_ids"][row][real]).split("=")[0]
+        a, plus = (int(x) for x in prompt.split("+"))
+        expected = (0.0 if a == 2 else a / 4) if plus == 2 else 0.0
+        assert batch["margin"][row].item() == expected, prompt
+        seen.add(plus)
+    assert seen == {1, 2}
+    bad = write_jsonl("bad.jsonl", [{**rows[0], "margin": "wide"}])
+    with pytest.raises(DataError, match="line 1.*margin"):
+        build_train_loader(config(tmp_path, [(bad, "preference", 1.0)]), arith_tokenizer)
+
+
 def test_eval_loader_is_one_ordered_pass_each_time(sources, tmp_path, arith_tokenizer):
     cfg = config(tmp_path, [(sources["chat"], "chat", 1.0)], batch_size=4,
                  eval={"path": str(sources["prompt"]), "format": "prompt"})
