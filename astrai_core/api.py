@@ -39,7 +39,12 @@ from astrai_core.model import (
     load_state_dict_strict,
     save_pretrained,
 )
-from astrai_core.model.head import chunked_logprobs, has_chunked_head, target_logprobs
+from astrai_core.model.head import (
+    chunked_logits_map,
+    chunked_logprobs,
+    has_chunked_head,
+    target_logprobs,
+)
 from astrai_core.model.lora import has_lora, merge_and_unload, merged_state_dict
 from astrai_core.plugins import process_registry
 from astrai_core.protocols import (
@@ -108,7 +113,7 @@ __all__ = [
     "read_hf_config", "rename", "require", "save_pretrained", "split_gate_up",
     "stack_experts",
     # LoRA and the chunked head
-    "chunked_logprobs", "has_chunked_head", "has_lora", "merge_and_unload", "merged_state_dict",
+    "chunked_logits_map", "chunked_logprobs", "has_chunked_head", "has_lora", "merge_and_unload", "merged_state_dict",
     "target_logprobs",
     # devices, plugins, errors, logging
     "AdvantageEstimatorProtocol", "AstraiError", "CheckpointError", "ConfigError",

@@ -10,6 +10,7 @@ SHIPPED: dict[tuple[str, str], str] = {
     ("strategy", "grpo"): "astrai-plugin-grpo",
     ("strategy", "ppo"): "astrai-plugin-ppo",
     ("strategy", "dpo"): "astrai-plugin-dpo",
+    ("strategy", "distill"): "astrai-plugin-distill",
     ("advantage_estimator", "grpo"): "astrai-plugin-grpo",
     ("advantage_estimator", "gae"): "astrai-plugin-gae",
     ("advantage_estimator", "rloo"): "astrai-contrib-rloo",

@@ -27,6 +27,7 @@ class StrategyNeeds:
 
     data_formats: tuple[str, ...]      # training-data formats it reads (``data.sources``)
     rollouts: bool = False             # samples from the policy: needs a sampler and rewards
+    generates: bool = False            # samples from the policy without rewards: a sampler
     advantage: bool = False            # runs an advantage estimator (``advantage:``)
     values: bool = False               # trains a critic, so estimators may ask for values
     group_size: int = 1                # completions per prompt of each rollout
