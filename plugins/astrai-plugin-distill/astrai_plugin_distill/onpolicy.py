@@ -45,16 +45,19 @@ class OnPolicyMix:
     """A batch source: the loader source's micro-batches with on-policy rows re-sampled."""
 
     def __init__(self, source: Any, sampler: Any, sampling: SamplingParams, fraction: float,
-                 first_row: int, pad_token_id: int = 0) -> None:
+                 batch_rows: int, first_row: int = 0, pad_token_id: int = 0) -> None:
+        """``batch_rows``: rows of a global loader batch; ``first_row``: this process's
+        first row in it."""
         self.source, self.sampler, self.sampling = source, sampler, sampling
         self.fraction, self.first_row, self.pad_token_id = fraction, first_row, pad_token_id
+        self.planned = len(on_policy_rows(0, batch_rows, fraction))  # per global batch
         self.draws = 0  # micro-batches drawn so far: seeds each one's samples
         self.stats: dict[str, float] = {}
 
     def next_step(self) -> list[dict[str, Tensor]]:
         batches = [self.mix(batch) for batch in self.source.next_step()]
-        self.stats = {"distill/on_policy_rows": float(sum(b["on_policy"].sum().item()
-                                                          for b in batches))}
+        # the global count (rows without a reply to replace keep the dataset's)
+        self.stats = {"distill/on_policy_rows": float(self.planned * len(batches))}
         return batches
 
     def mix(self, batch: dict[str, Tensor]) -> dict[str, Tensor]:

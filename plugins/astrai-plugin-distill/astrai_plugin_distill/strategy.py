@@ -122,8 +122,9 @@ class Distill(Strategy):
             return source
         run = self.run
         pad_id = getattr(run.tokenizer, "pad_token_id", None) or 0
+        rows = run.data.batch_size
         return OnPolicyMix(source, run.sampler, run.sampling, self.config.on_policy_fraction,
-                           first_row=run.dist.rank_slice(run.data.batch_size).start,
+                           batch_rows=rows, first_row=run.dist.rank_slice(rows).start,
                            pad_token_id=pad_id)
 
     def after_optimizer_step(self, step: int) -> None:
