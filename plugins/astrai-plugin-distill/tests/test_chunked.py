@@ -60,3 +60,23 @@ def test_strategy_loss_equals_full_logits(tmp_path, chats, teacher, strategy, mo
     for mine, ref in zip(grads, expected_grads):
         torch.testing.assert_close(mine, ref, rtol=1e-4, atol=1e-6)
     assert metrics["tokens"].item() == mask.sum().item() > 0
+
+
+def test_sampled_estimator_is_the_log_prob_gap_of_the_row_tokens(tmp_path, chats, teacher,
+                                                                 distill_config):
+    """estimator: sampled on the student's own samples: the loss is the mean over response
+    tokens of log p_s(y) - log p_t(y), both taken by the core's target_logprobs."""
+    from astrai_core.api import target_logprobs
+
+    config = distill_config(tmp_path, chats, teacher, loss="reverse_kl", estimator="sampled",
+                            temperature=1.3)
+    distill, run = build_strategy(config, tmp_path)
+    batch = distill.batch_source().next_step()[0]
+    assert batch["on_policy"].all()
+    loss, _ = distill.compute_loss(batch)
+    ids, mask = batch["input_ids"], batch["loss_mask"][:, 1:].bool()
+    forward = {"attention_mask": batch["attention_mask"], "position_ids": batch["position_ids"]}
+    with torch.no_grad():
+        student = target_logprobs(run.model, ids, ids[:, 1:], 1.3, **forward)["logprobs"]
+        teacher_lp = target_logprobs(distill.teacher, ids, ids[:, 1:], 1.3, **forward)["logprobs"]
+    assert loss.item() == pytest.approx((student - teacher_lp)[mask].mean().item(), rel=1e-5)
