@@ -59,6 +59,8 @@ def check_teacher(teacher: Path, model: Any) -> None:
         raise FieldError(TEACHER, f"the teacher {teacher} has a vocabulary of {teacher_vocab} "
                          f"tokens and the student ({model.path or student_dir}) one of "
                          f"{student_vocab}: distillation needs one shared tokenizer")
+    if not student_dir.is_dir():  # not a local directory (a hub id): nothing to compare
+        return
     for name in VOCAB_FILES:
         mine, theirs = student_dir / name, teacher / name
         if not mine.is_file() and not theirs.is_file():

@@ -193,3 +193,26 @@ def test_lora_student_trains_only_its_adapter(tmp_path, chats, teacher, distill_
     losses = [r["distill_loss"] for r in read_metrics(tmp_path / "run")]
     assert losses[-1] < losses[0]
     assert (tmp_path / "run" / "checkpoints" / "step_6" / "adapter").is_dir()
+
+
+def test_resume_continues_the_samples_and_data_exactly(tmp_path, chats, teacher,
+                                                       distill_config):
+    """A run resumed from its step-2 checkpoint samples and trains like the uninterrupted
+    run: the loader position and the draw count (which seeds the samples) are restored."""
+    import shutil
+
+    config = distill_config(tmp_path, chats, teacher, loss="jsd", on_policy_fraction=0.5)
+    config["trainer"].update(max_steps=4, save_every=2)
+    path = _write_yaml(tmp_path, config)
+    train(load_config(path))
+    whole = read_metrics(tmp_path / "run")
+    resumed = tmp_path / "resumed"
+    shutil.copytree(tmp_path / "run" / "checkpoints" / "step_2",
+                    resumed / "checkpoints" / "step_2")
+    config["output_dir"] = str(resumed)
+    train(load_config(_write_yaml(tmp_path, config)), resume=True)
+    again = read_metrics(resumed)
+    assert [r["step"] for r in again] == [3, 4]
+    for mine, ref in zip(again, whole[2:]):
+        assert mine["distill_loss"] == pytest.approx(ref["distill_loss"], rel=1e-6)
+        assert mine["tokens"] == ref["tokens"]
