@@ -63,7 +63,9 @@ class DistillConfig(BaseModel):
         "exact", description="reverse_kl: exact over the vocabulary, or the sampled-token "
         "estimate log p_s - log p_t (needs on_policy_fraction: 1)")
     loss_aggregation: Literal["token-mean", "seq-mean-token-mean", "seq-mean-token-sum",
-                              "seq-mean-token-sum-norm"] = "token-mean"
+                              "seq-mean-token-sum-norm"] = Field(
+        "token-mean", description="how the per-token losses make the loss (a sequence is "
+        "a row)")
     norm_length: int | None = Field(
         None, ge=1, description="seq-mean-token-sum-norm's constant length "
         "(default: the batch's width)")
