@@ -46,7 +46,7 @@ class DistillConfig(BaseModel):
     teacher: Path = Field(description="the teacher's checkpoint directory (shares the "
                           "student's tokenizer)")
     loss: Literal["reverse_kl", "forward_kl", "jsd"] = Field(
-        "reverse_kl", description="reverse_kl: KL(student || teacher); forward_kl: "
+        "jsd", description="reverse_kl: KL(student || teacher); forward_kl: "
         "KL(teacher || student), on the teacher's top_k tokens when given; jsd: GKD's "
         "generalized JSD with beta")
     beta: float = Field(0.5, ge=0, le=1, description="jsd: the teacher's weight in the "
@@ -57,7 +57,7 @@ class DistillConfig(BaseModel):
     temperature: float = Field(1.0, gt=0, description="softens both distributions: "
                                "softmax(logits / temperature)")
     on_policy_fraction: float = Field(
-        1.0, ge=0, le=1, description="share of each batch's rows whose reply is the student's "
+        0.5, ge=0, le=1, description="share of each batch's rows whose reply is the student's "
         "own sample (0: dataset replies only, no sampling; 1: student samples only)")
     estimator: Literal["exact", "sampled"] = Field(
         "exact", description="reverse_kl: exact over the vocabulary, or the sampled-token "

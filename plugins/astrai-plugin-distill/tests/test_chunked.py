@@ -69,7 +69,7 @@ def test_sampled_estimator_is_the_log_prob_gap_of_the_row_tokens(tmp_path, chats
     from astrai_core.api import target_logprobs
 
     config = distill_config(tmp_path, chats, teacher, loss="reverse_kl", estimator="sampled",
-                            temperature=1.3)
+                            temperature=1.3, on_policy_fraction=1.0)
     distill, run = build_strategy(config, tmp_path)
     batch = distill.batch_source().next_step()[0]
     assert batch["on_policy"].all()

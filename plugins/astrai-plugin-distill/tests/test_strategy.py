@@ -83,7 +83,8 @@ def test_config_mistakes_name_their_field(tmp_path, chats, teacher, distill_conf
         build_strategy(config, tmp_path)
     assert "top_k" in error(teacher, loss="jsd", top_k=3)
     assert "beta" in error(teacher, loss="reverse_kl", beta=0.2)
-    assert "on_policy_fraction" in error(teacher, estimator="sampled", on_policy_fraction=0.5)
+    assert "on_policy_fraction" in error(teacher, loss="reverse_kl", estimator="sampled",
+                                         on_policy_fraction=0.5)
 
 
 def test_on_policy_rows_spread_evenly_and_split_over_ranks():
