@@ -27,9 +27,9 @@ class StrategyNeeds:
 
     data_formats: tuple[str, ...]      # training-data formats it reads (``data.sources``)
     rollouts: bool = False             # samples from the policy: needs a sampler and rewards
-    generates: bool = False            # samples from the policy without rewards: a sampler
     advantage: bool = False            # runs an advantage estimator (``advantage:``)
     values: bool = False               # trains a critic, so estimators may ask for values
     group_size: int = 1                # completions per prompt of each rollout
     policy_loss: ComponentChoice | None = None  # the policy loss its objective composes
     sampler_routing: bool = False      # replays the sampler's MoE routing (router_replay: R3)
+    generates: bool = False            # samples from the policy without rewards: a sampler
