@@ -48,7 +48,8 @@ class OnPolicyMix:
                  batch_rows: int, first_row: int = 0, pad_token_id: int = 0) -> None:
         """``batch_rows``: rows of a global loader batch; ``first_row``: this process's
         first row in it."""
-        self.source, self.sampler, self.sampling = source, sampler, sampling
+        self.source, self.sampler = source, sampler
+        self.sampling = sampling.model_copy(update={"n": 1})  # one reply per row
         self.fraction, self.first_row, self.pad_token_id = fraction, first_row, pad_token_id
         self.planned = len(on_policy_rows(0, batch_rows, fraction))  # per global batch
         self.draws = 0  # micro-batches drawn so far: seeds each one's samples
