@@ -80,3 +80,23 @@ def test_sampled_estimator_is_the_log_prob_gap_of_the_row_tokens(tmp_path, chats
         student = target_logprobs(run.model, ids, ids[:, 1:], 1.3, **forward)["logprobs"]
         teacher_lp = target_logprobs(distill.teacher, ids, ids[:, 1:], 1.3, **forward)["logprobs"]
     assert loss.item() == pytest.approx((student - teacher_lp)[mask].mean().item(), rel=1e-5)
+
+
+def test_models_without_the_chunked_head_take_their_full_logits(tmp_path, chats, teacher,
+                                                                distill_config, monkeypatch):
+    """A student or teacher whose forward has no chunked head (a transformers-backend
+    model) is scored from its logits, with the same loss as the chunked path."""
+    import astrai_plugin_distill.forward as forward
+    import astrai_plugin_distill.teacher as teacher_module
+
+    config = distill_config(tmp_path, chats, teacher, loss="jsd", beta=0.4,
+                            on_policy_fraction=0.0)
+    distill, _ = build_strategy(config, tmp_path)
+    batch = distill.batch_source().next_step()[0]
+    chunked, _ = distill.compute_loss(batch)
+    for plain in ((forward,), (teacher_module,), (forward, teacher_module)):
+        with monkeypatch.context() as patch:
+            for module in plain:  # the student's, the teacher's, then both lack it
+                patch.setattr(module, "has_chunked_head", lambda model: False)
+            unchunked, _ = distill.compute_loss(batch)
+        assert unchunked.item() == pytest.approx(chunked.item(), rel=1e-5)
