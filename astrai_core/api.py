@@ -38,7 +38,12 @@ from astrai_core.errors import (
 )
 from astrai_core.log import get_logger
 from astrai_core.model import CausalLM, ModelConfig
-from astrai_core.model.head import chunked_logprobs, has_chunked_head, target_logprobs
+from astrai_core.model.head import (
+    chunked_logits_map,
+    chunked_logprobs,
+    has_chunked_head,
+    target_logprobs,
+)
 from astrai_core.model.lora import has_lora, merge_and_unload, merged_state_dict
 from astrai_core.plugins import process_registry
 from astrai_core.plugins.protocols import (
@@ -109,7 +114,7 @@ __all__ = [
     "read_hf_config", "read_hf_weights", "rename", "require", "save_pretrained", "split_gate_up",
     "stack_experts", "staged_directory",
     # LoRA and the chunked head
-    "chunked_logprobs", "has_chunked_head", "has_lora", "merge_and_unload", "merged_state_dict",
+    "chunked_logits_map", "chunked_logprobs", "has_chunked_head", "has_lora", "merge_and_unload", "merged_state_dict",
     "target_logprobs",
     # devices, plugins, errors, logging
     "AcceleratorBackend", "AdvantageEstimatorProtocol", "AstraiError", "CheckpointError", "ConfigError",

@@ -13,6 +13,7 @@ SHIPPED: dict[tuple[str, str], str] = {
     ("strategy", "rm"): "astrai-plugin-rm",
     ("reward_function", "reward_model"): "astrai-plugin-rm",
     ("reward_function", "judge"): "astrai-plugin-rm",
+    ("strategy", "distill"): "astrai-plugin-distill",
     ("advantage_estimator", "grpo"): "astrai-plugin-grpo",
     ("advantage_estimator", "gae"): "astrai-plugin-gae",
     ("advantage_estimator", "rloo"): "astrai-contrib-rloo",

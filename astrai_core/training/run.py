@@ -116,7 +116,7 @@ def wire_components(plan: RunPlan, *, backend: Any, device: torch.device, model:
     eval_loader = build_eval_loader(data, tokenizer, required_columns=required, tools=tools)
     rewards = RewardSet.from_choices(plan.rewards)
     sampling = rollout_sampling(plan, tokenizer)
-    generates = needs.rollouts or (eval_loader is not None and eval_loader.kind == "prompt")
+    generates = needs.rollouts or needs.generates or (eval_loader is not None and eval_loader.kind == "prompt")
     engine = plan.sampling_fields()[1]
     sampler = plan.sampler.target(model=model, tokenizer=tokenizer, **engine) if generates else None
     if sampler is not None and dist.enabled:

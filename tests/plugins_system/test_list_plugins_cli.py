@@ -31,7 +31,7 @@ def test_list_plugins_json_contract_without_importing_torch():
                                                              "ppo_clip"]
     assert by_name["builtin"]["provides"]["environment"] == ["single_turn", "tools"]
     assert by_name["rloo"]["provides"] == {"advantage_estimator": ["rloo"]}
-    for name in ("grpo", "ppo", "dpo", "gae", "qwen3", "npu", "rloo", "ray"):
+    for name in ("grpo", "ppo", "dpo", "distill", "gae", "qwen3", "npu", "rloo", "ray"):
         assert by_name[name]["status"] == "ok", by_name[name]
     # vllm is ok only where vLLM is installed; elsewhere it says how to install it
     vllm = by_name["vllm"]
