@@ -33,7 +33,7 @@ def test_strategy_loads_by_name_and_cli_shows_it():
 
 
 def test_unknown_name_suggests_the_pip_install():
-    from astrai_core.registry import Registry
+    from astrai_core.plugins.registry import Registry
 
     message = Registry().unknown_message("strategy", "distill")
     assert "pip install astrai-plugin-distill" in message

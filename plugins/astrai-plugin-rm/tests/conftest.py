@@ -51,7 +51,7 @@ def native_rm(directory: Path, family: str = "llama", seed: int = 0) -> Path:
     import torch
     from safetensors.torch import save_file
 
-    from astrai_core.model import CausalLM, ModelConfig, save_pretrained
+    from astrai_core.api import CausalLM, ModelConfig, save_pretrained
 
     torch.manual_seed(seed)
     config = ModelConfig(vocab_size=64, hidden_size=32, intermediate_size=64, num_layers=2,

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 
-from astrai_core.registry import Registry
+from astrai_core.plugins.registry import Registry
 from astrai_core.testing import run_astrai
 
 
