@@ -62,7 +62,7 @@ def judge_server(tmp_path_factory):
     """`astrai serve` of a tiny model fitted to answer each ROWS message with its reply."""
     pytest.importorskip("fastapi")
     from astrai_core.data.tokenizer import load_tokenizer
-    from astrai_core.serving import testkit
+    from astrai_core.testing import serving as testkit
 
     directory = testkit.build_checkpoint(tmp_path_factory.mktemp("judge") / "model", seed=2)
     tokenizer = load_tokenizer(directory)
