@@ -14,7 +14,8 @@ NODEPS_PLUGINS := vllm npu
 CONTRIB := $(wildcard contrib/*/pyproject.toml)
 
 STAMP := $(VENV)/.astrai-installed
-SOURCES := pyproject.toml constraints.txt Makefile $(wildcard plugins/*/pyproject.toml) $(CONTRIB)
+SOURCES := pyproject.toml constraints.txt Makefile bench/requirements.txt \
+	$(wildcard plugins/*/pyproject.toml) $(CONTRIB)
 
 .PHONY: demo test test-vllm venv venv-vllm clean bench docs dist
 
@@ -29,6 +30,9 @@ $(STAMP): $(SOURCES)
 		$(foreach c,$(CONTRIB),-e $(dir $(c)))
 	$(PIP) install --no-deps --no-build-isolation \
 		$(foreach p,$(NODEPS_PLUGINS),-e plugins/astrai-plugin-$(p))
+	# TRL: the independent reference that the loss tests compare against (never a
+	# runtime dependency of astrai); the benchmarks use it as their peer too.
+	$(PIP) install $(CONSTRAINTS) -r bench/requirements.txt
 	touch $@
 
 test: $(STAMP)
@@ -75,7 +79,6 @@ test-vllm: $(VLLM_STAMP)
 
 # Benchmarks against named peers; their latest numbers go in the README.
 bench: $(STAMP)
-	$(PIP) install $(CONSTRAINTS) -r bench/requirements.txt
 	$(PY) bench/bench_model_train.py
 	$(PY) bench/bench_sampler.py
 	$(PY) bench/bench_grpo_trl.py
