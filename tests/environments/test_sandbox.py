@@ -1,0 +1,195 @@
+"""The sandbox contains what untrusted code does: time, memory, processes, files, network,
+output. Each test runs a hostile program and checks both the report and the host."""
+
+from __future__ import annotations
+
+import os
+import socket
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+from astrai_core.environments.sandbox import Sandbox, SandboxConfig, SandboxError, run_many
+
+FAST = dict(timeout=2.0, cpu_seconds=1, memory_mb=256, processes=16)
+
+
+@pytest.fixture(scope="module")
+def box():
+    return Sandbox(**FAST)
+
+
+@pytest.fixture(scope="module")
+def isolation(box):
+    return box.run_python("pass").isolation
+
+
+def _pids_of_uid(uid: int) -> list[int]:
+    pids = []
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                status = Path(f"/proc/{entry}/status").read_text()
+            except OSError:
+                continue
+            real = next(line for line in status.splitlines() if line.startswith("Uid:"))
+            if int(real.split()[1]) == uid:
+                pids.append(int(entry))
+    return pids
+
+
+def test_a_correct_program_runs_and_reports_its_output(box):
+    result = box.run_python("import sys\nprint(input() * 2)\nprint('warn', file=sys.stderr)",
+                            stdin="ab\n")
+    assert (result.status, result.exit_code) == ("ok", 0)
+    assert result.stdout == "abab\n" and result.stderr == "warn\n"
+
+
+def test_a_failing_program_reports_its_exit_status_and_traceback(box):
+    result = box.run_python("raise SystemExit(3)")
+    assert (result.status, result.exit_code) == ("error", 3)
+    result = box.run_python("1/0")
+    assert result.exit_code == 1 and "ZeroDivisionError" in result.stderr
+
+
+def test_an_infinite_loop_is_killed_at_the_time_limit(box):
+    start = time.monotonic()
+    result = Sandbox(**{**FAST, "cpu_seconds": 30, "timeout": 1.0}).run_python("while True: pass")
+    assert result.status == "timeout" and result.exit_code is None
+    assert time.monotonic() - start < 5
+    # the CPU limit alone stops a busy loop too (SIGXCPU, then SIGKILL)
+    result = box.run_python("while True: pass")
+    assert result.status in ("error", "timeout")
+
+
+def test_a_sleeping_program_and_its_children_are_killed_at_the_wall_limit(box, isolation):
+    code = "import subprocess, time\nsubprocess.Popen(['sleep', '60'])\ntime.sleep(60)"
+    result = Sandbox(**{**FAST, "timeout": 1.0}).run_python(code)
+    assert result.status == "timeout"
+    if isolation["uid"] is not None:
+        assert _pids_of_uid(isolation["uid"]) == []
+
+
+def test_a_memory_bomb_fails_inside_the_sandbox(box):
+    result = box.run_python("x = bytearray(2 * 1024 ** 3)\nprint('allocated')")
+    assert result.status == "error" and "MemoryError" in result.stderr
+    assert "allocated" not in result.stdout
+
+
+def test_a_fork_bomb_is_bounded_and_leaves_no_process(box, isolation):
+    if not isolation["user_drop"]:
+        pytest.skip("the sandbox user cannot be dropped here (not root): RLIMIT_NPROC "
+                    "would count the whole user's processes")
+    code = ("import os, time\ncount = 0\n"
+            "for _ in range(10000):\n"
+            "    try:\n        pid = os.fork()\n    except OSError:\n        break\n"
+            "    if pid == 0:\n        time.sleep(30)\n        os._exit(0)\n"
+            "    count += 1\n"
+            "print(count, flush=True)\n")
+    start = time.monotonic()
+    result = box.run_python(code)
+    assert time.monotonic() - start < 5
+    assert result.status == "ok"
+    assert 0 < int(result.stdout) < FAST["processes"]  # fork met EAGAIN at the limit
+    assert _pids_of_uid(isolation["uid"]) == []          # the sleepers died with the sandbox
+    # a real bomb (every child forks on) is stopped by the time limit, and cleaned up
+    bomb = Sandbox(**{**FAST, "timeout": 1.0}).run_python(
+        "import os\nwhile True:\n    try:\n        os.fork()\n    except OSError:\n        pass")
+    assert bomb.status == "timeout"
+    assert _pids_of_uid(isolation["uid"]) == []
+    assert box.run_python("print('alive')").stdout == "alive\n"
+
+
+def test_writes_outside_the_work_directory_fail_or_stay_private(box, isolation, tmp_path):
+    target = tmp_path / "escaped.txt"
+    os.chmod(tmp_path, 0o777)   # even a world-writable host directory must stay untouched
+    repo_file = Path(__file__).with_name("escaped.txt")
+    code = (f"import os\nopen('inside.txt', 'w').write('ok')\n"
+            f"for path in [{str(target)!r}, {str(repo_file)!r}, '/etc/astrai-escaped', '/tmp/x']:\n"
+            f"    try:\n        open(path, 'w').write('x')\n        print('wrote', path)\n"
+            f"    except OSError as exc:\n        print('refused', path, type(exc).__name__)\n"
+            f"print(os.listdir('.'))")
+    result = box.run_python(code)
+    assert result.ok, result.stderr
+    assert "inside.txt" in result.stdout
+    assert not target.exists() and not repo_file.exists()
+    assert not Path("/etc/astrai-escaped").exists() and not Path("/tmp/x").exists()
+    if isolation["user_drop"]:
+        assert f"refused {Path('/etc/astrai-escaped')}" in result.stdout
+        assert f"refused {repo_file}" in result.stdout
+
+
+def test_the_work_directory_is_removed_afterwards(box):
+    result = box.run_python("import os\nprint(os.getcwd())")
+    assert result.ok and not Path(result.stdout.strip()).exists()
+
+
+def test_a_connection_to_a_host_server_fails(isolation):
+    if not isolation["net"]:
+        pytest.skip("the kernel refuses a network namespace here")
+    server = socket.socket()
+    server.bind(("127.0.0.1", 0))
+    server.listen()
+    server.settimeout(3)
+    port = server.getsockname()[1]
+    accepted = []
+
+    def accept():
+        try:
+            accepted.append(server.accept())
+        except OSError:
+            pass
+
+    thread = threading.Thread(target=accept)
+    thread.start()
+    code = (f"import socket\ns = socket.socket()\ns.settimeout(1)\n"
+            f"try:\n    s.connect(('127.0.0.1', {port}))\n    print('connected')\n"
+            f"except OSError as exc:\n    print('refused', type(exc).__name__)")
+    result = Sandbox(**FAST).run_python(code)
+    thread.join()
+    server.close()
+    assert result.ok and result.stdout.startswith("refused")
+    assert accepted == []
+    # the same program without the network namespace does connect (the test can fail)
+    server = socket.socket()
+    server.bind(("127.0.0.1", port))
+    server.listen()
+    host_net = Sandbox(**FAST, network="host").run_python(code)
+    server.close()
+    assert host_net.stdout == "connected\n"
+
+
+def test_huge_output_stops_the_program_and_is_cut(box):
+    small = Sandbox(**{**FAST, "max_output_bytes": 1000})
+    start = time.monotonic()
+    result = small.run_python("while True: print('x' * 100)")
+    assert result.status == "output_limit"
+    assert len(result.stdout) + len(result.stderr) <= 1000
+    assert time.monotonic() - start < 3
+    assert "over the output limit" in result.summary(300) and len(result.summary(300)) <= 300
+
+
+def test_sandboxes_run_in_parallel_from_a_thread_pool():
+    box = Sandbox(**FAST)
+    start = time.monotonic()
+    results = run_many(lambda i: box.run_python(f"import time\ntime.sleep(0.5)\nprint({i})"),
+                       range(6), max_workers=6)
+    assert [r.stdout for r in results] == [f"{i}\n" for i in range(6)]
+    assert time.monotonic() - start < 6 * 0.5   # not one after the other
+
+
+def test_a_required_isolation_part_is_enforced(isolation):
+    parts = [name for name in ("net", "mount", "pid", "user_drop") if not isolation[name]]
+    if not parts:
+        assert Sandbox(**FAST, require=("net", "mount", "pid", "user_drop")).run_python("pass").ok
+        return
+    with pytest.raises(SandboxError, match=parts[0]):
+        Sandbox(**FAST, require=(parts[0],)).run_python("pass")
+
+
+def test_bad_file_names_are_refused(box):
+    with pytest.raises(SandboxError, match="plain names"):
+        box.run_python("pass", files={"../x": ""})
+    assert SandboxConfig().network == "none"
