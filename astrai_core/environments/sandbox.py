@@ -50,6 +50,7 @@ from astrai_core.errors import AstraiError
 LAUNCHER = os.path.join(os.path.dirname(os.path.abspath(__file__)), "sandbox_launch.py")
 ISOLATION_PARTS = ("net", "mount", "pid", "user_drop")
 _MiB = 1 << 20
+FALLBACK_PYTHONS = ("/usr/local/bin/python3", "/usr/bin/python3")
 
 
 class SandboxError(AstraiError):
@@ -74,7 +75,9 @@ class SandboxConfig(BaseModel):
                            "(RLIMIT_NPROC; applies when the user is dropped)")
     network: Literal["none", "host"] = Field("none", description="none: a new network namespace")
     uid_base: int = Field(64000, ge=1, description="first uid of the sandbox users (as root)")
-    python: str = Field(sys.executable, description="the interpreter that runs the code")
+    python: str | None = Field(None, description="the interpreter that runs the code (default: "
+                               "this one, or the system's python3 when the sandbox user "
+                               "cannot reach this one)")
     require: tuple[Literal["net", "mount", "pid", "user_drop"], ...] = Field(
         (), description="isolation parts without which a run is refused (default: run with "
         "what the kernel allows and report it)")
@@ -174,14 +177,16 @@ def _launch_config(config: SandboxConfig, workdir: str, slot: int, argv: Sequenc
     uid = config.uid_base + slot if os.geteuid() == 0 else None
     return {
         "workdir": workdir, "uid": uid, "gid": uid,
-        "argv": [config.python if part == "{python}" else part for part in argv],
+        "argv": [(config.python or sys.executable) if part == "{python}" else part
+                 for part in argv],
+        "fallbacks": [] if config.python else list(FALLBACK_PYTHONS),
         "env": {"PATH": "/usr/local/bin:/usr/bin:/bin", "HOME": workdir, "TMPDIR": workdir,
                 "LANG": "C.UTF-8", "PYTHONDONTWRITEBYTECODE": "1", "PYTHONIOENCODING": "utf-8"},
         "network": config.network, "cpu_seconds": config.cpu_seconds,
         "memory_bytes": config.memory_mb * _MiB, "file_bytes": config.file_mb * _MiB,
         "disk_bytes": config.disk_mb * _MiB, "open_files": config.open_files,
         "processes": config.processes, "require": list(config.require),
-        "expose": _interpreter_dirs(config.python),
+        "expose": _interpreter_dirs(config.python or sys.executable),
     }
 
 
@@ -208,14 +213,15 @@ def _execute(launch: dict[str, Any], config: SandboxConfig, stdin_file: Any) -> 
     finally:
         os.close(status_write)
     try:
-        stopped, out, err = _collect(process, status_read, start + config.timeout,
-                                     config.max_output_bytes)
+        stopped, out, err = _collect(process, start + config.timeout, config.max_output_bytes)
         facts = _read_status(status_read)
     finally:
         _kill_group(process)
         os.close(status_read)
     seconds = time.monotonic() - start
     isolation = _isolation(facts, launch)
+    if isolation["user_drop"] and not isolation["pid"]:
+        _kill_uid(launch["uid"])   # what left the process group, without a pid namespace
     wait_status = facts.get("wait_status")
     exit_code = None if wait_status is None else os.waitstatus_to_exitcode(wait_status)
     if stopped is None:
@@ -226,35 +232,53 @@ def _execute(launch: dict[str, Any], config: SandboxConfig, stdin_file: Any) -> 
                          err.decode("utf-8", "replace"), seconds, isolation)
 
 
-def _collect(process: subprocess.Popen, status_fd: int, deadline: float, limit: int
-             ) -> tuple[str | None, bytes, bytes]:
-    """Read stdout and stderr until both close, the deadline passes or they exceed
-    ``limit`` bytes together. Returns (why it was stopped or None, stdout, stderr)."""
-    buffers = {process.stdout: bytearray(), process.stderr: bytearray()}
-    with selectors.DefaultSelector() as selector:
-        for stream in buffers:
-            selector.register(stream, selectors.EVENT_READ)
-        while selector.get_map():
-            left = deadline - time.monotonic()
-            if left <= 0:
-                return "timeout", *_cut(buffers, process, limit)
-            for key, _ in selector.select(min(left, 0.5)):
-                chunk = os.read(key.fd, 65_536)
-                if not chunk:
-                    selector.unregister(key.fileobj)
-                    continue
-                buffers[key.fileobj] += chunk
-                if sum(len(b) for b in buffers.values()) > limit:
-                    return "output_limit", *_cut(buffers, process, limit)
+def _collect(process: subprocess.Popen, deadline: float, limit: int) -> tuple[str | None, bytes, bytes]:
+    """Read stdout and stderr until the launcher exits (processes it left behind may hold
+    the pipes open), the deadline passes or the output exceeds ``limit`` bytes. Returns
+    (why it was stopped or None, stdout, stderr)."""
+    buffers = {process.stdout.fileno(): bytearray(), process.stderr.fileno(): bytearray()}
+    pidfd = os.pidfd_open(process.pid)   # readable once the launcher exits
     try:
-        process.wait(max(0.0, deadline - time.monotonic()))
-    except subprocess.TimeoutExpired:
-        return "timeout", *_cut(buffers, process, limit)
-    return None, *_cut(buffers, process, limit)
+        with selectors.DefaultSelector() as selector:
+            for fd in (*buffers, pidfd):
+                selector.register(fd, selectors.EVENT_READ)
+            while True:
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    return "timeout", *_cut(buffers, limit)
+                events = selector.select(left)
+                for key, _ in events:
+                    if key.fd != pidfd:
+                        _read_into(buffers, key.fd, selector)
+                if sum(len(b) for b in buffers.values()) > limit:
+                    return "output_limit", *_cut(buffers, limit)
+                if any(key.fd == pidfd for key, _ in events):
+                    for fd in list(buffers):   # what was written before the exit
+                        os.set_blocking(fd, False)
+                        while fd in selector.get_map() and _read_into(buffers, fd, selector):
+                            pass
+                    process.wait()
+                    stopped = "output_limit" if sum(map(len, buffers.values())) > limit else None
+                    return stopped, *_cut(buffers, limit)
+    finally:
+        os.close(pidfd)
 
 
-def _cut(buffers: dict, process: subprocess.Popen, limit: int) -> tuple[bytes, bytes]:
-    out, err = bytes(buffers[process.stdout]), bytes(buffers[process.stderr])
+def _read_into(buffers: dict[int, bytearray], fd: int, selector: selectors.BaseSelector) -> bool:
+    """Read one chunk of ``fd`` into its buffer; False at its end or when nothing is there."""
+    try:
+        chunk = os.read(fd, 65_536)
+    except BlockingIOError:
+        return False
+    if not chunk:
+        selector.unregister(fd)
+        return False
+    buffers[fd] += chunk
+    return True
+
+
+def _cut(buffers: dict[int, bytearray], limit: int) -> tuple[bytes, bytes]:
+    out, err = (bytes(buffer) for buffer in buffers.values())
     return out[:limit], err[:max(0, limit - min(len(out), limit))]
 
 
@@ -288,11 +312,24 @@ def _kill_group(process: subprocess.Popen) -> None:
         stream.close()
 
 
+def _kill_uid(uid: int) -> None:
+    """SIGKILL every process of the sandbox user (this sandbox's own uid slot)."""
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            if os.stat(f"/proc/{entry}").st_uid == uid:
+                os.kill(int(entry), signal.SIGKILL)
+        except (FileNotFoundError, ProcessLookupError):
+            continue
+
+
 def _isolation(facts: dict[str, Any], launch: dict[str, Any]) -> dict[str, Any]:
     namespaces = facts.get("namespaces", [])
     return {"net": "net" in namespaces, "mount": bool(facts.get("masked")),
             "pid": "pid" in namespaces, "user_drop": bool(facts.get("dropped")),
-            "uid": facts.get("uid"), "network_policy": launch["network"]}
+            "uid": facts.get("uid"), "network_policy": launch["network"],
+            "python": facts.get("python")}
 
 
 _T = TypeVar("_T")

@@ -177,13 +177,18 @@ def become_program(config):
         os.setuid(config["uid"])
         dropped = True
     report(uid=os.getuid(), dropped=dropped)
-    if not os.access(config["argv"][0], os.X_OK):
-        raise OSError(f"the sandbox user (uid {os.getuid()}) cannot run {config['argv'][0]}: "
-                      "set the sandbox's `python` to an interpreter it may read")
+    argv = list(config["argv"])
+    if not os.access(argv[0], os.X_OK):
+        usable = [path for path in config["fallbacks"] if os.access(path, os.X_OK)]
+        if not usable:
+            raise OSError(f"the sandbox user (uid {os.getuid()}) cannot run {argv[0]}: set "
+                          "the sandbox's `python` to an interpreter it may read")
+        argv[0] = usable[0]
+    report(python=argv[0])
     if "user_drop" in config["require"] and not dropped:
         raise OSError("required isolation missing: user_drop (not running as root)")
     os.close(STATUS_FD)
-    os.execve(config["argv"][0], config["argv"], config["env"])
+    os.execve(argv[0], argv, config["env"])
 
 
 def run_init(config, pid_namespace):

@@ -1,0 +1,94 @@
+"""code_tests: the share of a row's tests the completion's code passes, in the sandbox;
+and the python tool in the tools environment."""
+
+from __future__ import annotations
+
+import json
+import time
+
+import pytest
+
+from astrai_core.environments.base import AssistantTurn, ToolCall
+from astrai_core.environments.tools import Tools
+from astrai_core.rewards import RewardError, RewardSet, build_reward
+from astrai_core.rewards.code_tests import extract_code, output_matches, parse_tests
+
+ADD_TESTS = "assert add(1, 2) == 3\nassert add(-1, 1) == 0\nassert add(2, 2) == 4\n"
+GOOD = "Here:\n```python\ndef add(a, b):\n    return a + b\n```"
+HALF = "```python\ndef add(a, b):\n    return a * b if a == 2 else a + b - (a == -1)\n```"
+IO_CASES = [{"input": "3\n", "output": "9\n"}, {"input": "4\n", "output": "16"},
+            {"input": "0", "output": "0\n\n"}]
+
+
+def test_code_extraction():
+    assert extract_code("```\nx = 1\n```\n```python\ny = 2\n```\n```\nz\n```") == "y = 2\n"
+    assert extract_code("print(1)") == "print(1)"
+    assert extract_code("a\n```py\nprint(2)\n```\nb ```python\nprint(3)") == "print(3)"
+    assert output_matches("1 \n2\n\n", "1\n2") and not output_matches("1\n3", "1\n2")
+
+
+def test_assert_tests_split_into_cases_with_their_setup():
+    cases = parse_tests("import math\nassert f(1) == 1\nX = 2\nassert f(X) == math.sqrt(4)\n")
+    assert [c.test for c in cases] == ["import math\nX = 2\nassert f(1) == 1",
+                                       "import math\nX = 2\nassert f(X) == math.sqrt(4)"]
+    assert [c.expected for c in parse_tests(json.dumps(IO_CASES))] == ["9\n", "16", "0\n\n"]
+    assert len(parse_tests({"inputs": ["1", "2"], "outputs": ["1", "4"]})) == 2
+    with pytest.raises(ValueError, match="must be code or a list"):
+        parse_tests(3)
+
+
+def test_fraction_and_all_or_nothing_on_assert_tests():
+    fraction = build_reward("code_tests", {"timeout": 2})
+    wrong = "```python\ndef add(a, b):\n    return a - b\n```"
+    completions = [GOOD, HALF, wrong, "not code at all"]
+    # HALF passes add(1,2)=3 and add(2,2)=4 but fails add(-1,1): 2 of 3
+    assert fraction([""] * 4, completions, tests=[ADD_TESTS] * 4) == [1.0, 2 / 3, 0.0, 0.0]
+    strict = build_reward("code_tests", {"mode": "all"})
+    assert strict([""] * 2, [GOOD, HALF], tests=[ADD_TESTS] * 2) == [1.0, 0.0]
+
+
+def test_stdin_stdout_cases():
+    reward = build_reward("code_tests", {})
+    square = "```python\nn = int(input())\nprint(n * n)\n```"
+    double = "```python\nn = int(input())\nprint(n + n)\n```"   # right for 0 only
+    assert reward([""] * 2, [square, double], tests=[IO_CASES, json.dumps(IO_CASES)]) == [1.0, 1 / 3]
+
+
+def test_an_early_exit_does_not_skip_the_asserts():
+    reward = build_reward("code_tests", {})
+    cheat = "```python\nimport os\nos._exit(0)\n```"
+    assert reward([""], [cheat], tests=[ADD_TESTS]) == [0.0]
+
+
+def test_hostile_solutions_score_zero_and_the_batch_runs_in_parallel():
+    reward = build_reward("code_tests", {"timeout": 1, "cpu_seconds": 1, "max_workers": 8})
+    hostile = ["```python\nwhile True: pass\n```",
+               "```python\nx = bytearray(4 * 1024 ** 3)\n```",
+               "```python\nimport os\nwhile True:\n    try: os.fork()\n    except OSError: pass\n```",
+               "```python\nwhile True: print('x' * 1000)\n```"]
+    start = time.monotonic()
+    scores = reward([""] * 5, hostile + [GOOD], tests=[ADD_TESTS] * 5)
+    assert scores == [0.0, 0.0, 0.0, 0.0, 1.0]
+    assert time.monotonic() - start < 8   # 15 cases, most of them time out after 1 s
+
+
+def test_a_missing_tests_column_names_it():
+    rewards = RewardSet.from_config([{"name": "code_tests"}])
+    with pytest.raises(RewardError, match="needs a `tests` column"):
+        rewards.score([""], [GOOD], [{}])
+
+
+def test_the_python_tool_answers_with_output_and_exit_status():
+    env = Tools(tools=["python"])
+    assert env.schemas[0]["function"]["name"] == "python"
+    assert env.schemas[0]["function"]["parameters"]["required"] == ["code"]
+    calls = (ToolCall("python", json.dumps({"code": "print(6 * 7)"}), "a"),
+             ToolCall("python", json.dumps({"code": "import sys\nprint('bad', file=sys.stderr)\n"
+                                                    "sys.exit(2)"}), "b"),
+             ToolCall("python", json.dumps({"code": "print('y' * 100000)"}), "c"))
+    step = env.step(None, AssistantTurn(text="", content="", tool_calls=calls))
+    first, second, third = (m.content for m in step.messages)
+    assert first == "exit status 0\nstdout:\n42\n"
+    assert second.startswith("exit status 2") and "stderr:\nbad" in second
+    assert len(third) <= 2000 and "more chars" in third
+    assert not step.done
