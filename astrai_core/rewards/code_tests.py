@@ -13,8 +13,9 @@ either
 
 The code is the last fenced ```` ```python ```` block of the completion (an unclosed
 fence counts from its start), else the whole text. ``mode: fraction`` rewards the share
-of cases passed, ``mode: all`` 1.0 only when every case passes. All cases of a batch run
-at once on at most ``max_workers`` sandboxes (:func:`run_many`).
+of cases passed, ``mode: all`` 1.0 only when every case passes (its assert cases then run
+as one program, one process per completion). All cases of a batch run at once on at most
+``max_workers`` sandboxes (:func:`run_many`).
 
 An assert case passes only if the program exits with status 0 after printing a random
 token that the program prints after its tests, so a solution that exits early with
@@ -132,7 +133,7 @@ class CodeTests:
             raise ValueError("needs a `tests` column in the prompt data")
         jobs = [(index, extract_code(completion), case)
                 for index, (completion, cell) in enumerate(zip(completions, tests, strict=True))
-                for case in parse_tests(cell)]
+                for case in self._cases(cell)]
         passed = run_many(lambda job: self._passes(job[1], job[2]), jobs, self.config.max_workers)
         totals = [0] * len(completions)
         counts = [0] * len(completions)
@@ -142,6 +143,13 @@ class CodeTests:
         if self.config.mode == "all":
             return [1.0 if counts[i] and totals[i] == counts[i] else 0.0 for i in range(len(completions))]
         return [totals[i] / counts[i] if counts[i] else 0.0 for i in range(len(completions))]
+
+    def _cases(self, cell: Any) -> list[Case]:
+        """The row's cases; for ``mode: all``, its assert cases as one program (one process)."""
+        cases = parse_tests(cell)
+        if self.config.mode == "all" and len(cases) > 1 and all(c.test is not None for c in cases):
+            return [Case(test="\n\n".join(c.test for c in cases if c.test is not None))]
+        return cases
 
     def _passes(self, code: str, case: Case) -> bool:
         if case.test is None:

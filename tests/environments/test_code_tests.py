@@ -45,6 +45,8 @@ def test_fraction_and_all_or_nothing_on_assert_tests():
     assert fraction([""] * 4, completions, tests=[ADD_TESTS] * 4) == [1.0, 2 / 3, 0.0, 0.0]
     strict = build_reward("code_tests", {"mode": "all"})
     assert strict([""] * 2, [GOOD, HALF], tests=[ADD_TESTS] * 2) == [1.0, 0.0]
+    assert strict([""] * 2, [GOOD, HALF], tests=[ADD_TESTS.splitlines()] * 2) == [1.0, 0.0]
+
 
 
 def test_stdin_stdout_cases():
@@ -52,6 +54,8 @@ def test_stdin_stdout_cases():
     square = "```python\nn = int(input())\nprint(n * n)\n```"
     double = "```python\nn = int(input())\nprint(n + n)\n```"   # right for 0 only
     assert reward([""] * 2, [square, double], tests=[IO_CASES, json.dumps(IO_CASES)]) == [1.0, 1 / 3]
+    strict = build_reward("code_tests", {"mode": "all"})
+    assert strict([""] * 2, [square, double], tests=[IO_CASES] * 2) == [1.0, 0.0]
 
 
 def test_an_early_exit_does_not_skip_the_asserts():
