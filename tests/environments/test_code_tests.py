@@ -96,3 +96,40 @@ def test_the_python_tool_answers_with_output_and_exit_status():
     assert second.startswith("exit status 2") and "stderr:\nbad" in second
     assert len(third) <= 2000 and "more chars" in third
     assert not step.done
+
+
+def test_a_multi_turn_episode_with_the_python_tool():
+    """The model calls python, reads the tool message (in the context, not in the loss)
+    and answers; a program that loops forever gets the time-limit message instead."""
+    from transformers import AutoTokenizer
+
+    from astrai_core.environments.episode_config import EpisodeConfig
+    from astrai_core.rollout.episodes import EpisodeRunner
+    from astrai_core.rollout.records import as_prompt_record
+    from astrai_core.sampling import SamplingParams
+    from tests.rollout import episode_kit as kit
+
+    tokenizer = AutoTokenizer.from_pretrained(str(kit.CALC_TOKENIZER))
+    script = {"6*7": [kit.call("python", '{"code": "print(6*7)"}'), "42<|end|>"],
+              "loop": [kit.call("python", '{"code": "while 1: pass"}'), "0<|end|>"]}
+    rewards = RewardSet.from_config([{"name": "exact_match"}])
+    runner = EpisodeRunner(Tools(tools=["python"]), kit.ScriptedSampler(tokenizer, script),
+                           tokenizer, rewards, EpisodeConfig(max_turns=3),
+                           pad_token_id=tokenizer.pad_token_id)
+    records = []
+    for question in ("6*7", "loop"):
+        text = tokenizer.apply_chat_template([{"role": "user", "content": question}],
+                                             tokenize=False, add_generation_prompt=True)
+        records.append(as_prompt_record({"prompt_ids": tokenizer(text, add_special_tokens=False)["input_ids"],
+                                         "prompt_text": text, "columns": {"answer": "42"}}))
+    batch = runner.run(records, SamplingParams(max_new_tokens=60, stop_token_ids=(tokenizer.eos_token_id,)))
+    tool_spans = []
+    for row in range(2):
+        context = batch.response_ids[row][batch.context_mask[row]].tolist()
+        text = tokenizer.decode(context, skip_special_tokens=False)
+        tool_spans.append([part.split("<|end|>")[0] for part in text.split("<|tool|>")[1:]])
+        model_only = batch.response_ids[row][batch.response_mask[row]].tolist()
+        assert "exit status" not in tokenizer.decode(model_only)   # the tool's text is not trained
+    assert tool_spans[0] == ["exit status 0\nstdout:\n42\n"]
+    assert tool_spans[1][0].startswith("killed: over the time limit")
+    assert batch.rewards.tolist() == [1.0, 0.0]
