@@ -4,7 +4,7 @@ Run: ``python examples/code/generate.py --out runs/code/data`` (defaults: ``--se
 --n-train 4000 --n-eval 100 --n-rl 2000``).
 
 Each task is a linear function ``f(x) = a*x + b`` (a in 1..20, b in 0..30) shown by two of
-its values, ``f(1)=8 f(2)=13``; the answer is code, ``def f(x): return 5*x+3``, and the
+its values, ``f(0)=3 f(1)=8``; the answer is code, ``def f(x): return 5*x+3``, and the
 ``tests`` column asserts it at points the prompt does not show (``assert f(7)==38``),
 which ``code_tests`` runs in the sandbox. The 620 functions are shuffled with ``--seed``;
 the first ``--n-eval`` are held out and never appear in the training files. Files
@@ -15,12 +15,14 @@ written (JSONL): ``sft_train.jsonl`` (chat rows), ``eval.jsonl`` and ``rl_prompt
 from __future__ import annotations
 
 import argparse
-import json
-import os
 import random
+import sys
 from pathlib import Path
 
-TEST_POINTS = (0, 3, 7, -2)
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from arith.generate import write_jsonl  # noqa: E402  (examples/arith/generate.py)
+
+TEST_POINTS = (2, 3, 7, -2)
 
 
 def all_functions() -> list[tuple[int, int]]:
@@ -28,7 +30,7 @@ def all_functions() -> list[tuple[int, int]]:
 
 
 def prompt(a: int, b: int) -> str:
-    return f"f(1)={a + b} f(2)={2 * a + b}"
+    return f"f(0)={b} f(1)={a + b}"
 
 
 def solution(a: int, b: int) -> str:
@@ -46,15 +48,6 @@ def sft_row(a: int, b: int) -> dict:
 
 def prompt_row(a: int, b: int) -> dict:
     return {"messages": [{"role": "user", "content": prompt(a, b)}], "tests": tests(a, b)}
-
-
-def write_jsonl(path: Path, rows: list[dict]) -> None:
-    """Write aside, then rename: an interrupted run never leaves a half-written file."""
-    aside = path.with_name(f".{path.name}.tmp")
-    with aside.open("w", encoding="utf-8") as f:
-        for row in rows:
-            f.write(json.dumps(row) + "\n")
-    os.replace(aside, path)
 
 
 def generate(out: Path, seed: int, n_train: int, n_eval: int, n_rl: int) -> dict[Path, int]:
