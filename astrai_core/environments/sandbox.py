@@ -10,7 +10,7 @@ stderr, exit status, why it stopped). What holds, checked at run time and report
 - **memory, files, output**: ``RLIMIT_AS``, ``RLIMIT_FSIZE``, ``RLIMIT_NOFILE``; stdout
   and stderr beyond ``max_output_bytes`` stop the program (``output_limit``);
 - **processes**: as root the program runs as a sandbox user of its own (uid
-  ``uid_base + slot``, one slot per sandbox running in this process), so
+  from ``uid_base`` on, one per sandbox running at once on the machine), so
   ``RLIMIT_NPROC`` bounds its processes (a fork bomb meets ``EAGAIN``); a new pid
   namespace, whose init exits with the program, kills every process it left, and the
   host kills the process group at the end in any case;
@@ -28,6 +28,7 @@ from a thread pool (:func:`run_many`).
 
 from __future__ import annotations
 
+import fcntl
 import json
 import os
 import selectors
@@ -114,24 +115,41 @@ class SandboxResult:
 
 
 class _UidSlots:
-    """One sandbox user per sandbox running at once in this process, so that each one's
-    RLIMIT_NPROC counts its own processes only (the limit counts every process of a uid)."""
+    """One sandbox user per sandbox running at once on this machine, so that each one's
+    RLIMIT_NPROC counts its own processes only (the limit counts every process of a uid)
+    and killing a uid's processes kills one sandbox's. In this process a set under a lock
+    keeps the uids apart; across processes (two ranks of a run) an ``flock`` on a file
+    per uid does, released by the kernel when its holder exits, even when killed."""
+
+    LOCK_DIR = os.path.join(tempfile.gettempdir(), "astrai-sandbox-uids")
+    MAX_SLOTS = 4096
 
     def __init__(self) -> None:
-        self._lock = threading.Condition()
-        self._used: set[int] = set()
+        self._lock = threading.Lock()
+        self._held: dict[int, int] = {}   # uid -> its lock file's descriptor
 
-    def take(self) -> int:
+    def take(self, uid_base: int) -> int:
+        """A free uid from ``uid_base`` on, held until :meth:`give`."""
         with self._lock:
-            slot = 0
-            while slot in self._used:
-                slot += 1
-            self._used.add(slot)
-            return slot
+            os.makedirs(self.LOCK_DIR, mode=0o700, exist_ok=True)
+            for uid in range(uid_base, uid_base + self.MAX_SLOTS):
+                if uid in self._held:
+                    continue
+                fd = os.open(os.path.join(self.LOCK_DIR, str(uid)), os.O_RDWR | os.O_CREAT, 0o600)
+                try:
+                    fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                except BlockingIOError:   # another process's sandbox has it
+                    os.close(fd)
+                    continue
+                self._held[uid] = fd
+                return uid
+        raise SandboxError(f"no free sandbox uid in {uid_base}..{uid_base + self.MAX_SLOTS - 1}")
 
-    def give(self, slot: int) -> None:
+    def give(self, uid: int) -> None:
         with self._lock:
-            self._used.discard(slot)
+            fd = self._held.pop(uid, None)
+        if fd is not None:
+            os.close(fd)   # closing the descriptor releases the flock
 
 
 _SLOTS = _UidSlots()
@@ -154,7 +172,7 @@ class Sandbox:
         holding ``files``."""
         config = self.config
         workdir = tempfile.mkdtemp(prefix="astrai-sandbox-")
-        slot = _SLOTS.take()
+        uid = _SLOTS.take(config.uid_base) if os.geteuid() == 0 else None
         try:
             for name, text in files.items():
                 if "/" in name or name.startswith("."):
@@ -166,15 +184,15 @@ class Sandbox:
                 handle.write(stdin)
             with open(stdin_path, "rb") as stdin_file:
                 os.unlink(stdin_path)   # the program reads it through its fd only
-                return _execute(_launch_config(config, workdir, slot, argv), config, stdin_file)
+                return _execute(_launch_config(config, workdir, uid, argv), config, stdin_file)
         finally:
-            _SLOTS.give(slot)
+            if uid is not None:
+                _SLOTS.give(uid)
             shutil.rmtree(workdir, ignore_errors=True)
 
 
-def _launch_config(config: SandboxConfig, workdir: str, slot: int, argv: Sequence[str]
+def _launch_config(config: SandboxConfig, workdir: str, uid: int | None, argv: Sequence[str]
                    ) -> dict[str, Any]:
-    uid = config.uid_base + slot if os.geteuid() == 0 else None
     return {
         "workdir": workdir, "uid": uid, "gid": uid,
         "argv": [(config.python or sys.executable) if part == "{python}" else part

@@ -25,22 +25,26 @@ def isolation(box):
     return box.run_python("pass").isolation
 
 
+def _live_pids_of_uid(uid: int) -> list[int]:
+    """Processes (not zombies) whose real uid is ``uid``."""
+    pids = []
+    for entry in os.listdir("/proc"):
+        try:
+            status = Path(f"/proc/{entry}/status").read_text() if entry.isdigit() else ""
+        except OSError:
+            continue
+        fields = dict(line.split(":", 1) for line in status.splitlines() if ":" in line)
+        if fields and int(fields["Uid"].split()[0]) == uid and not fields["State"].strip().startswith("Z"):
+            pids.append(int(entry))
+    return pids
+
+
 def _pids_of_uid(uid: int) -> list[int]:
-    """Live (not zombie) processes whose real uid is ``uid``, after they had 2 s to die."""
+    """The live processes of ``uid`` after they had 2 s to die."""
     deadline = time.monotonic() + 2
-    while True:
-        pids = []
-        for entry in os.listdir("/proc"):
-            try:
-                status = Path(f"/proc/{entry}/status").read_text() if entry.isdigit() else ""
-            except OSError:
-                continue
-            fields = dict(line.split(":", 1) for line in status.splitlines() if ":" in line)
-            if fields and int(fields["Uid"].split()[0]) == uid and not fields["State"].strip().startswith("Z"):
-                pids.append(int(entry))
-        if not pids or time.monotonic() > deadline:
-            return pids
+    while (pids := _live_pids_of_uid(uid)) and time.monotonic() < deadline:
         time.sleep(0.05)
+    return pids
 
 
 def test_a_correct_program_runs_and_reports_its_output(box):
@@ -190,3 +194,27 @@ def test_bad_file_names_are_refused(box):
     with pytest.raises(SandboxError, match="plain names"):
         box.run_python("pass", files={"../x": ""})
     assert SandboxConfig().network == "none"
+
+
+def test_sandboxes_of_two_processes_get_different_users(isolation, tmp_path):
+    """Another process (another rank) running sandboxes at the same time takes other
+    uids, so their RLIMIT_NPROC budgets and the kill-by-uid fallback stay apart."""
+    if not isolation["user_drop"]:
+        pytest.skip("no sandbox user when not root")
+    import subprocess
+    import sys
+
+    code = ("import os, time\nprint(os.getuid(), flush=True)\ntime.sleep(1.5)")
+    other = subprocess.Popen(
+        [sys.executable, "-c", "from astrai_core.environments.sandbox import Sandbox\n"
+         f"print(Sandbox(timeout=5).run_python({code!r}).stdout, end='')"],
+        stdout=subprocess.PIPE, text=True)
+    deadline = time.monotonic() + 30   # until the other sandbox runs (it sleeps 1.5 s)
+    while not any(_live_pids_of_uid(uid) for uid in range(64000, 64004)):
+        assert time.monotonic() < deadline and other.poll() is None
+        time.sleep(0.02)
+    here = Sandbox(**FAST).run_python("import os\nprint(os.getuid())")
+    assert other.wait(timeout=30) == 0
+    theirs = other.stdout.read().strip()
+    assert here.ok and theirs
+    assert here.stdout.strip() != theirs
