@@ -71,12 +71,14 @@ def test_an_infinite_loop_is_killed_at_the_time_limit(box):
     assert result.status in ("error", "timeout")
 
 
-def test_a_sleeping_program_and_its_children_are_killed_at_the_wall_limit(box, isolation):
-    code = "import subprocess, time\nsubprocess.Popen(['sleep', '60'])\ntime.sleep(60)"
+def test_a_sleeping_program_and_its_children_are_killed_at_the_wall_limit(box):
+    # one child in the process group, one that left it (setsid)
+    code = ("import os, subprocess, time\nsubprocess.Popen(['sleep', '60'])\n"
+            "if os.fork() == 0:\n    os.setsid()\n    time.sleep(60)\ntime.sleep(60)")
     result = Sandbox(**{**FAST, "timeout": 1.0}).run_python(code)
     assert result.status == "timeout"
-    if isolation["uid"] is not None:
-        assert _pids_of_uid(isolation["uid"]) == []
+    if result.isolation["uid"] is not None:   # this sandbox's own user
+        assert _pids_of_uid(result.isolation["uid"]) == []
 
 
 def test_a_memory_bomb_fails_inside_the_sandbox(box):
@@ -100,12 +102,12 @@ def test_a_fork_bomb_is_bounded_and_leaves_no_process(box, isolation):
     assert time.monotonic() - start < 5
     assert result.status == "ok"
     assert 0 < int(result.stdout) < FAST["processes"]  # fork met EAGAIN at the limit
-    assert _pids_of_uid(isolation["uid"]) == []          # the sleepers died with the sandbox
+    assert _pids_of_uid(result.isolation["uid"]) == []   # the sleepers died with the sandbox
     # a real bomb (every child forks on) is stopped by the time limit, and cleaned up
     bomb = Sandbox(**{**FAST, "timeout": 1.0}).run_python(
         "import os\nwhile True:\n    try:\n        os.fork()\n    except OSError:\n        pass")
-    assert bomb.status == "timeout"
-    assert _pids_of_uid(isolation["uid"]) == []
+    assert bomb.status == "timeout" and bomb.isolation["uid"] is not None
+    assert _pids_of_uid(bomb.isolation["uid"]) == []
     assert box.run_python("print('alive')").stdout == "alive\n"
 
 
@@ -196,25 +198,25 @@ def test_bad_file_names_are_refused(box):
     assert SandboxConfig().network == "none"
 
 
-def test_sandboxes_of_two_processes_get_different_users(isolation, tmp_path):
-    """Another process (another rank) running sandboxes at the same time takes other
-    uids, so their RLIMIT_NPROC budgets and the kill-by-uid fallback stay apart."""
+def test_sandboxes_of_two_processes_get_different_users(isolation):
+    """While another process (another rank) holds a sandbox uid, this one takes another,
+    so their RLIMIT_NPROC budgets and the kill-by-uid fallback stay apart."""
     if not isolation["user_drop"]:
         pytest.skip("no sandbox user when not root")
     import subprocess
     import sys
 
-    code = ("import os, time\nprint(os.getuid(), flush=True)\ntime.sleep(1.5)")
-    other = subprocess.Popen(
-        [sys.executable, "-c", "from astrai_core.environments.sandbox import Sandbox\n"
-         f"print(Sandbox(timeout=5).run_python({code!r}).stdout, end='')"],
-        stdout=subprocess.PIPE, text=True)
-    deadline = time.monotonic() + 30   # until the other sandbox runs (it sleeps 1.5 s)
-    while not any(_live_pids_of_uid(uid) for uid in range(64000, 64004)):
-        assert time.monotonic() < deadline and other.poll() is None
-        time.sleep(0.02)
-    here = Sandbox(**FAST).run_python("import os\nprint(os.getuid())")
-    assert other.wait(timeout=30) == 0
-    theirs = other.stdout.read().strip()
-    assert here.ok and theirs
-    assert here.stdout.strip() != theirs
+    holder = ("import sys\nfrom astrai_core.environments.sandbox import _SLOTS\n"
+              "print(_SLOTS.take(64000), flush=True)\nsys.stdin.read()")
+    other = subprocess.Popen([sys.executable, "-c", holder], stdin=subprocess.PIPE,
+                             stdout=subprocess.PIPE, text=True)
+    try:
+        theirs = int(other.stdout.readline())
+        results = run_many(lambda _: Sandbox(**FAST).run_python("import os\nprint(os.getuid())"),
+                           range(3), max_workers=3)
+    finally:
+        other.stdin.close()
+        other.wait(timeout=30)
+    uids = [int(r.stdout) for r in results]
+    assert theirs not in uids and len(set(uids)) == 3
+    assert uids == [r.isolation["uid"] for r in results]
