@@ -66,6 +66,9 @@ def astrai_reward_functions() -> list[RewardFunctionSpec]:
                            target="astrai_core.rewards.builtin:OverlongPenalty",
                            summary="DAPO's soft overlong punishment: a ramp to -1 over the "
                            "last `cache` tokens before `max_length`"),
+        RewardFunctionSpec(name="code_tests", target="astrai_core.rewards.code_tests:CodeTests",
+                           summary="share of the `tests` column's cases the completion's code "
+                           "passes, run in the sandbox"),
     ]
 
 
