@@ -76,7 +76,8 @@ class RolloutSection(Section):
     max_logprob_diff: float | None = Field(
         default=None, gt=0, description="stop the run when a step's sampler/trainer log-prob "
         "mismatch (rollout/logprob_diff_max) exceeds this: a weight push that did not reach "
-        "the sampler is an error (docs/rl-objectives.md: values per sampler); null = no check")
+        "the sampler is an error: 1e-4 for the torch sampler, 1e-3 for vllm on CPU in float32 "
+        "(docs/rl-objectives.md); null = no check")
 
 
 class RunConfig(Section):
