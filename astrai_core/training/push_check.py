@@ -10,6 +10,7 @@ case into an error instead of rollouts from a stale policy.
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 from astrai_core.errors import AstraiError
@@ -31,8 +32,10 @@ def check_logprob_mismatch(metrics: dict[str, Any], limit: float | None, sampler
     if limit is None:
         return
     measured = float(metrics.get(METRIC, 0.0))
-    # each rank may measure its own share of the rollout's tokens: the largest decides
-    worst = max(dist.all_gather_object(measured)) if dist.enabled else measured
+    # each rank may measure its own share of the rollout's tokens: the largest (or a NaN)
+    # decides, the same on every rank
+    values = dist.all_gather_object(measured) if dist.enabled else [measured]
+    worst = next((v for v in values if math.isnan(v)), max(values))
     if worst <= limit:  # written so that NaN fails the check too
         return
     raise SamplerMismatch(

@@ -94,3 +94,32 @@ def test_a_push_that_lands_runs_through(tmp_path, strategy, stale_step):
     logged = read_metrics(tmp_path / "run")
     assert [m["step"] for m in logged] == list(range(1, STEPS + 1))
     assert all(m["rollout/logprob_diff_max"] <= LIMIT for m in logged)
+
+
+class _TwoRanks:
+    """A 2-rank context whose other rank measured ``other``."""
+
+    enabled = True
+
+    def __init__(self, other: float) -> None:
+        self.other = other
+
+    def all_gather_object(self, obj):
+        return [obj, self.other]
+
+
+def test_the_check_takes_the_worst_rank_and_fails_on_nan():
+    from astrai_core.training.push_check import SamplerMismatch, check_logprob_mismatch
+
+    fine = {"rollout/logprob_diff_max": 1e-6}
+    check_logprob_mismatch(fine, None, "torch", 1, _TwoRanks(5.0))  # no limit: no check
+    check_logprob_mismatch(fine, 1e-4, "torch", 1, _TwoRanks(2e-6))
+    check_logprob_mismatch({}, 1e-4, "torch", 1, _TwoRanks(0.0))  # nothing measured
+    # every rank raises when one rank's share of the tokens disagrees (no rank waits alone)
+    with pytest.raises(SamplerMismatch, match=r"sampler 'vllm' .* at step 7: .* up to 0.5 "):
+        check_logprob_mismatch(fine, 1e-4, "vllm", 7, _TwoRanks(0.5))
+    with pytest.raises(SamplerMismatch, match="up to nan"):
+        check_logprob_mismatch({"rollout/logprob_diff_max": float("nan")}, 1e-4, "torch", 1,
+                               _TwoRanks(0.0))
+    with pytest.raises(SamplerMismatch, match="up to nan"):
+        check_logprob_mismatch(fine, 1e-4, "torch", 1, _TwoRanks(float("nan")))
