@@ -196,6 +196,7 @@ def plan_run(config: RunConfig, source: YamlSource | None = None,
     sampler_section = config.sampler or ComponentSection(name=DEFAULT_SAMPLER)
     sampler = resolve.section("sampler", sampler_section, ("sampler",))
     try:
+        _check_logprob_limit(config, needs)
         _check_staleness(config, needs, registry, sampler)
     except FieldError as exc:
         raise resolve.error(exc.path, exc.message) from None
@@ -352,6 +353,21 @@ def _check_staleness(config: RunConfig, needs: StrategyNeeds, registry: Registry
             "no installed sampler allows it (pip install astrai-plugin-ray for the ray sampler)")
     raise FieldError(path, f"sampler {sampler.name!r} generates inside the trainer's process, so "
                      f"rollouts cannot overlap training; {hint} (or set max_staleness: 0)")
+
+
+def _check_logprob_limit(config: RunConfig, needs: StrategyNeeds) -> None:
+    """``rollout.max_logprob_diff`` compares the sampler's log-probs with the trainer's for
+    the same weights: it needs rollouts, and rollouts sampled by the same policy."""
+    if config.rollout.max_logprob_diff is None:
+        return
+    path = ("rollout", "max_logprob_diff")
+    if not needs.rollouts:
+        raise FieldError(path, f"strategy {config.strategy.name!r} trains offline: it draws "
+                         "no rollouts, so there are no sampler log-probs to check")
+    if config.rollout.max_staleness:
+        raise FieldError(path, "with rollout.max_staleness > 0 the sampler's weights lag the "
+                         "trainer's by design, so the mismatch measures the policy's change, "
+                         "not the weight push; remove one of the two")
 
 
 def _keywords(target: Any) -> list[str]:

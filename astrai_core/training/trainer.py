@@ -33,6 +33,7 @@ from astrai_core.training.evaluation import evaluate
 from astrai_core.training.metrics import MetricsLog, Throughput, to_number
 from astrai_core.training.optim import build_optimizer, build_scheduler
 from astrai_core.training.phases import CHECKPOINT_SAVED, PhaseHook, no_hook
+from astrai_core.training.push_check import check_logprob_mismatch
 from astrai_core.training.progress import Clock, RunReporter
 from astrai_core.training.signals import StopOnSignal, TrainingInterrupted
 from astrai_core.training.strategy import Strategy
@@ -199,6 +200,9 @@ class Trainer:
         throughput = Throughput()
         metrics = self._train_step()
         self.step += 1
+        if self.run.rollouts is not None:  # rollouts from a stale sampler stop the run
+            check_logprob_mismatch(metrics, self.run.plan.config.rollout.max_logprob_diff,
+                                   self.run.plan.sampler.name, self.step, self.run.dist)
         self.strategy.after_optimizer_step(self.step)
         if self.run.rollouts is not None:
             self.run.rollouts.publish_from(self.run.model)
