@@ -170,10 +170,11 @@ def rollout_sampling(plan: RunPlan, tokenizer: Any) -> Any:
 
 
 def _check_output_dir(output_dir: Path, resume: bool, overwrite: bool, max_steps: int) -> None:
-    """Refuse to overwrite an earlier run's checkpoints or metrics without --overwrite."""
+    """Refuse to overwrite an earlier run's checkpoints or metrics without --overwrite;
+    remove what a run killed while saving left behind."""
+    ckpt.remove_stale_staging(output_dir)
     if resume:
-        newest = ckpt.latest_checkpoint(output_dir)  # fails now, before any work, when none
-        step = ckpt.list_checkpoints(output_dir)[-1][0]
+        step, newest = ckpt.latest_checkpoint(output_dir)  # fails now, before any work, when none
         if step >= max_steps:
             raise NothingToResume(
                 f"nothing to do: {newest} is at step {step} and trainer.max_steps is "
