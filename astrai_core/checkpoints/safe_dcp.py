@@ -29,7 +29,9 @@ _ALLOWED: dict[str, frozenset[str]] = {
         "TensorProperties", "MetadataIndex", "StorageMeta", "_MEM_FORMAT_ENCODING"}),
     "torch.distributed.checkpoint.filesystem": frozenset({"_StorageInfo"}),
     "torch": frozenset({"Size"}),
+    "torch.serialization": frozenset({"_get_layout"}),  # a lookup of torch.strided & co.
     "collections": frozenset({"OrderedDict"}),
+    "pathlib": frozenset({"PosixPath", "PurePosixPath"}),  # StorageMeta.checkpoint_id
     "builtins": frozenset({"set", "frozenset", "slice"}),
 }
 

@@ -43,6 +43,7 @@ from astrai_core.checkpoints.manifest import verify_manifest, write_manifest
 from astrai_core.checkpoints.native_files import (
     atomic_directory,
     copy_tokenizer_files,
+    directory_bytes,
     load_state_dict_strict,
     read_safetensors,
     weight_files,
@@ -153,7 +154,7 @@ def _staging(target: Path, dist: DistContext, manifest_written: Any) -> Iterator
     has written its part (barrier), rank 0 writes the manifest and renames the directory
     into place, and the ranks leave only once it is in place."""
     if dist.is_main:
-        with atomic_directory(target) as staging:
+        with atomic_directory(target, partial(_newest_size, target.parent)) as staging:
             dist.broadcast_object(str(staging))
             yield staging
             dist.barrier()  # every rank's shards are written
@@ -174,6 +175,12 @@ def remove_stale_staging(output_dir: Path) -> list[Path]:
         shutil.rmtree(path, ignore_errors=True)
         log.info("removed an unfinished checkpoint", path=str(path))
     return stale
+
+
+def _newest_size(root: Path) -> int:
+    """The bytes of the newest checkpoint in ``root`` (what the next one will about need)."""
+    kept = list_checkpoints(root.parent)
+    return directory_bytes(kept[-1][1]) if kept else 0
 
 
 def list_checkpoints(output_dir: Path) -> list[tuple[int, Path]]:

@@ -13,6 +13,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import os
+import signal
 import sys
 from collections.abc import Iterator
 from typing import Any
@@ -43,8 +44,8 @@ def torchrun_argv(args: argparse.Namespace) -> list[str]:
     if args.master_addr or args.master_port or args.nnodes > 1:
         argv += [f"--master-addr={args.master_addr or '127.0.0.1'}",
                  f"--master-port={args.master_port or DEFAULT_PORT}"]
-    else:
-        argv.append("--standalone")  # one machine: a free port, found by torchrun
+    else:  # one machine: a free port, found by torchrun; peers reached over loopback
+        argv += ["--standalone", "--local-addr=127.0.0.1"]
     command = [f"--log-format={getattr(args, 'log_format', 'auto')}",
                f"--log-level={getattr(args, 'log_level', 'info')}", "train", args.config]
     command += [f"--set={override}" for override in args.overrides]
@@ -69,16 +70,37 @@ def launch(args: argparse.Namespace, loaded: Any) -> int:
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
     from torch.distributed.run import get_args_parser, run
 
+    from torch.distributed.elastic.multiprocessing.api import SignalException
+
     try:
         run(get_args_parser().parse_args(torchrun_argv(args)))
+    except (SignalException, KeyboardInterrupt) as stopped:
+        # torchrun's agent has already sent the signal on to every rank, which checkpoints
+        # at the end of its step (it is killed if that takes over torchrun's 30 s)
+        signum = int(getattr(stopped, "sigval", signal.SIGINT))
+        print(f"error: stopped by {signal.Signals(signum).name}: every rank was sent it and "
+              "saves a checkpoint at the end of its step; continue with --resume",
+              file=sys.stderr)
+        return 128 + signum
     except ChildFailedError as failed:
         rank, failure = failed.get_first_failure()
-        code = failure.exitcode
-        how = f"signal {-code}" if code < 0 else f"status {code}"
-        print(f"error: the distributed run failed: rank {rank} exited with {how} (its error "
-              "is printed above)", file=sys.stderr)
-        return code if code > 0 else 1
+        print(f"error: the distributed run failed: {_failure(rank, failure.exitcode)}",
+              file=sys.stderr)
+        return failure.exitcode if failure.exitcode > 0 else 1
     return 0
+
+
+def _failure(rank: int, code: int) -> str:
+    """What happened to the failed ``rank``: an error it printed, or a signal it could not
+    report (SIGKILL: out of memory, or killed from outside)."""
+    if code >= 0:
+        return f"rank {rank} exited with status {code} (its error is printed above)"
+    try:
+        name = signal.Signals(-code).name
+    except ValueError:
+        name = f"signal {-code}"
+    return (f"rank {rank} was killed by {name} (signal {-code}) and could print no error "
+            "of its own (out of memory, or killed from outside?)")
 
 
 def _lost_peer(error: BaseException) -> bool:

@@ -32,6 +32,14 @@ def trained(tmp_path_factory):
     return write_config(tmp_path, config), tmp_path / "run" / "checkpoints" / "step_2"
 
 
+def test_the_restricted_unpickler_reads_real_dcp_metadata(trained):
+    from astrai_core.checkpoints.safe_dcp import read_dcp_metadata
+
+    path = trained[1] / "dcp" / ".metadata"
+    data = path.read_bytes()
+    assert read_dcp_metadata(data, str(path)) == pickle.loads(data)  # our own file: trusted
+
+
 @pytest.mark.parametrize("target", ["dcp/.metadata", "training_state.pt"])
 @pytest.mark.parametrize("manifest", ["rewritten", "removed"])
 def test_a_pickle_payload_never_runs_on_resume(trained, tmp_path, target, manifest):
