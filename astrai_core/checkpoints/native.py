@@ -63,13 +63,19 @@ def load_pretrained(directory: str | os.PathLike, *, dtype: torch.dtype | None =
     sha256: hashing a large model on each load is too slow; `astrai export` and
     ``--resume`` hash, see :mod:`astrai_core.checkpoints.manifest`)."""
     directory = Path(directory)
-    load_config(directory)  # JSON only: a clear message when it is not a checkpoint at all
-    verify_manifest(directory)
+    verify_checkpoint(directory)
     load_plain = partial(_load_plain, dtype=dtype, device=device)
     if lora_files.is_lora_checkpoint(directory):
         load_base = partial(load_pretrained, dtype=dtype, device=device)  # may be LoRA too
         return lora_files.load_lora_checkpoint(directory, load_plain, load_base)
     return load_plain(directory)
+
+
+def verify_checkpoint(directory: Path, *, hashes: bool = False) -> None:
+    """A native checkpoint directory whose files match its manifest (``hashes``: sha256
+    too, else sizes); CheckpointError naming the directory or file otherwise."""
+    load_config(directory)  # JSON only: a clear message when it is not a checkpoint at all
+    verify_manifest(directory, hashes=hashes)
 
 
 def _load_plain(directory: Path, *, dtype: torch.dtype | None,

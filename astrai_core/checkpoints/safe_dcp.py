@@ -17,6 +17,7 @@ from typing import Any
 
 import torch
 from torch.distributed.checkpoint import DefaultLoadPlanner, FileSystemReader
+from torch.distributed.checkpoint.default_planner import _EmptyStateDictLoadPlanner
 from torch.distributed.checkpoint.metadata import Metadata, StorageMeta
 
 from astrai_core.errors import CheckpointError
@@ -71,14 +72,23 @@ class SafeReader(FileSystemReader):
         return metadata
 
 
-class SafeLoadPlanner(DefaultLoadPlanner):
-    """DCP's load planner, with non-tensor items read by ``torch.load(weights_only=True)``."""
+class _SafeBytes:
+    """Non-tensor items read by ``torch.load(weights_only=True)`` (DCP's own planners use
+    ``weights_only=False``); mixed into a DCP load planner."""
 
     def load_bytes(self, read_item: Any, value: io.BytesIO) -> None:
-        from torch.distributed.checkpoint._traverse import set_element as set_nested
+        from torch.distributed.checkpoint._traverse import set_element
 
         loaded = torch.load(value, weights_only=True)
         if self.flatten_state_dict:
-            set_nested(self.original_state_dict, self.mappings[read_item.dest_index.fqn], loaded)
+            set_element(self.original_state_dict, self.mappings[read_item.dest_index.fqn], loaded)
         else:
             self.state_dict[read_item.dest_index.fqn] = loaded
+
+
+class SafeLoadPlanner(_SafeBytes, DefaultLoadPlanner):
+    """DCP's load planner (into a given state dict), reading nothing that runs code."""
+
+
+class SafeWholeLoadPlanner(_SafeBytes, _EmptyStateDictLoadPlanner):
+    """DCP's planner that loads a whole checkpoint into an empty dict, likewise."""

@@ -129,9 +129,11 @@ def _drop_unsaved_state(m: Any, saved: set[str]) -> None:
 def read_sharded(directory: Path) -> dict[str, Any]:
     """The whole sharded state of a checkpoint as plain tensors, in this process (tools
     and tests: compare two runs' optimizer states)."""
-    from torch.distributed.checkpoint.state_dict_loader import _load_state_dict_from_keys
+    from torch.distributed.checkpoint.state_dict_loader import _load_state_dict
 
-    from astrai_core.checkpoints.safe_dcp import SafeReader
+    from astrai_core.checkpoints.safe_dcp import SafeReader, SafeWholeLoadPlanner
 
-    with _single_process_quiet():
-        return _load_state_dict_from_keys(storage_reader=SafeReader(str(directory / DCP_DIR)))
+    state: dict[str, Any] = {}
+    _load_state_dict(state, storage_reader=SafeReader(str(directory / DCP_DIR)),
+                     planner=SafeWholeLoadPlanner(), no_dist=True)
+    return state

@@ -30,7 +30,7 @@ from functools import partial
 from pathlib import Path
 from typing import Any
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 
 import torch
@@ -56,8 +56,8 @@ from astrai_core.distributed.fsdp import full_tensor
 from astrai_core.errors import CheckpointError
 from astrai_core.log import get_logger
 from astrai_core.model.lora import adapter_parameters, base_state_dict, has_lora
-from astrai_core.training.phases import (DCP_WRITTEN, MANIFEST_WRITTEN, TRAINING_STATE_WRITTEN,
-                                         WEIGHTS_WRITTEN, PhaseHook, no_hook)
+from astrai_core.checkpoints.write_phases import (DCP_WRITTEN, MANIFEST_WRITTEN,
+                                                  TRAINING_STATE_WRITTEN, WEIGHTS_WRITTEN)
 
 log = get_logger("astrai.checkpoints")
 
@@ -88,7 +88,8 @@ def save_checkpoint(target: Path, *, model: nn.Module, tokenizer_dir: Path,
                     summary: dict[str, Any], initial_model_dir: Path | None = None,
                     state_tensors: dict[str, torch.Tensor] | None = None,
                     sharded_modules: list[Any] = (), dist: DistContext = SINGLE,
-                    phase_hook: PhaseHook = no_hook, step: int = 0) -> Path:
+                    phase_hook: Callable[[str, int], None] = lambda phase, step: None,
+                    step: int = 0) -> Path:
     """Write one complete checkpoint directory atomically.
 
     ``initial_model_dir``: the checkpoint the run started from; its record of the original
@@ -100,7 +101,7 @@ def save_checkpoint(target: Path, *, model: nn.Module, tokenizer_dir: Path,
     Distributed (``dist``): every rank calls this; each writes its shards, rank 0 writes
     the rest (the consolidated weights included) and renames the directory into place
     once every rank has finished. ``phase_hook(phase, step)`` is called after each part is
-    written (:mod:`astrai_core.training.phases`), so tests can kill the run between them.
+    written (:mod:`astrai_core.checkpoints.write_phases`), so tests can kill the run between them.
     """
     # Gathered on rank 0 (collectives: all ranks). A LoRA policy saves only its adapter/,
     # so its full weights are not gathered at all (unless the checkpoint saves its base).

@@ -9,18 +9,17 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-# The parts of a checkpoint write, in the order they happen inside its staging directory
-# (a run killed at any of them leaves only a hidden ``.step_N.tmp-*`` directory, which
-# the next run removes; see astrai_core.checkpoints.training_state):
-DCP_WRITTEN = "dcp_written"  # every trained module's and optimizer's shards (each rank)
-WEIGHTS_WRITTEN = "weights_written"  # config.json and the consolidated weights (rank 0)
-TRAINING_STATE_WRITTEN = "training_state_written"  # schedulers, RNG, data positions
-MANIFEST_WRITTEN = "manifest_written"  # manifest.json, the last file before the rename
+# The parts of a checkpoint write, in order (astrai_core.checkpoints.write_phases).
+from astrai_core.checkpoints.write_phases import (DCP_WRITTEN, MANIFEST_WRITTEN,
+                                                  TRAINING_STATE_WRITTEN, WEIGHTS_WRITTEN,
+                                                  WRITE_PHASES)
+
 # Checkpoint ``step_N`` is complete on disk (renamed into place), before anything else
 # happens in that step.
 CHECKPOINT_SAVED = "checkpoint_saved"
-PHASES = (DCP_WRITTEN, WEIGHTS_WRITTEN, TRAINING_STATE_WRITTEN, MANIFEST_WRITTEN,
-          CHECKPOINT_SAVED)
+PHASES = (*WRITE_PHASES, CHECKPOINT_SAVED)
+__all__ = ["CHECKPOINT_SAVED", "DCP_WRITTEN", "MANIFEST_WRITTEN", "PHASES", "PhaseHook",
+           "TRAINING_STATE_WRITTEN", "WEIGHTS_WRITTEN", "no_hook"]
 
 PhaseHook = Callable[[str, int], None]
 

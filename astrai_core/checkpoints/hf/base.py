@@ -240,13 +240,12 @@ class HFImporter:
     def export_checkpoint(self, src_dir: str | os.PathLike, dst_dir: str | os.PathLike, *,
                           model_type: str | None = None) -> Path:
         """Native checkpoint -> HF directory (complete or absent)."""
-        from astrai_core.checkpoints.manifest import verify_manifest
-        from astrai_core.checkpoints.native import load_pretrained
+        from astrai_core.checkpoints.native import load_pretrained, verify_checkpoint
         from astrai_core.checkpoints.native_files import copy_tokenizer_files, write_weights
 
         src, dst = Path(src_dir), Path(dst_dir)
         check_destination_free(dst)
-        verify_manifest(src, hashes=True)  # every byte: an export is what others will load
+        verify_checkpoint(src, hashes=True)  # every byte: an export is what others will load
         model = load_pretrained(src)
         record = read_hf_source(src)
         model_type = self.check_model_type(model_type or record.get("model_type")
