@@ -26,6 +26,7 @@ import json
 import random
 import re
 import shutil
+import uuid
 from functools import partial
 from pathlib import Path
 from typing import Any
@@ -197,18 +198,19 @@ def list_checkpoints(output_dir: Path) -> list[tuple[int, Path]]:
     return sorted(found)
 
 
-def verified_checkpoints(output_dir: Path) -> tuple[list[tuple[int, Path]], list[str]]:
-    """(the checkpoints whose manifest verifies, sizes and sha256, newest first; why each
-    other one fails). A checkpoint that fails is never read further."""
-    good, skipped = [], []
+def verified_checkpoints(output_dir: Path
+                         ) -> tuple[list[tuple[int, Path]], list[tuple[int, Path, str]]]:
+    """(the checkpoints whose manifest verifies, sizes and sha256, newest first;
+    (step, path, why) of each other one). A checkpoint that fails is never read further."""
+    good, failed = [], []
     for step, path in reversed(list_checkpoints(output_dir)):
         try:
             verify_manifest(path, hashes=True)
         except CheckpointError as exc:
-            skipped.append(f"{path.name}: {exc}")
+            failed.append((step, path, str(exc)))
         else:
             good.append((step, path))
-    return good, skipped
+    return good, failed
 
 
 def last_good_checkpoint(output_dir: Path) -> Path | None:
@@ -217,19 +219,26 @@ def last_good_checkpoint(output_dir: Path) -> Path | None:
     return good[0][1] if good else None
 
 
-def latest_checkpoint(output_dir: Path) -> tuple[int, Path]:
-    """(step, path) of the newest checkpoint that verifies; each newer one is named with
-    why it was skipped. A clear error when none verifies."""
-    good, skipped = verified_checkpoints(output_dir)
+def latest_checkpoint(output_dir: Path, *, set_aside: bool = False) -> tuple[int, Path]:
+    """(step, path) of the newest checkpoint that verifies, naming each newer one skipped
+    and why; ``set_aside``: rename those to ``step_N.unverified-<id>`` (kept for a look,
+    out of the run's way: the resumed run writes its own step_N). A clear error when none
+    verifies."""
+    good, failed = verified_checkpoints(output_dir)
     if not good:
-        reasons = "".join(f"; {reason}" for reason in skipped)
+        reasons = "".join(f"; {path.name}: {why}" for _, path, why in failed)
         raise CheckpointError(
             f"--resume: no complete checkpoint in {output_dir / 'checkpoints'} verifies"
             f"{reasons}; run without --resume to start from the beginning")
-    newer = [reason for reason in skipped
-             if int(reason.split(":", 1)[0].removeprefix("step_")) > good[0][0]]
-    for reason in newer:
-        log.warning(f"--resume skips checkpoint {reason}")
+    for step, path, why in failed:
+        if step <= good[0][0]:
+            continue
+        kept = ""
+        if set_aside:
+            aside = path.with_name(f"{path.name}.unverified-{uuid.uuid4().hex[:8]}")
+            path.rename(aside)
+            kept = f" (kept as {aside.name})"
+        log.warning(f"--resume skips checkpoint {path.name}{kept}: {why}")
     return good[0]
 
 

@@ -2,8 +2,10 @@
 
 The launcher checks the config once, for the world size it is about to start, then hands
 torchrun's own launcher (``torch.distributed.run``) the same ``astrai train`` command for
-every process. When a process fails, torchrun stops the others and this returns a
-non-zero status; the failed rank printed its own error. Inside each process,
+every process. When a process fails, torchrun stops the others and this names it and
+returns a non-zero status (a failed rank printed its own error; one killed by a signal
+could not, and the line says so). SIGINT and SIGTERM reach every rank through torchrun,
+which checkpoint at the end of their step; the launcher then ends with one line. Inside each process,
 :func:`worker_errors` keeps the ranks that merely lost a peer to one line, so a failure's
 message appears once.
 """
@@ -83,11 +85,19 @@ def launch(args: argparse.Namespace, loaded: Any) -> int:
               file=sys.stderr)
         return 128 + signum
     except ChildFailedError as failed:
-        rank, failure = failed.get_first_failure()
-        print(f"error: the distributed run failed: {_failure(rank, failure.exitcode)}",
-              file=sys.stderr)
-        return failure.exitcode if failure.exitcode > 0 else 1
+        rank, code = culprit({r: (f.exitcode, f.timestamp) for r, f in failed.failures.items()})
+        print(f"error: the distributed run failed: {_failure(rank, code)}", file=sys.stderr)
+        return code if code > 0 else 1
     return 0
+
+
+def culprit(failures: dict[int, tuple[int, int]]) -> tuple[int, int]:
+    """(rank, exit code) of the process that failed first, from ``{rank: (exit code,
+    timestamp)}``. torchrun's timestamps are whole seconds, so the peers that stopped
+    because of it often tie with it: a process killed by a signal goes first (its peers
+    exit with a status), then the earliest, then the lowest rank."""
+    rank = min(failures, key=lambda r: (failures[r][0] >= 0, failures[r][1], r))
+    return rank, failures[rank][0]
 
 
 def _failure(rank: int, code: int) -> str:

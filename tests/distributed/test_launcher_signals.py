@@ -13,7 +13,7 @@ import time
 
 from astrai_core.checkpoints.manifest import verify_manifest
 from astrai_core.checkpoints.training_state import list_checkpoints
-from astrai_core.cli.launch import torchrun_argv
+from astrai_core.cli.launch import _failure, culprit, torchrun_argv
 from tests.training.conftest import tiny_config, write_config
 
 
@@ -45,3 +45,13 @@ def test_sigterm_to_the_launcher_checkpoints_every_rank_and_exits_143(tmp_path):
     kept = list_checkpoints(tmp_path / "run")
     assert kept, stderr[-3000:]
     verify_manifest(kept[-1][1], hashes=True)
+
+
+def test_the_rank_killed_by_a_signal_is_named_not_its_peers():
+    # rank 1 SIGKILLed; rank 0 then failed on a lost collective in the same second
+    assert culprit({0: (1, 100), 1: (-9, 100)}) == (1, -9)
+    assert culprit({0: (1, 101), 1: (2, 100)}) == (1, 2)  # otherwise the earliest
+    assert culprit({0: (1, 100), 1: (1, 100)}) == (0, 1)
+    assert "rank 1 was killed by SIGKILL (signal 9) and could print no error" in \
+        _failure(1, -9)
+    assert "rank 0 exited with status 1 (its error is printed above)" in _failure(0, 1)

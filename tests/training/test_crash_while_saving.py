@@ -51,3 +51,27 @@ def test_a_kill_while_saving_resumes_exactly(reference, tmp_path, phase):
     assert expected.keys() == got.keys()
     for name in expected:
         assert torch.equal(expected[name], got[name]), f"{name} differs after resume"
+
+
+def test_resume_skips_a_corrupt_newest_checkpoint_and_names_it(reference, tmp_path):
+    config, expected = reference
+    run_dir = tmp_path / "run"
+    config_path = write_config(tmp_path, dict(config, output_dir=str(run_dir)))
+    finished = astrai("train", str(config_path))
+    assert finished.returncode == 0, finished.stderr
+    state = run_dir / "checkpoints" / f"step_{STEPS}" / "model.safetensors"
+    data = bytearray(state.read_bytes())
+    data[-1] ^= 0xFF  # same size: only the sha256 tells
+    state.write_bytes(bytes(data))
+    config_path = write_config(tmp_path, dict(config, output_dir=str(run_dir)))
+
+    resumed = astrai("train", str(config_path), "--resume")
+    assert resumed.returncode == 0, resumed.stderr
+    assert f"--resume skips checkpoint step_{STEPS} (kept as step_{STEPS}.unverified-" \
+        in resumed.stderr and "sha256 differs" in resumed.stderr, resumed.stderr[-3000:]
+    names = sorted(p.name for p in (run_dir / "checkpoints").iterdir())
+    assert names[:2] == ["step_4", f"step_{STEPS}"]
+    assert names[2].startswith(f"step_{STEPS}.unverified-") and len(names) == 3
+    got = _weights(run_dir)  # resumed from step_4: the same as never corrupted
+    for name in expected:
+        assert torch.equal(expected[name], got[name]), f"{name} differs after resume"
