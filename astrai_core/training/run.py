@@ -8,6 +8,7 @@ by :func:`prepare_run`.
 
 from __future__ import annotations
 
+import os
 import random
 import shutil
 from collections.abc import Iterator
@@ -170,10 +171,14 @@ def rollout_sampling(plan: RunPlan, tokenizer: Any) -> Any:
 
 
 def _check_output_dir(output_dir: Path, resume: bool, overwrite: bool, max_steps: int) -> None:
-    """Refuse to overwrite an earlier run's checkpoints or metrics without --overwrite."""
+    """Refuse to overwrite an earlier run's checkpoints or metrics without --overwrite;
+    remove what a run killed while saving left behind."""
+    ckpt.remove_stale_staging(output_dir)
     if resume:
-        newest = ckpt.latest_checkpoint(output_dir)  # fails now, before any work, when none
-        step = ckpt.list_checkpoints(output_dir)[-1][0]
+        # fails now, before any work, when none verifies; the first process sets aside
+        # the newer ones that do not (the resumed run writes those steps anew)
+        step, newest = ckpt.latest_checkpoint(output_dir,
+                                              set_aside=os.environ.get("RANK", "0") == "0")
         if step >= max_steps:
             raise NothingToResume(
                 f"nothing to do: {newest} is at step {step} and trainer.max_steps is "

@@ -107,7 +107,7 @@ class Trainer:
     # -- resume ---------------------------------------------------------------------
     def resume(self) -> int:
         """Restore the newest complete checkpoint; returns its step."""
-        directory = ckpt.latest_checkpoint(self.run.output_dir)
+        _, directory = ckpt.latest_checkpoint(self.run.output_dir)  # verified: sizes, sha256
         state = ckpt.load_training_state(directory)
         if has_sharded(directory):  # modules and optimizers, resharded to this world size
             load_sharded(directory, self.modules)
@@ -153,7 +153,8 @@ class Trainer:
                              extra_modules=self._saved_modules(), training_state=state,
                              summary={"step": self.step, "max_steps": self.cfg.max_steps},
                              initial_model_dir=self.run.initial_model_dir, state_tensors=tensors,
-                             sharded_modules=self.modules, dist=self.run.dist)
+                             sharded_modules=self.modules, dist=self.run.dist,
+                             phase_hook=self.phase_hook, step=self.step)
         self.phase_hook(CHECKPOINT_SAVED, self.step)  # tests of exact resume kill the run here
         if self.run.dist.is_main:
             ckpt.prune_checkpoints(self.run.output_dir, self.cfg.keep_last)
@@ -303,8 +304,8 @@ class Trainer:
                     param.grad.div_(total)
 
     def _diverged(self, what: str) -> None:
-        kept = ckpt.list_checkpoints(self.run.output_dir)
-        last_good = str(kept[-1][1]) if kept else "none yet"
+        good = ckpt.last_good_checkpoint(self.run.output_dir)  # one whose manifest verifies
+        last_good = str(good) if good is not None else "none yet"
         raise TrainingDiverged(
             f"training diverged at step {self.step + 1}: {what}. Nothing was saved for this "
             f"step; the last good checkpoint is {last_good}. Lower trainer.lr, enable "
