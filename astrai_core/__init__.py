@@ -16,6 +16,7 @@ from astrai_core.plugins.specs import (
     SamplerSpec,
     Spec,
     StrategySpec,
+    TrackerSpec,
 )
 
 __version__ = "0.1.0"
@@ -31,6 +32,7 @@ __all__ = [
     "SamplerSpec",
     "Spec",
     "StrategySpec",
+    "TrackerSpec",
     "__version__",
     "hookimpl",
 ]

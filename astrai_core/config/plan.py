@@ -73,6 +73,7 @@ class RunPlan:
     policy_loss: Component | None = None  # the strategy's policy loss (online strategies)
     environment: Component | None = None  # rollouts' and evaluation's environment
     episode: EpisodeConfig | None = None  # its episode keys (max_turns, ...)
+    trackers: tuple[Component, ...] = ()  # trainer.report_to, in order
 
     def sampling_fields(self) -> tuple[dict[str, Any], dict[str, Any]]:
         """(the sampler section's SamplingParams fields, its engine options)."""
@@ -135,6 +136,7 @@ class Resolver:
         else:
             target = self._load("reward_function", name, path)
         label = name.rpartition(":")[2].rpartition(".")[2]
+        self.check_installed(f"reward {name!r}", target, path)
         required = tuple(getattr(target, "required_columns", ()))
         if not inspect.isclass(target):
             if params:
@@ -149,6 +151,17 @@ class Resolver:
         except (TypeError, ValueError) as exc:  # pydantic's ValidationError is a ValueError
             message = exc.errors()[0]["msg"] if isinstance(exc, ValidationError) else str(exc)
             raise self.error(path, f"reward {name!r}: bad options: {message}") from None
+
+    def check_installed(self, what: str, target: Any, path: FieldPath) -> None:
+        """The modules a target lists in ``requires`` import; else one error naming
+        ``install``, the pip requirement that provides them."""
+        from importlib.util import find_spec
+
+        for module in getattr(target, "requires", ()):
+            if find_spec(module) is None:
+                install = getattr(target, "install", "") or module
+                raise self.error(path + ("name",), f"{what} needs the {module!r} package, "
+                                 f"which is not installed: pip install '{install}'")
 
     def _validated(self, target: Any, params: dict[str, Any], path: FieldPath
                    ) -> BaseModel | None:
@@ -206,10 +219,24 @@ def plan_run(config: RunConfig, source: YamlSource | None = None,
     device = (None if config.device.name == "auto"
               else resolve.section("device_backend", config.device, ("device",)))
     environment, episode = _environment(resolve, config, needs)
+    trackers = plan_trackers(resolve, config.trainer.report_to)
     return RunPlan(config=config, source=source, registry=registry, strategy=strategy,
                    needs=needs, advantage=advantage, sampler=sampler, rewards=rewards,
                    device=device, policy_loss=policy_loss, environment=environment,
-                   episode=episode)
+                   episode=episode, trackers=trackers)
+
+
+def plan_trackers(resolve: Resolver, entries: list[Any]) -> tuple[Component, ...]:
+    """``trainer.report_to``: each tracker loaded with its options, its backend installed."""
+    trackers = []
+    for index, entry in enumerate(entries):
+        path: FieldPath = ("trainer", "report_to", index)
+        if entry.name in {t.name for t in trackers}:
+            raise resolve.error(path + ("name",), f"tracker {entry.name!r} is listed twice")
+        tracker = resolve.component("tracker", entry.name, entry.params, path)
+        resolve.check_installed(f"tracker {entry.name!r}", tracker.target, path)
+        trackers.append(tracker)
+    return tuple(trackers)
 
 
 def _environment(resolve: Resolver, config: RunConfig, needs: StrategyNeeds

@@ -11,6 +11,7 @@ from astrai_core.plugins.specs import (
     RewardFunctionSpec,
     SamplerSpec,
     StrategySpec,
+    TrackerSpec,
 )
 
 
@@ -66,6 +67,12 @@ def astrai_reward_functions() -> list[RewardFunctionSpec]:
                            target="astrai_core.rewards.builtin:OverlongPenalty",
                            summary="DAPO's soft overlong punishment: a ramp to -1 over the "
                            "last `cache` tokens before `max_length`"),
+        RewardFunctionSpec(name="gsm8k", target="astrai_core.rewards.maths:Gsm8k",
+                           summary="1 when the completion's `#### N` answer (or last number) "
+                           "equals the answer column's"),
+        RewardFunctionSpec(name="math_verify", target="astrai_core.rewards.maths:MathVerify",
+                           summary="1 when math-verify finds the answer equivalent (LaTeX, "
+                           "\\boxed, fractions; pip install 'astrai-core[math]')"),
     ]
 
 
@@ -92,4 +99,23 @@ def astrai_environments() -> list[EnvironmentSpec]:
         EnvironmentSpec(name="tools", target="astrai_core.environments.tools:Tools",
                         summary="Python functions (module:function) as tools in the OpenAI "
                         "format; multi-turn Hermes tool calls"),
+    ]
+
+
+@hookimpl
+def astrai_trackers() -> list[TrackerSpec]:
+    module = "astrai_core.trackers"
+    return [
+        TrackerSpec(name="tensorboard", target=f"{module}.tensorboard:TensorBoard",
+                    summary="TensorBoard event files under <output_dir>/tensorboard "
+                    "(pip install 'astrai-core[tensorboard]')"),
+        TrackerSpec(name="wandb", target=f"{module}.wandb:WandB",
+                    summary="a Weights & Biases run, online or offline, continued on resume "
+                    "(pip install 'astrai-core[wandb]')"),
+        TrackerSpec(name="mlflow", target=f"{module}.mlflow:MLflow",
+                    summary="an MLflow run on a tracking server or store, continued on resume "
+                    "(pip install 'astrai-core[mlflow]')"),
+        TrackerSpec(name="trackio", target=f"{module}.trackio:Trackio",
+                    summary="a Trackio run, local or on a Space, continued on resume "
+                    "(pip install 'astrai-core[trackio]')"),
     ]
