@@ -264,8 +264,13 @@ def _check_paths(config: RunConfig, base_dir: Path) -> None:
     if data.eval is not None:
         files.append((("data", "eval", "path"), data.eval.path))
     for path, file in files:
-        if not file.is_file():
-            raise FieldError(path, f"data file not found: {file}")
+        if isinstance(file, str):  # hf://NAME: found (or not) when the data is loaded
+            continue
+        if not file.is_file() and not (file / "state.json").is_file() \
+                and not (file / "dataset_dict.json").is_file():
+            what = "is a directory, but not one written by datasets' save_to_disk" \
+                if file.is_dir() else "not found"
+            raise FieldError(path, f"data file {what}: {file}")
     model = config.model
     if model.path is not None and not Path(model.path).is_dir():
         raise FieldError(("model", "path"), f"checkpoint directory {model.path!r} does not exist")
@@ -351,7 +356,7 @@ def _check_rewards(config: RunConfig, needs: StrategyNeeds,
     for index, reward in enumerate(rewards):
         required = reward.required_columns
         for number, source in enumerate(config.data.sources):
-            if source.columns is None or source.format != "prompt":
+            if not isinstance(source.columns, list) or source.format != "prompt":
                 continue
             absent = [c for c in required if c not in source.columns]
             if absent:

@@ -3,9 +3,9 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Literal
+from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 Format = Literal["text", "chat", "preference", "prompt"]
 # Which formats produce which kind of batch; mixed sources must share one kind.
@@ -14,31 +14,57 @@ BATCH_KIND = {"text": "sequence", "chat": "sequence", "preference": "preference"
 DEFAULT_CACHE_DIR = Path(".cache/astrai/data")
 
 
-class SourceConfig(BaseModel):
-    """One training JSONL file."""
+class _Rows(BaseModel):
+    """Where a source's rows come from and how they are shaped."""
 
     model_config = ConfigDict(extra="forbid")
 
-    path: Path
-    """The JSONL file; relative paths in a run config are relative to the current directory."""
+    path: Path | str
+    """A ``.jsonl``, ``.json``, ``.parquet``, ``.csv`` or ``.arrow`` file, a directory
+    written by ``datasets.save_to_disk``, or ``hf://NAME`` (a Hugging Face hub dataset);
+    relative paths in a run config are relative to the current directory."""
     format: Format
     """``text`` ({"text"}), ``chat`` ({"messages"}), ``preference`` (prompt/messages +
     chosen + rejected) or ``prompt`` (prompt/messages + any other columns)."""
+    split: str = "train"
+    """The split of a hub dataset or of a save_to_disk DatasetDict."""
+    subset: str | None = None
+    """The subset (configuration) of a hub dataset, e.g. ``main`` for ``openai/gsm8k``."""
+    transform: str | None = Field(None, pattern=r"^[A-Za-z_][\w.]*:[A-Za-z_][\w.]*$")
+    """``module:function`` applied to each row (a dict) after the renames; it returns the
+    row to use."""
+
+    @field_validator("path", mode="before")
+    @classmethod
+    def _hub_names_stay_text(cls, value: Any) -> Any:
+        """``hf://NAME`` is not a file path (``Path`` would fold its ``//``)."""
+        if isinstance(value, str) and not value.startswith("hf://"):
+            return Path(value)
+        return value
+
+    @property
+    def renames(self) -> dict[str, str]:
+        columns = getattr(self, "columns", None)
+        return dict(columns) if isinstance(columns, dict) else {}
+
+
+class SourceConfig(_Rows):
+    """One training source."""
+
     weight: float = Field(1.0, gt=0)
     """Relative sampling weight when several sources are mixed (per example drawn)."""
-    columns: list[str] | None = None
-    """Optional: the columns every row carries besides the prompt (``prompt`` format). When
-    given, the run plan checks before any work that each reward finds the columns it needs."""
+    columns: list[str] | dict[str, str] | None = None
+    """A mapping renames columns (``{question: prompt, answer: answer}``: source name ->
+    the name astrai reads). A list declares the columns every row carries besides the
+    prompt (``prompt`` format): the run plan then checks before any work that each reward
+    finds the columns it needs."""
 
 
-class EvalSourceConfig(BaseModel):
-    """The evaluation JSONL file, read in file order, unshuffled."""
+class EvalSourceConfig(_Rows):
+    """The evaluation source, read in order, unshuffled."""
 
-    model_config = ConfigDict(extra="forbid")
-
-    path: Path
-    """The JSONL file; relative paths in a run config are relative to the current directory."""
-    format: Format
+    columns: dict[str, str] | None = None
+    """Renames columns: source name -> the name astrai reads."""
 
 
 class DataConfig(BaseModel):
@@ -93,7 +119,9 @@ class DataConfig(BaseModel):
         dir under the cwd."""
         base = Path(base_dir)
 
-        def resolve(path: Path) -> Path:
+        def resolve(path: Path | str) -> Path | str:
+            if isinstance(path, str):  # hf://NAME
+                return path
             return path if path.is_absolute() else (base / path).resolve()
 
         sources = [s.model_copy(update={"path": resolve(s.path)}) for s in self.sources]

@@ -42,7 +42,10 @@ class TrackedRun:
         return self.output_dir / "trackers" / f"{self.tracker}.json"
 
     def saved_id(self) -> str | None:
-        """The backend's run id an earlier attempt of this run stored, if any."""
+        """The backend's run id an earlier attempt of this run stored; None for a fresh run
+        (``--overwrite`` starts a new backend run)."""
+        if self.resume_step is None:
+            return None
         try:
             return json.loads(self.state_path.read_text()).get("run_id")
         except (OSError, ValueError):
