@@ -244,8 +244,7 @@ def _environment(resolve: Resolver, config: RunConfig, needs: StrategyNeeds
     """The ``environment:`` section: its episode keys and the environment's own options."""
     section = config.environment or ComponentSection(name=DEFAULT_ENVIRONMENT)
     path: FieldPath = ("environment",)
-    generates = needs.rollouts or (config.data.eval is not None
-                                   and config.data.eval.format == "prompt")
+    generates = needs.rollouts or any(e.format == "prompt" for _, e in config.data.named_evals())
     if config.environment is not None and not generates:
         raise resolve.error(path, "this run neither draws rollouts nor evaluates by "
                             "generation, so an environment has nothing to do")
@@ -261,8 +260,7 @@ def _check_paths(config: RunConfig, base_dir: Path) -> None:
     """Every directory and file the run reads exists."""
     data = config.data.resolve_paths(base_dir)
     files = [(("data", "sources", i, "path"), s.path) for i, s in enumerate(data.sources)]
-    if data.eval is not None:
-        files.append((("data", "eval", "path"), data.eval.path))
+    files += [(where + ("path",), s.path) for where, s in _eval_fields(data)]
     for path, file in files:
         if isinstance(file, str):  # hf://NAME: found (or not) when the data is loaded
             continue
@@ -312,15 +310,24 @@ def _check_data(config: RunConfig, strategy: str, needs: StrategyNeeds) -> None:
             raise FieldError(("data", "sources", index, "format"),
                              f"strategy {strategy!r} trains on {' or '.join(formats)} data, "
                              f"not {source.format!r}")
-    evaluation = config.data.eval
-    if evaluation is None or evaluation.format == "prompt":
-        return  # prompt data is evaluated by generation, whatever the strategy
     kinds = {BATCH_KIND[f] for f in formats}
-    if needs.rollouts or BATCH_KIND[evaluation.format] not in kinds:
-        allowed = ["prompt"] if needs.rollouts else sorted({"prompt", *formats})
-        raise FieldError(("data", "eval", "format"),
-                         f"strategy {strategy!r} evaluates {' or '.join(allowed)} data, not "
-                         f"{evaluation.format!r} (its loss cannot be taken on those batches)")
+    for where, evaluation in _eval_fields(config.data):
+        if evaluation.format == "prompt":
+            continue  # prompt data is evaluated by generation, whatever the strategy
+        if needs.rollouts or BATCH_KIND[evaluation.format] not in kinds:
+            allowed = ["prompt"] if needs.rollouts else sorted({"prompt", *formats})
+            raise FieldError(where + ("format",),
+                             f"strategy {strategy!r} evaluates {' or '.join(allowed)} data, not "
+                             f"{evaluation.format!r} (its loss cannot be taken on those batches)")
+
+
+def _eval_fields(data: Any) -> list[tuple[FieldPath, Any]]:
+    """(field path, source) of ``data.eval`` and each of ``data.eval_sets``."""
+    found: list[tuple[FieldPath, Any]] = []
+    if data.eval is not None:
+        found.append((("data", "eval"), data.eval))
+    found += [(("data", "eval_sets", i), s) for i, s in enumerate(data.eval_sets)]
+    return found
 
 
 def _advantage(resolve: Resolver, config: RunConfig, strategy: Component,

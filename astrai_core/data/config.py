@@ -67,6 +67,13 @@ class EvalSourceConfig(_Rows):
     """Renames columns: source name -> the name astrai reads."""
 
 
+class NamedEvalSourceConfig(EvalSourceConfig):
+    """One of several named evaluation sets; its metrics are ``eval/<name>/...``."""
+
+    name: str = Field(pattern=r"^[a-z0-9][a-z0-9_\-]*$")
+    """Lower-case letters, digits, '_' and '-': the metric prefix ``eval/<name>/``."""
+
+
 class DataConfig(BaseModel):
     """Training data: sources, batching, packing, shuffling and the token cache."""
 
@@ -76,7 +83,10 @@ class DataConfig(BaseModel):
     """Training files; with several, each example is drawn from a source chosen at
     random in proportion to ``weight`` (deterministic given ``seed``)."""
     eval: EvalSourceConfig | None = None
-    """Optional held-out file for evaluation."""
+    """Optional held-out file for evaluation (its metrics: ``eval/...``)."""
+    eval_sets: list[NamedEvalSourceConfig] = Field(default_factory=list)
+    """More evaluation sets, each with a ``name``, evaluated alongside ``eval`` (metrics
+    ``eval/<name>/...``, e.g. ``eval/gsm8k/accuracy``)."""
     seq_len: int = Field(512, ge=2)
     """Tokens per row. Longer sequences are truncated (see ``overflow``)."""
     pack: bool = True
@@ -108,6 +118,19 @@ class DataConfig(BaseModel):
                              "text and chat mix, preference and prompt only with themselves")
         return self
 
+    @model_validator(mode="after")
+    def _unique_eval_names(self) -> DataConfig:
+        names = [s.name for s in self.eval_sets]
+        for name in names:
+            if names.count(name) > 1:
+                raise ValueError(f"eval_sets: the name {name!r} is used twice")
+        return self
+
+    def named_evals(self) -> list[tuple[str | None, EvalSourceConfig]]:
+        """``(None, eval)`` then ``(name, set)`` for each named set."""
+        unnamed = [(None, self.eval)] if self.eval is not None else []
+        return [*unnamed, *((s.name, s) for s in self.eval_sets)]
+
     @property
     def batch_kind(self) -> str:
         """``sequence`` (text/chat), ``preference`` or ``prompt``."""
@@ -127,6 +150,8 @@ class DataConfig(BaseModel):
         sources = [s.model_copy(update={"path": resolve(s.path)}) for s in self.sources]
         eval_source = (self.eval.model_copy(update={"path": resolve(self.eval.path)})
                        if self.eval else None)
+        eval_sets = [s.model_copy(update={"path": resolve(s.path)}) for s in self.eval_sets]
         cache_dir = resolve(self.cache_dir) if self.cache_dir else DEFAULT_CACHE_DIR.resolve()
         return self.model_copy(update={"sources": sources, "eval": eval_source,
+                                       "eval_sets": eval_sets,
                                        "cache_dir": cache_dir})
