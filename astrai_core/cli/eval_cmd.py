@@ -24,9 +24,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--subset", default=None, help="subset of a hub dataset")
     parser.add_argument("--columns", default=None, metavar="JSON",
                         help='renames, e.g. \'{"question": "prompt"}\'')
+    parser.add_argument("--transform", default=None, metavar="MODULE:FUNCTION",
+                        help="applied to each row after the renames, as data.eval.transform")
     parser.add_argument("--rewards", nargs="+", default=["exact_match"], metavar="NAME",
                         help="reward functions (registered names or module:function); the "
-                        "first one is the accuracy (1 = right) unless exact_match is listed")
+                        "accuracy is exact_match, gsm8k or math_verify when listed, else the first one")
     parser.add_argument("--n", type=int, default=1, help="completions per prompt (pass@k)")
     parser.add_argument("--temperature", type=float, default=None,
                         help="default 0 (greedy) for --n 1, else 1.0")
@@ -71,7 +73,7 @@ def evaluate_checkpoint(args: argparse.Namespace, temperature: float) -> dict[st
     from astrai_core.config.plan import Resolver
     from astrai_core.plugins import process_registry
     from astrai_core.rewards.reward_set import RewardSet
-    from astrai_core.rollout.evaluate import ACCURACY_REWARD, evaluate_generation
+    from astrai_core.rollout.evaluate import ACCURACY_REWARDS, evaluate_generation
 
     registry = process_registry()
     resolve = Resolver(registry)
@@ -84,7 +86,7 @@ def evaluate_checkpoint(args: argparse.Namespace, temperature: float) -> dict[st
     sampler = resolve.component("sampler", args.sampler, {}, ("--sampler",)).target(
         model=model, tokenizer=tokenizer)
     labels = [c.label for c in choices]
-    accuracy = ACCURACY_REWARD if ACCURACY_REWARD in labels else labels[0]
+    accuracy = next((name for name in ACCURACY_REWARDS if name in labels), labels[0])
     import torch
 
     with torch.no_grad():
@@ -113,7 +115,7 @@ def _prompts(args: argparse.Namespace, tokenizer: Any, required: dict[str, Any])
         except json.JSONDecodeError as exc:
             raise ConfigError(f"--columns: not JSON ({exc.msg})") from None
     source = {"path": args.data, "format": "prompt", "split": args.split,
-              "subset": args.subset, "columns": columns}
+              "subset": args.subset, "columns": columns, "transform": args.transform}
     try:
         config = DataConfig.model_validate({"sources": [source], "eval": source,
                                             "batch_size": args.batch_size,

@@ -10,6 +10,9 @@ from astrai_core.rollout.records import as_prompt_record
 from astrai_core.sampling.params import SamplingParams
 
 ACCURACY_REWARD = "exact_match"
+# Rewards that score 1 for a right answer, 0 otherwise: the first one a run uses is its
+# eval/accuracy.
+ACCURACY_REWARDS = (ACCURACY_REWARD, "gsm8k", "math_verify")
 
 
 def evaluate_generation(sampler: Any, tokenizer: Any, prompt_records: Sequence[Any], rewards: RewardSet,
@@ -55,7 +58,7 @@ def evaluate_generation(sampler: Any, tokenizer: Any, prompt_records: Sequence[A
         if progress is not None:
             progress(len(lengths) // samples, len(records))
     metrics = _summary(totals, components, lengths, accuracy_reward)
-    accuracy = components.get(accuracy_reward or ACCURACY_REWARD)
+    accuracy = components.get(accuracy_reward or _accuracy_name(components) or "")
     if samples > 1 and accuracy is not None:
         metrics.update(pass_at_k(accuracy, samples))
     return metrics
@@ -116,7 +119,11 @@ def _summary(totals: Sequence[float], components: dict[str, list[float]],
     metrics = {f"eval/reward/{name}": _mean(values) for name, values in components.items()}
     metrics["eval/reward"] = _mean(totals)
     metrics["eval/response_length"] = _mean(lengths)
-    accuracy = accuracy_reward or ACCURACY_REWARD
+    accuracy = accuracy_reward or _accuracy_name(components)
     if accuracy in components:
         metrics["eval/accuracy"] = metrics[f"eval/reward/{accuracy}"]
     return metrics
+
+
+def _accuracy_name(components: dict[str, list[float]]) -> str | None:
+    return next((name for name in ACCURACY_REWARDS if name in components), None)
