@@ -72,7 +72,7 @@ def astrai_reward_functions() -> list[RewardFunctionSpec]:
                            "equals the answer column's"),
         RewardFunctionSpec(name="math_verify", target="astrai_core.rewards.maths:MathVerify",
                            summary="1 when math-verify finds the answer equivalent (LaTeX, "
-                           "\\boxed, fractions; pip install 'astrai-core[math]')"),
+                           "\\boxed, fractions; extra: math)"),
     ]
 
 
@@ -108,14 +108,14 @@ def astrai_trackers() -> list[TrackerSpec]:
     return [
         TrackerSpec(name="tensorboard", target=f"{module}.tensorboard:TensorBoard",
                     summary="TensorBoard event files under <output_dir>/tensorboard "
-                    "(pip install 'astrai-core[tensorboard]')"),
+                    "(extra: tensorboard)"),
         TrackerSpec(name="wandb", target=f"{module}.wandb:WandB",
                     summary="a Weights & Biases run, online or offline, continued on resume "
-                    "(pip install 'astrai-core[wandb]')"),
+                    "(extra: wandb)"),
         TrackerSpec(name="mlflow", target=f"{module}.mlflow:MLflow",
                     summary="an MLflow run on a tracking server or store, continued on resume "
-                    "(pip install 'astrai-core[mlflow]')"),
+                    "(extra: mlflow)"),
         TrackerSpec(name="trackio", target=f"{module}.trackio:Trackio",
                     summary="a Trackio run, local or on a Space, continued on resume "
-                    "(pip install 'astrai-core[trackio]')"),
+                    "(extra: trackio)"),
     ]
