@@ -6,17 +6,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
-
-class TrackerEntry(BaseModel):
-    """One `trainer.report_to` entry: a tracker's name and its options."""
-
-    model_config = ConfigDict(extra="allow")
-
-    name: str = Field(description="registered tracker (astrai describe tracker)")
-
-    @property
-    def params(self) -> dict[str, Any]:
-        return dict(self.model_extra or {})
+from astrai_core.config.component import ComponentSection
 
 
 class TrainerConfig(BaseModel):
@@ -66,7 +56,7 @@ class TrainerConfig(BaseModel):
     checkpoint_on_signal: bool = Field(
         True, description="on SIGINT/SIGTERM, finish the current step, save a checkpoint, "
         "and exit with 130/143; a second signal stops at once")
-    report_to: list[TrackerEntry] = Field(
+    report_to: list[ComponentSection] = Field(
         default_factory=list, description="trackers that get the config and every logged "
         "metric besides metrics.jsonl: names (`[tensorboard, wandb]`) or entries with "
         "options (`{name: wandb, project: demo, mode: offline}`); see docs/trackers.md")

@@ -30,6 +30,14 @@ def gsm8k_answer(text: str, extract: str = "flexible") -> Decimal | None:
     return final_number(text) if extract == "flexible" else None
 
 
+def answer_pairs(completions: list[str], columns: dict[str, Any], column: str
+                 ) -> list[tuple[str, str]]:
+    """(completion, expected answer as text) pairs; the answer column must be there."""
+    if column not in columns:
+        raise ValueError(f"needs a {column!r} column in the prompt data (answer_column)")
+    return [(c, str(a)) for c, a in zip(completions, columns[column], strict=True)]
+
+
 class Gsm8k:
     """1.0 when the completion's answer equals the row's answer numerically.
 
@@ -48,13 +56,10 @@ class Gsm8k:
         self.config = self.Config(**params)
 
     def __call__(self, prompts: list[str], completions: list[str], **columns: Any) -> list[float]:
-        column = self.config.answer_column
-        if column not in columns:
-            raise ValueError(f"needs a {column!r} column in the prompt data (answer_column)")
         rewards = []
-        for completion, expected in zip(completions, columns[column], strict=True):
+        for completion, expected in answer_pairs(completions, columns, self.config.answer_column):
             got = gsm8k_answer(completion, self.config.extract)
-            want = gsm8k_answer(str(expected), "flexible")
+            want = gsm8k_answer(expected, "flexible")
             rewards.append(1.0 if got is not None and got == want else 0.0)
         return rewards
 
@@ -79,11 +84,8 @@ class MathVerify:
         self.config = self.Config(**params)
 
     def __call__(self, prompts: list[str], completions: list[str], **columns: Any) -> list[float]:
-        column = self.config.answer_column
-        if column not in columns:
-            raise ValueError(f"needs a {column!r} column in the prompt data (answer_column)")
-        return [self._score(str(expected), completion)
-                for completion, expected in zip(completions, columns[column], strict=True)]
+        return [self._score(expected, completion) for completion, expected
+                in answer_pairs(completions, columns, self.config.answer_column)]
 
     def _score(self, expected: str, completion: str) -> float:
         from math_verify import parse, verify
