@@ -4,6 +4,8 @@ The same code as evaluation during training (:func:`evaluate_generation`): the p
 through the data pipeline (any source `data.eval` takes, with its renames), the sampler
 generates, the reward functions score. Greedy with one sample per prompt by default, as
 in training; ``--n K --temperature T`` samples K completions per prompt and adds pass@k.
+Under torchrun (``torchrun --nproc-per-node N -m astrai_core.cli.main eval ...``) the
+prompts are shared out over the processes.
 """
 
 from __future__ import annotations
@@ -58,6 +60,8 @@ def run(args: argparse.Namespace) -> int:
         raise ConfigError("--temperature: 0 (greedy) gives --n identical completions; "
                           "sample with a temperature > 0")
     metrics = evaluate_checkpoint(args, temperature)
+    if int(os.environ.get("RANK", "0")) != 0:
+        return 0  # rank 0 prints and writes
     text = json.dumps(metrics, indent=2)
     if args.out:
         out = Path(args.out)
@@ -69,20 +73,51 @@ def run(args: argparse.Namespace) -> int:
 
 
 def evaluate_checkpoint(args: argparse.Namespace, temperature: float) -> dict[str, Any]:
-    from astrai_core.cli.generate import _load
+    """The metrics over ``--data``. Under torchrun each rank scores every world_size-th
+    prompt and rank 0 combines the means, weighted by prompts (every metric is a mean over
+    prompts, or over their equally many completions)."""
+    from astrai_core.config.parallel import ParallelConfig
     from astrai_core.config.plan import Resolver
+    from astrai_core.devices.select import resolve_device
+    from astrai_core.distributed.context import init_distributed
     from astrai_core.plugins import process_registry
     from astrai_core.rewards.reward_set import RewardSet
-    from astrai_core.rollout.evaluate import ACCURACY_REWARDS, evaluate_generation
 
     registry = process_registry()
     resolve = Resolver(registry)
     choices = [resolve.reward(name, 1.0, {}, ("--rewards", i))
                for i, name in enumerate(args.rewards)]
     rewards = RewardSet.from_choices(choices)
-    model, tokenizer = _load(Path(args.model_dir), args.device, registry)
-    model.eval()
+    dist = init_distributed(resolve_device(registry, args.device), ParallelConfig())
+    model, tokenizer = _load_on(args, registry, dist)
     records = _prompts(args, tokenizer, {c.label: c.required_columns for c in choices})
+    mine = records[dist.rank::dist.world_size]
+    metrics = _score(args, resolve, model, tokenizer, mine, rewards, choices, temperature) \
+        if mine else {}
+    combined = metrics
+    if dist.enabled:
+        shares = dist.all_gather_object((len(mine), metrics))
+        combined = {name: sum(n * m[name] for n, m in shares if m) / len(records)
+                    for name in next(m for _, m in shares if m)}
+    return {"model": str(args.model_dir), "data": str(args.data), "prompts": len(records),
+            "n": args.n, "temperature": temperature, "processes": dist.world_size, **combined}
+
+
+def _load_on(args: argparse.Namespace, registry: Any, dist: Any) -> tuple[Any, Any]:
+    """The checkpoint and its tokenizer, on this rank's device."""
+    from astrai_core.cli.generate import _load
+
+    model, tokenizer = _load(Path(args.model_dir), args.device, registry)
+    if dist.enabled:
+        model = model.to(dist.device)
+    return model.eval(), tokenizer
+
+
+def _score(args: argparse.Namespace, resolve: Any, model: Any, tokenizer: Any,
+           records: list[Any], rewards: Any, choices: list[Any], temperature: float
+           ) -> dict[str, float]:
+    from astrai_core.rollout.evaluate import ACCURACY_REWARDS, evaluate_generation
+
     sampler = resolve.component("sampler", args.sampler, {}, ("--sampler",)).target(
         model=model, tokenizer=tokenizer)
     labels = [c.label for c in choices]
@@ -98,8 +133,7 @@ def evaluate_checkpoint(args: argparse.Namespace, temperature: float) -> dict[st
     close = getattr(sampler, "close", None)
     if close is not None:
         close()
-    return {"model": str(args.model_dir), "data": str(args.data), "prompts": len(records),
-            "n": args.n, "temperature": temperature, **metrics}
+    return metrics
 
 
 def _prompts(args: argparse.Namespace, tokenizer: Any, required: dict[str, Any]) -> list[Any]:

@@ -4,6 +4,9 @@ pass@k is the unbiased estimator."""
 from __future__ import annotations
 
 import json
+import os
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -67,12 +70,31 @@ def test_eval_of_a_grpo_checkpoint_equals_the_runs_final_evaluation(tmp_path, ca
     assert json.loads((tmp_path / "eval.json").read_text()) == got
     assert got["prompts"] == 12 and got["n"] == 1 and got["temperature"] == 0.0
 
+    # under torchrun the prompts are shared out; the means agree up to summation order
+    two = _torchrun_eval(tmp_path, str(tmp_path / "run" / "checkpoints" / "step_3"), "--data",
+                         str(prompts), "--rewards", "exact_match", "eval_test_rewards:some_digits",
+                         "--cache-dir", str(tmp_path / "cache"))
+    assert two["processes"] == 2 and two["prompts"] == 12
+    for name in ("eval/accuracy", "eval/reward", "eval/response_length"):
+        assert two[name] == pytest.approx(got[name], abs=1e-12), name
+
     sampled = _eval(capsys, str(tmp_path / "run" / "checkpoints" / "step_3"), "--data",
                     str(prompts), "--rewards", "eval_test_rewards:some_digits", "--n", "4",
                     "--cache-dir", str(tmp_path / "cache"))
     assert sampled["temperature"] == 1.0
     assert {"eval/pass@1", "eval/pass@2", "eval/pass@4"} <= set(sampled)
     assert sampled["eval/accuracy"] == sampled["eval/reward/some_digits"]
+
+
+def _torchrun_eval(tmp_path: Path, *args: str) -> dict:
+    env = {**os.environ, "OMP_NUM_THREADS": "1",
+           "PYTHONPATH": os.pathsep.join([str(tmp_path), *(p for p in sys.path if p)])}
+    done = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone",
+                           "--nproc-per-node=2", "-m", "astrai_core.cli.main", "--log-format",
+                           "json", "eval", *args], env=env, capture_output=True, text=True,
+                          timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:]
+    return json.loads(done.stdout[done.stdout.index("{"):])
 
 
 def test_eval_refuses_greedy_with_several_samples(tmp_path, capsys):
