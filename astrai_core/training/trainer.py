@@ -26,6 +26,7 @@ from astrai_core.distributed.fsdp import full_tensor
 from astrai_core.distributed.metrics import MicroBatchRecord, NullMetricsLog, reduce_micro_batches
 from astrai_core.errors import AstraiError
 from astrai_core.log import get_logger
+from astrai_core.trackers.report import RunReport, open_report
 from astrai_core.training import checkpointing as ckpt
 from astrai_core.training import faults
 from astrai_core.training.components import RunComponents
@@ -36,7 +37,6 @@ from astrai_core.training.progress import Clock, RunReporter
 from astrai_core.training.signals import StopOnSignal, TrainingInterrupted
 from astrai_core.training.sources import TENSORS
 from astrai_core.training.strategy import Strategy
-from astrai_core.trackers.report import RunReport, open_report
 
 log = get_logger("astrai.trainer")
 POLICY = "policy"
