@@ -3,7 +3,8 @@
 Metric names are TensorBoard tags as they are (``eval/accuracy`` groups under ``eval``);
 values are stored in double precision, the numbers of metrics.jsonl.
 A resumed run writes into the same directory and purges the events an earlier attempt
-wrote after the checkpoint it resumes from.
+wrote after the checkpoint it resumes from; a fresh run (``--overwrite``) purges an
+earlier run's events.
 """
 
 from __future__ import annotations
@@ -32,7 +33,9 @@ class TensorBoard(Tracker):
 
         log_dir = Path(self.options.log_dir) if self.options.log_dir else \
             run.output_dir / "tensorboard"
-        purge = run.resume_step + 1 if run.resume_step is not None else None
+        # A resume drops what an earlier attempt wrote after its checkpoint; a fresh run
+        # (--overwrite) everything an earlier run wrote in the same directory.
+        purge = run.resume_step + 1 if run.resume_step is not None else 1  # 0: no marker
         self.writer: Any = SummaryWriter(log_dir=str(log_dir), purge_step=purge)
         if not run.resumed:
             config = json.dumps(run.config, indent=2)

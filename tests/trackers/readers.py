@@ -23,17 +23,15 @@ def jsonl_series(run_dir: Path) -> Series:
 
 
 def tensorboard_series(log_dir: Path) -> Series:
-    """Scalars through TensorBoard's own EventAccumulator (purged steps removed)."""
-    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+    """Scalars as the TensorBoard server reads them (its plugin EventAccumulator, which
+    applies a restarted writer's purge)."""
+    from tensorboard.backend.event_processing.plugin_event_accumulator import EventAccumulator
     from tensorboard.util.tensor_util import make_ndarray
 
-    events = EventAccumulator(str(log_dir), size_guidance={"tensors": 0, "scalars": 0})
+    events = EventAccumulator(str(log_dir), size_guidance={"tensors": 0})
     events.Reload()
-    tags = events.Tags()
     series: Series = {}
-    for tag in tags["scalars"]:
-        series[tag] = {e.step: float(e.value) for e in events.Scalars(tag)}
-    for tag in tags["tensors"]:  # double-precision scalars; the config is a text tensor
+    for tag in events.Tags()["tensors"]:  # double-precision scalars; the config is text
         values = {e.step: make_ndarray(e.tensor_proto) for e in events.Tensors(tag)}
         if all(v.shape == () and v.dtype.kind == "f" for v in values.values()):
             series[tag] = {step: float(v) for step, v in values.items()}
