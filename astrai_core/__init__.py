@@ -18,8 +18,7 @@ from astrai_core.plugins.specs import (
     StrategySpec,
     TrackerSpec,
 )
-
-__version__ = "0.1.0"
+from astrai_core.version import __version__
 
 __all__ = [
     "AdvantageEstimatorSpec",

@@ -7,8 +7,22 @@ move. Importing this module imports torch, so hookimpl modules must not import i
 module level: targets do (see docs/plugins.md).
 """
 
+from astrai_core.checkpoints.hf.base import FUSED, PER_EXPERT, HFImporter, dense_mlp_map
+from astrai_core.checkpoints.hf.config import (
+    common_fields_from_hf,
+    common_fields_to_hf,
+    qwen_sliding_window,
+    qwen_sliding_window_to_hf,
+    require,
+)
+from astrai_core.checkpoints.hf.files import read_hf_config
+from astrai_core.checkpoints.hf.select import export_model_type, load_importer
+from astrai_core.checkpoints.hf.tensor_map import TensorMap, rename, split_gate_up, stack_experts
+from astrai_core.checkpoints.native import load_pretrained, load_state_dict_strict, save_pretrained
 from astrai_core.config.schema import RunConfig
+from astrai_core.config.strategy_needs import StrategyNeeds
 from astrai_core.config.trainer import TrainerConfig
+from astrai_core.devices.accelerator import AcceleratorBackend
 from astrai_core.devices.base import DeviceBackend
 from astrai_core.devices.select import resolve_device
 from astrai_core.environments import AssistantTurn, EnvMessage, EnvStep, ToolCall, error_message
@@ -20,25 +34,8 @@ from astrai_core.errors import (
     FieldError,
     PluginError,
 )
-from astrai_core.importers.base import FUSED, PER_EXPERT, HFImporter, dense_mlp_map
-from astrai_core.importers.hf_config import (
-    common_fields_from_hf,
-    common_fields_to_hf,
-    qwen_sliding_window,
-    qwen_sliding_window_to_hf,
-    require,
-)
-from astrai_core.importers.hf_files import read_hf_config
-from astrai_core.importers.select import export_model_type, load_importer
-from astrai_core.importers.tensor_map import TensorMap, rename, split_gate_up, stack_experts
 from astrai_core.log import get_logger
-from astrai_core.model import (
-    CausalLM,
-    ModelConfig,
-    load_pretrained,
-    load_state_dict_strict,
-    save_pretrained,
-)
+from astrai_core.model import CausalLM, ModelConfig
 from astrai_core.model.head import chunked_logprobs, has_chunked_head, target_logprobs
 from astrai_core.model.lora import has_lora, merge_and_unload, merged_state_dict
 from astrai_core.plugins import process_registry
@@ -67,6 +64,7 @@ from astrai_core.rl.functional import (
     token_logprobs,
     token_rewards_from_scores,
 )
+from astrai_core.rl.estimator import AdvantageEstimator
 from astrai_core.rl.objective import ObjectiveSettings, PolicyObjective
 from astrai_core.rl.policy_losses import apply_rollout_weights
 from astrai_core.rl.rollout_correction import RolloutCorrectionConfig, correction_weights
@@ -77,11 +75,10 @@ from astrai_core.rollout.runner import RolloutRunner
 from astrai_core.sampling.params import Completion, SamplingParams
 from astrai_core.sampling.requests import Request, expand_requests
 from astrai_core.trackers.base import TrackedRun, Tracker, TrackerOptions
-from astrai_core.training.components import RunComponents
+from astrai_core.training.batch_sources import BatchSource, LoaderSource, RolloutSource
 from astrai_core.training.modules import TrainedModule, frozen_copy, frozen_reference
-from astrai_core.training.needs import StrategyNeeds
 from astrai_core.training.online import OnlineConfig, OnlineStrategy
-from astrai_core.training.sources import BatchSource, LoaderSource, RolloutSource
+from astrai_core.training.run_components import RunComponents
 from astrai_core.training.strategy import EmptyConfig, Strategy
 
 __all__ = [
@@ -92,7 +89,7 @@ __all__ = [
     # rollouts and the trainer-side forward
     "RolloutBatch", "RolloutRunner", "pad_rows", "policy_forward", "rollout_metrics",
     # RL math
-    "aggregate_loss", "broadcast_to_tokens", "clipped_policy_loss", "entropy_from_logits",
+    "AdvantageEstimator", "aggregate_loss", "broadcast_to_tokens", "clipped_policy_loss", "entropy_from_logits",
     "explained_variance", "group_stats", "kl_estimate", "masked_mean", "masked_sum",
     "masked_var", "masked_whiten", "sequence_scores", "token_logprobs",
     "token_rewards_from_scores",
@@ -113,7 +110,7 @@ __all__ = [
     "chunked_logprobs", "has_chunked_head", "has_lora", "merge_and_unload", "merged_state_dict",
     "target_logprobs",
     # devices, plugins, errors, logging
-    "AdvantageEstimatorProtocol", "AstraiError", "CheckpointError", "ConfigError",
+    "AcceleratorBackend", "AdvantageEstimatorProtocol", "AstraiError", "CheckpointError", "ConfigError",
     "DataError", "DeviceBackend", "FieldError", "resolve_device", "PluginError", "PolicyLossProtocol",
     "RewardFunctionProtocol",
     "SamplerProtocol", "StrategyProtocol", "get_logger", "process_registry",

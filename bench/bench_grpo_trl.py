@@ -101,7 +101,7 @@ def time_astrai(model_dir: Path, work: Path, args: argparse.Namespace) -> list[f
     data.write_text("".join(json.dumps({"prompt": p}) + "\n"
                             for p in prompts(args.prompts * args.steps)))
     native = work / "native"
-    from astrai_core.importers.select import importer_for_hf_dir
+    from astrai_core.checkpoints.hf.select import importer_for_hf_dir
     from astrai_core.plugins import load_plugins
 
     importer_for_hf_dir(load_plugins(), model_dir).import_checkpoint(model_dir, native)

@@ -146,7 +146,7 @@ def step_seconds(lora: bool, batch: int, seq: int, reps: int, device: str) -> fl
 
     model = build_model(device)
     if lora:
-        inject_lora(model, peft_lora_config(LoraSection(r=16, alpha=32)))
+        inject_lora(model, peft_lora_config(**LoraSection(r=16, alpha=32).adapter_settings()))
     params = [p for p in model.parameters() if p.requires_grad]
     optimizer = torch.optim.AdamW(params, lr=1e-5)
     inputs = rollout(batch, seq, device)

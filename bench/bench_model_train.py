@@ -26,8 +26,8 @@ SIZE = dict(vocab_size=8192, hidden_size=512, intermediate_size=1408, num_hidden
 def build_models(model_type: str):
     from transformers import AutoConfig, AutoModelForCausalLM
 
-    from astrai_core.importers.select import load_importer
-    from astrai_core.model import load_pretrained
+    from astrai_core.checkpoints.hf.select import load_importer
+    from astrai_core.checkpoints.native import load_pretrained
     from astrai_core.plugins import load_plugins
 
     extra = {"head_dim": 64} if model_type == "qwen3" else {}

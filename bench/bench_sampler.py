@@ -34,8 +34,8 @@ SIZES = {
 def build_models(model_type: str):
     from transformers import AutoConfig, AutoModelForCausalLM
 
-    from astrai_core.importers.select import load_importer
-    from astrai_core.model import load_pretrained
+    from astrai_core.checkpoints.hf.select import load_importer
+    from astrai_core.checkpoints.native import load_pretrained
     from astrai_core.plugins import load_plugins
 
     config = AutoConfig.for_model(model_type, **SIZE)

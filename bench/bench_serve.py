@@ -66,8 +66,8 @@ def _offline(model_dir: Path, args) -> float:
 
     import torch
 
+    from astrai_core.checkpoints.native import load_pretrained
     from astrai_core.data.tokenizer import load_tokenizer
-    from astrai_core.model import load_pretrained
     from astrai_core.sampling import SamplingParams
     from astrai_core.sampling.torch_sampler import TorchSampler
 
@@ -149,7 +149,7 @@ def main() -> None:
     args = parser.parse_args()
 
     from astrai_core.data.tokenizer import load_tokenizer
-    from astrai_core.serving.testkit import build_checkpoint
+    from astrai_core.testing.serving import build_checkpoint
 
     with tempfile.TemporaryDirectory() as tmp:
         model_dir = build_checkpoint(Path(tmp) / "bench", hidden_size=args.hidden, num_layers=args.layers)

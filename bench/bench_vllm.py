@@ -34,8 +34,8 @@ SIZES = {
 def build_native(size: str, root: str):
     from transformers import Qwen3Config, Qwen3ForCausalLM
 
-    from astrai_core.importers.select import load_importer
-    from astrai_core.model import load_pretrained
+    from astrai_core.checkpoints.hf.select import load_importer
+    from astrai_core.checkpoints.native import load_pretrained
     from astrai_core.plugins import load_plugins
 
     torch.manual_seed(0)

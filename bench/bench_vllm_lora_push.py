@@ -44,9 +44,9 @@ def build_policy(args: argparse.Namespace, root: Path):
     """(base native model, LoRA policy on a copy of it): same base weights."""
     from transformers import Qwen3Config, Qwen3ForCausalLM
 
+    from astrai_core.checkpoints.hf.select import load_importer
+    from astrai_core.checkpoints.native import load_pretrained
     from astrai_core.config.lora import LoraSection
-    from astrai_core.importers.select import load_importer
-    from astrai_core.model import load_pretrained
     from astrai_core.model.lora import adapter_parameters, inject_lora, peft_lora_config
     from astrai_core.plugins import load_plugins
 
@@ -59,8 +59,9 @@ def build_policy(args: argparse.Namespace, root: Path):
     Qwen3ForCausalLM(config).float().save_pretrained(root / "hf")
     load_importer(load_plugins(), model_type="qwen3").import_checkpoint(root / "hf", root / "native")
     policy = inject_lora(load_pretrained(root / "native"),
-                         peft_lora_config(LoraSection(r=args.rank, alpha=2.0 * args.rank,
-                                                      target_modules=list(TARGETS))))
+                         peft_lora_config(**LoraSection(
+                             r=args.rank, alpha=2.0 * args.rank,
+                             target_modules=list(TARGETS)).adapter_settings()))
     with torch.no_grad():
         for param in adapter_parameters(policy).values():
             param.normal_(0.0, 0.02, generator=torch.Generator().manual_seed(1))
@@ -140,7 +141,7 @@ class NativePush:
     def push(self) -> None:
         from vllm.lora.request import LoRARequest
 
-        from astrai_core.model.lora_files import save_adapter
+        from astrai_core.checkpoints.lora_files import save_adapter
 
         self.version += 1
         directory = save_adapter(self.policy, self.work / f"adapter-{self.version}", "qwen3")

@@ -1,5 +1,6 @@
 """Architecture rules that hold by test: plugins import only the public API, the core never
-imports a plugin, components never rediscover plugins, and training/ has no import circle."""
+imports a plugin, components never rediscover plugins, the core has no import circle, the
+model is pure torch, and the core's packages import only from the layers below them."""
 
 from __future__ import annotations
 
@@ -52,6 +53,16 @@ def test_the_core_never_imports_a_plugin():
     assert not offending, offending
 
 
+def test_the_product_never_imports_the_test_kit():
+    """astrai_core.testing is for tests; the rest of the core runs without it."""
+    kit = CORE / "testing"
+    offending = [f"{path.relative_to(REPO_ROOT)}:{line}: {module}"
+                 for path in CORE.rglob("*.py") if not path.is_relative_to(kit)
+                 for line, module in _imports(path)
+                 if module == "astrai_core.testing" or module.startswith("astrai_core.testing.")]
+    assert not offending, offending
+
+
 def test_only_commands_discover_plugins():
     """Components get the registry passed down (or the process's cached one)."""
     callers = []
@@ -69,24 +80,119 @@ def _module_name(path: Path) -> str:
     return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
 
 
-def test_training_has_no_import_circle():
-    package = CORE / "training"
-    modules = {_module_name(path): path for path in package.glob("*.py")}
-    graph = {name: {module for _, module in _imports(path) if module in modules and module != name}
-             for name, path in modules.items()}
-    seen: dict[str, str] = {}  # name -> "active" | "done"
+def _core_import_graph() -> dict[str, set[str]]:
+    """module -> the core modules it imports, at any depth: module level, in functions and
+    under TYPE_CHECKING; relative imports resolved; ``from package import name`` is the
+    submodule when there is one, else the package."""
+    paths = {_module_name(path): path for path in CORE.rglob("*.py")}
 
-    def visit(name: str, trail: list[str]) -> None:
-        seen[name] = "active"
-        for target in sorted(graph[name]):
-            if seen.get(target) == "active":
-                cycle = trail[trail.index(target):] + [target] if target in trail \
-                    else [name, target]
-                raise AssertionError("import circle: " + " -> ".join(cycle))
-            if target not in seen:
-                visit(target, trail + [target])
-        seen[name] = "done"
+    def known(name: str) -> str | None:
+        while name and name not in paths:
+            name = name.rpartition(".")[0]
+        return name or None
+
+    graph: dict[str, set[str]] = {}
+    for name, path in paths.items():
+        package = name if path.name == "__init__.py" else name.rpartition(".")[0]
+        targets: set[str | None] = set()
+        for node in ast.walk(ast.parse(path.read_text(), str(path))):
+            if isinstance(node, ast.ImportFrom):
+                base = node.module or ""
+                if node.level:
+                    anchor = package.split(".")[:len(package.split(".")) - node.level + 1]
+                    base = ".".join(anchor + ([base] if base else []))
+                if base.split(".")[0] == "astrai_core":
+                    targets |= {known(f"{base}.{alias.name}") for alias in node.names}
+            elif isinstance(node, ast.Import):
+                targets |= {known(alias.name) for alias in node.names
+                            if alias.name.split(".")[0] == "astrai_core"}
+        graph[name] = {target for target in targets if target and target != name}
+    return graph
+
+
+def _circles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """The strongly connected components of more than one module (Tarjan)."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    found: list[list[str]] = []
+
+    def visit(name: str) -> None:
+        index[name] = low[name] = len(index)
+        stack.append(name)
+        for target in sorted(graph.get(name, ())):
+            if target not in index:
+                visit(target)
+                low[name] = min(low[name], low[target])
+            elif target in stack:
+                low[name] = min(low[name], index[target])
+        if low[name] == index[name]:
+            component = []
+            while True:
+                member = stack.pop()
+                component.append(member)
+                if member == name:
+                    break
+            if len(component) > 1:
+                found.append(sorted(component))
 
     for name in sorted(graph):
-        if name not in seen:
-            visit(name, [name])
+        if name not in index:
+            visit(name)
+    return found
+
+
+def test_the_core_has_no_import_circle():
+    graph = _core_import_graph()
+    assert len(graph) > 100
+    circles = _circles(graph)
+    assert not circles, "import circles:\n" + "\n".join(" <-> ".join(c) for c in circles)
+
+
+def test_the_model_is_pure_torch():
+    """model/ is the network only: reading/writing it (checkpoints), configs, plugins and RL
+    math sit above it, so it imports no other core module (errors at most)."""
+    graph = _core_import_graph()
+    offending = sorted(f"{name} -> {target}" for name, targets in graph.items()
+                       if name.startswith("astrai_core.model")
+                       for target in targets
+                       if not target.startswith("astrai_core.model") and target != "astrai_core.errors")
+    assert any(name.startswith("astrai_core.model.") for name in graph)
+    assert not offending, "astrai_core/model/ imports:\n" + "\n".join(offending)
+
+
+# The core's packages (and top-level modules) from the bottom up. A module imports from its
+# own unit and from units of LOWER layers only; units of one layer are independent. The
+# plugin system (the top-level package's __init__, hook specs, spec records, registry,
+# discovery, built-in registrations, protocols: the astrai_core.plugins package, with the
+# package's own __init__ and the astrai_core.hookspecs re-export) is one unit.
+PLUGIN_SYSTEM = ("", "hookspecs", "plugins")
+LAYERS: tuple[tuple[str, ...], ...] = (
+    ("errors", "log", "version"),
+    ("plugin system",),
+    ("model", "data", "devices", "environments"),
+    ("distributed", "rl"),
+    ("checkpoints",),
+    ("sampling",),
+    ("serving", "config"),
+    ("rewards", "trackers"),
+    ("rollout",),
+    ("training",),
+    ("strategies",),
+    ("cli", "api", "testing"),
+)
+
+
+def _unit(module: str) -> str:
+    top = module.split(".")[1] if "." in module else ""
+    return "plugin system" if top in PLUGIN_SYSTEM else top
+
+
+def test_imports_only_go_down_the_layers():
+    rank = {unit: level for level, units in enumerate(LAYERS) for unit in units}
+    graph = _core_import_graph()
+    undeclared = sorted({_unit(name) for name in graph} - rank.keys())
+    assert not undeclared, f"declare these core packages in LAYERS: {undeclared}"
+    upward = sorted(f"{name} -> {target}" for name, targets in graph.items() for target in targets
+                    if _unit(name) != _unit(target) and rank[_unit(target)] >= rank[_unit(name)])
+    assert not upward, "imports that do not go down the layers:\n" + "\n".join(upward)

@@ -18,7 +18,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from astrai_core.importers.select import export_model_type, load_importer
+    from astrai_core.checkpoints.hf.select import export_model_type, load_importer
     from astrai_core.plugins import process_registry
 
     model_type = args.model_type or export_model_type(args.src)

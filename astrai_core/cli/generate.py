@@ -42,10 +42,10 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _load(model_dir: Path, device_name: str, registry=None):
+    from astrai_core.checkpoints.native import load_pretrained
     from astrai_core.data.tokenizer import load_tokenizer
     from astrai_core.devices.select import resolve_device
     from astrai_core.errors import CheckpointError, DataError
-    from astrai_core.model import load_pretrained
     from astrai_core.plugins import process_registry
 
     model = load_pretrained(model_dir)  # CheckpointError names the problem

@@ -15,7 +15,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from astrai_core.importers.select import importer_for_hf_dir
+    from astrai_core.checkpoints.hf.select import importer_for_hf_dir
     from astrai_core.plugins import process_registry
 
     importer = importer_for_hf_dir(process_registry(), args.src, args.importer)

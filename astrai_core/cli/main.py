@@ -10,9 +10,10 @@ from __future__ import annotations
 import argparse
 import importlib
 import sys
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
+from typing import Any
 
-from astrai_core import __version__
+from astrai_core.version import __version__
 from astrai_core.errors import AstraiError
 from astrai_core.log import configure_logging
 
@@ -50,9 +51,15 @@ def _command_module(module_name: str):
     return importlib.import_module(f"astrai_core.cli.{module_name}")
 
 
-def main(argv: Sequence[str] | None = None) -> int:
+def main(argv: Sequence[str] | None = None, *,
+         embedding: Mapping[str, Any] | None = None) -> int:
+    """Run the command of ``argv``. ``embedding`` is for a program that wraps the CLI (the
+    test kit's fault driver): its items become attributes of the parsed arguments, such
+    as ``phase_hook`` (handed to the trainer) and ``worker_module`` (what a distributed
+    launch starts in each process: a module and its leading arguments)."""
     parser = build_parser()
     args = parser.parse_args(argv)
+    vars(args).update(embedding or {})
     configure_logging(args.log_format, args.log_level)
     try:
         result = _command_module(args._module).run(args)

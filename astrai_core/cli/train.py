@@ -37,12 +37,13 @@ def run(args: argparse.Namespace) -> int:
         raise ConfigError("--resume and --overwrite contradict each other; choose one")
     loaded = read_config(args.config, args.overrides)
     if args.nproc_per_node is not None:
-        from astrai_core.distributed.launch import launch
+        from astrai_core.cli.launch import launch
 
         return launch(args, loaded)
-    from astrai_core.distributed.launch import worker_errors
+    from astrai_core.cli.launch import worker_errors
     from astrai_core.training.run import train
 
     with worker_errors():
-        train(loaded.config, source=loaded.source, resume=args.resume, overwrite=args.overwrite)
+        train(loaded.config, source=loaded.source, resume=args.resume, overwrite=args.overwrite,
+              phase_hook=getattr(args, "phase_hook", None))
     return 0

@@ -6,6 +6,8 @@ so a bad option fails when the config is read, with the field path in the messag
 
 from __future__ import annotations
 
+from typing import Any
+
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 # The native decoder's nn.Linear modules LoRA can adapt (the same leaf names as Hugging
@@ -34,6 +36,12 @@ class LoraSection(BaseModel):
     save_base: bool = Field(False, description="also write the (frozen) base weights into "
                             "every checkpoint; off: checkpoints record where the base is "
                             "(a from-scratch base is always saved)")
+
+    def adapter_settings(self) -> dict[str, Any]:
+        """The adapter's shape, as :func:`astrai_core.model.lora.peft_lora_config` takes it."""
+        return {"r": self.r, "alpha": self.alpha, "dropout": self.dropout,
+                "target_modules": list(self.target_modules), "use_rslora": self.use_rslora,
+                "use_dora": self.use_dora}
 
     @field_validator("target_modules")
     @classmethod

@@ -22,16 +22,16 @@ from pydantic import BaseModel, ValidationError
 
 from astrai_core.config.loader import field_message, format_validation_error
 from astrai_core.config.schema import ComponentSection, RunConfig
+from astrai_core.config.strategy_needs import StrategyNeeds
 from astrai_core.config.yaml_source import FieldPath, YamlSource
 from astrai_core.data.config import BATCH_KIND
-from astrai_core.distributed.world import launched_world_size
 from astrai_core.distributed.mesh import check_parallel
+from astrai_core.distributed.world import launched_world_size
 from astrai_core.environments.episode_config import DEFAULT_ENVIRONMENT, EpisodeConfig
 from astrai_core.errors import ConfigError, FieldError, PluginError
 from astrai_core.plugins.protocols import missing_members
 from astrai_core.plugins.registry import Registry
 from astrai_core.plugins.specs import import_target
-from astrai_core.training.needs import StrategyNeeds
 
 DEFAULT_SAMPLER = "torch"
 

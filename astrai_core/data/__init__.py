@@ -9,7 +9,7 @@ Typical use by the trainer::
     batch = next(train)
 
 Importing this package does not import torch; the loaders do. Copying tokenizer files
-into a checkpoint is ``astrai_core.model.checkpoint.copy_tokenizer_files``.
+into a checkpoint is ``astrai_core.checkpoints.native_files.copy_tokenizer_files``.
 """
 
 from __future__ import annotations

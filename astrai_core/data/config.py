@@ -131,11 +131,6 @@ class DataConfig(BaseModel):
         unnamed = [(None, self.eval)] if self.eval is not None else []
         return [*unnamed, *((s.name, s) for s in self.eval_sets)]
 
-    @property
-    def batch_kind(self) -> str:
-        """``sequence`` (text/chat), ``preference`` or ``prompt``."""
-        return BATCH_KIND[self.sources[0].format]
-
     def resolve_paths(self, base_dir: str | Path) -> DataConfig:
         """A copy with relative source, eval and cache paths made absolute under
         ``base_dir`` (`astrai train` passes the current directory); the default cache

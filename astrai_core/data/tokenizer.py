@@ -11,7 +11,7 @@ from astrai_core.errors import DataError
 
 # Any one of these means the directory holds a tokenizer vocabulary. The full list of
 # tokenizer files, and copying them into checkpoints, live with the checkpoint code:
-# astrai_core.model.checkpoint.TOKENIZER_FILES / copy_tokenizer_files.
+# astrai_core.checkpoints.native_files.TOKENIZER_FILES / copy_tokenizer_files.
 _VOCAB_FILES = ("tokenizer.json", "tokenizer.model", "spiece.model", "vocab.json", "vocab.txt")
 
 

@@ -9,8 +9,8 @@ import torch.nn.functional as F
 from torch import nn
 
 from astrai_core.model.config import ModelConfig
+from astrai_core.model.layers import RMSNorm
 from astrai_core.model.masks import AttentionBias
-from astrai_core.model.norm import RMSNorm
 from astrai_core.model.rope import apply_rotary_factors
 
 if TYPE_CHECKING:

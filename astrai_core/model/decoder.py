@@ -13,10 +13,9 @@ from astrai_core.model.attention import Attention
 from astrai_core.model.config import ModelConfig
 from astrai_core.model.head import head_logprobs
 from astrai_core.model.kv_cache import KVCache
+from astrai_core.model.layers import RMSNorm, SwiGLU
 from astrai_core.model.masks import AttentionBias, build_attention_bias
-from astrai_core.model.mlp import SwiGLU
 from astrai_core.model.moe import MoEBlock, RouterOutput, load_balancing_loss, router_statistics
-from astrai_core.model.norm import RMSNorm
 from astrai_core.model.rope import RotaryEmbedding
 
 
@@ -83,10 +82,6 @@ class CausalLM(nn.Module):
         """Number of parameters (tied embeddings counted once)."""
         return sum(p.numel() for p in self.parameters() if p.requires_grad or not trainable_only)
 
-    def new_kv_cache(self, batch_size: int, max_length: int) -> KVCache:
-        weight = self.embed.weight
-        return KVCache(self.config, batch_size, max_length, dtype=weight.dtype, device=weight.device)
-
     def _run_layer(self, layer: DecoderLayer, *args: Any) -> tuple[torch.Tensor, RouterOutput | None]:
         # Only training forwards are checkpointed: generation (a KV cache) and no-grad
         # forwards keep nothing for a backward anyway. Non-reentrant, so it composes with
@@ -149,7 +144,8 @@ class CausalLM(nn.Module):
         if target_ids is not None:
             out = head_logprobs(hidden, self.head_weight(), target_ids, temperature, return_entropy)
         else:
-            out = {"logits": F.linear(head_input, self.head_weight()).float()}
+            logits = F.linear(head_input, self.head_weight())  # at least float32; float64 stays
+            out = {"logits": logits.to(torch.promote_types(logits.dtype, torch.float32))}
         if return_hidden_states:
             out["hidden_states"] = hidden
         out.update(self._router_outputs(routers, attention_mask, seq, x.device))

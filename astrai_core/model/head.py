@@ -23,6 +23,9 @@ from torch import Tensor
 from torch.utils.checkpoint import checkpoint
 
 CHUNK_LOGITS = 2**26  # float32 logits per chunk: ~256 MB, whatever the vocabulary
+# Rows of logits turned into float32 at a time: bounds the transient float32 copy
+# of bf16 logits to about this many rows x vocab instead of the whole [B, T, V].
+_LOGIT_ROWS_PER_CHUNK = 1024
 
 
 def has_chunked_head(model: torch.nn.Module) -> bool:
@@ -47,8 +50,6 @@ def target_logprobs(model: torch.nn.Module, input_ids: Tensor, target_ids: Tenso
     if has_chunked_head(model):
         return model(input_ids, target_ids=target_ids, temperature=temperature,
                      return_entropy=with_entropy, **forward)
-    from astrai_core.rl.functional import entropy_from_logits, token_logprobs
-
     out = model(input_ids, **forward)
     logits = out["logits"][:, predicting_positions(input_ids.shape[1], target_ids.shape[1])]
     out["logprobs"] = token_logprobs(logits, target_ids, temperature)
@@ -131,3 +132,38 @@ def chunked_logprobs(hidden: Tensor, weight: Tensor, target_ids: Tensor, tempera
         return empty, (empty if with_entropy else None)
     entropy = torch.cat(entropies).reshape(shape) if with_entropy else None
     return torch.cat(logprobs).reshape(shape), entropy
+
+
+# ---------------------------------------------------------------- log-probs, entropy of full logits
+# (models without the chunked head; :mod:`astrai_core.rl.functional` exposes them too)
+
+def _scaled_float_chunks(logits: Tensor, temperature: float):
+    """Yield (row slice, logits / temperature) over the flattened rows, widened to float32
+    (float64 logits stay float64, so a float64 reference stays exact)."""
+    if temperature <= 0:
+        raise ValueError(f"temperature must be > 0, got {temperature}")
+    flat = logits.reshape(-1, logits.shape[-1])
+    for start in range(0, flat.shape[0], _LOGIT_ROWS_PER_CHUNK):
+        rows = slice(start, start + _LOGIT_ROWS_PER_CHUNK)
+        chunk = flat[rows].to(torch.promote_types(flat.dtype, torch.float32))
+        yield rows, (chunk if temperature == 1.0 else chunk / temperature)
+
+
+def token_logprobs(logits: Tensor, target_ids: Tensor, temperature: float = 1.0) -> Tensor:
+    """float32 log-prob of each ``target_ids`` entry under log_softmax(logits / temperature)."""
+    targets = target_ids.reshape(-1, 1)
+    pieces = [
+        scaled.gather(-1, targets[rows]).squeeze(-1) - torch.logsumexp(scaled, dim=-1)
+        for rows, scaled in _scaled_float_chunks(logits, temperature)
+    ]
+    return torch.cat(pieces).reshape(target_ids.shape)
+
+
+def entropy_from_logits(logits: Tensor, temperature: float = 1.0) -> Tensor:
+    """float32 entropy of softmax(logits / temperature) at every position."""
+    pieces = []
+    for _, scaled in _scaled_float_chunks(logits, temperature):
+        # H = logsumexp(x) - sum softmax(x) * x, without a log_softmax copy.
+        expected_logit = (torch.softmax(scaled, dim=-1) * scaled).sum(-1)
+        pieces.append(torch.logsumexp(scaled, dim=-1) - expected_logit)
+    return torch.cat(pieces).reshape(logits.shape[:-1])

@@ -12,20 +12,17 @@ offer on an injected model is wrapped here, with peft's own layer methods:
   adapter merged (export, weight pushes to vLLM) or left out, without touching the
   live weights (peft's ``merge_safe``/``get_delta_weight`` on copies).
 
-PEFT-format files with Hugging Face module names are in :mod:`astrai_core.model.lora_files`.
+PEFT-format files with Hugging Face module names are in :mod:`astrai_core.checkpoints.lora_files`.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import torch
 from torch import nn
-
-if TYPE_CHECKING:
-    from astrai_core.config.lora import LoraSection
 
 ADAPTER = "default"  # peft's adapter name; one adapter per model
 
@@ -35,13 +32,15 @@ def has_lora(model: nn.Module) -> bool:
     return bool(getattr(model, "peft_config", None))
 
 
-def peft_lora_config(section: LoraSection) -> Any:
-    """peft's LoraConfig for a ``model.lora`` section."""
+def peft_lora_config(*, r: int, alpha: float, dropout: float, target_modules: Sequence[str],
+                     use_rslora: bool, use_dora: bool) -> Any:
+    """peft's LoraConfig for these adapter settings (a ``model.lora`` section gives them:
+    ``LoraSection.adapter_settings()``)."""
     from peft import LoraConfig
 
-    return LoraConfig(r=section.r, lora_alpha=section.alpha, lora_dropout=section.dropout,
-                      target_modules=list(section.target_modules), use_rslora=section.use_rslora,
-                      use_dora=section.use_dora, bias="none")
+    return LoraConfig(r=r, lora_alpha=alpha, lora_dropout=dropout,
+                      target_modules=list(target_modules), use_rslora=use_rslora,
+                      use_dora=use_dora, bias="none")
 
 
 def inject_lora(model: nn.Module, lora_config: Any) -> nn.Module:

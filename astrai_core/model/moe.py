@@ -9,7 +9,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from astrai_core.model.config import ModelConfig
-from astrai_core.model.mlp import SwiGLU
+from astrai_core.model.layers import SwiGLU
 
 
 @dataclass

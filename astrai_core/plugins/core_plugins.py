@@ -39,7 +39,7 @@ def astrai_device_backends() -> list[DeviceBackendSpec]:
 @hookimpl
 def astrai_model_importers() -> list[ModelImporterSpec]:
     return [
-        ModelImporterSpec(name="llama", target="astrai_core.importers.llama:LlamaImporter",
+        ModelImporterSpec(name="llama", target="astrai_core.checkpoints.hf.llama:LlamaImporter",
                           summary="Llama, Mistral and Qwen2 Hugging Face checkpoints",
                           model_types=("llama", "mistral", "qwen2")),
     ]

@@ -62,7 +62,7 @@ def core_version() -> str:
     try:
         return metadata.version(CORE_DISTRIBUTION)
     except metadata.PackageNotFoundError:
-        from astrai_core import __version__
+        from astrai_core.version import __version__
 
         return __version__
 

@@ -15,6 +15,10 @@ from typing import Literal, NamedTuple
 import torch
 from torch import Tensor
 
+# Log-probs and entropy of full logits are the model head's math (one owner, shared
+# with the models that return logits); the RL code takes them from here.
+from astrai_core.model.head import entropy_from_logits, token_logprobs
+
 KLKind = Literal["k1", "k2", "k3"]
 AggregationMode = Literal[
     "token-mean", "seq-mean-token-mean", "seq-mean-token-sum", "seq-mean-token-sum-norm"
@@ -23,10 +27,6 @@ KL_KINDS: tuple[str, ...] = ("k1", "k2", "k3")
 AGGREGATION_MODES: tuple[str, ...] = (
     "token-mean", "seq-mean-token-mean", "seq-mean-token-sum", "seq-mean-token-sum-norm",
 )
-
-# Rows of logits turned into float32 at a time: bounds the transient float32 copy
-# of bf16 logits to about this many rows x vocab instead of the whole [B, T, V].
-_LOGIT_ROWS_PER_CHUNK = 1024
 
 
 # ---------------------------------------------------------------- masked statistics
@@ -82,40 +82,6 @@ def masked_max(values: Tensor, mask: Tensor) -> Tensor:
         return values.new_zeros(())
     best = torch.where(valid, values, torch.full_like(values, -torch.inf)).max()
     return torch.where(valid.any(), best, values.new_zeros(()))  # no host sync
-
-
-# ---------------------------------------------------------------- log-probs, entropy
-
-def _scaled_float_chunks(logits: Tensor, temperature: float):
-    """Yield (row slice, logits / temperature) over the flattened rows, widened to float32
-    (float64 logits stay float64, so a float64 reference stays exact)."""
-    if temperature <= 0:
-        raise ValueError(f"temperature must be > 0, got {temperature}")
-    flat = logits.reshape(-1, logits.shape[-1])
-    for start in range(0, flat.shape[0], _LOGIT_ROWS_PER_CHUNK):
-        rows = slice(start, start + _LOGIT_ROWS_PER_CHUNK)
-        chunk = flat[rows].to(torch.promote_types(flat.dtype, torch.float32))
-        yield rows, (chunk if temperature == 1.0 else chunk / temperature)
-
-
-def token_logprobs(logits: Tensor, target_ids: Tensor, temperature: float = 1.0) -> Tensor:
-    """float32 log-prob of each ``target_ids`` entry under log_softmax(logits / temperature)."""
-    targets = target_ids.reshape(-1, 1)
-    pieces = [
-        scaled.gather(-1, targets[rows]).squeeze(-1) - torch.logsumexp(scaled, dim=-1)
-        for rows, scaled in _scaled_float_chunks(logits, temperature)
-    ]
-    return torch.cat(pieces).reshape(target_ids.shape)
-
-
-def entropy_from_logits(logits: Tensor, temperature: float = 1.0) -> Tensor:
-    """float32 entropy of softmax(logits / temperature) at every position."""
-    pieces = []
-    for _, scaled in _scaled_float_chunks(logits, temperature):
-        # H = logsumexp(x) - sum softmax(x) * x, without a log_softmax copy.
-        expected_logit = (torch.softmax(scaled, dim=-1) * scaled).sum(-1)
-        pieces.append(torch.logsumexp(scaled, dim=-1) - expected_logit)
-    return torch.cat(pieces).reshape(logits.shape[:-1])
 
 
 # ---------------------------------------------------------------- KL estimators

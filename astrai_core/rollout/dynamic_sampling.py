@@ -55,7 +55,7 @@ def informative_groups(rollout: RolloutBatch) -> tuple[list[torch.Tensor], list[
 
 
 class DynamicSampler:
-    """A drawer (training/sources.py) over the rollout runner; see the module docstring."""
+    """A drawer (training/batch_sources.py) over the rollout runner; see the module docstring."""
 
     def __init__(self, runner: Any, groups: int, max_tries: int) -> None:
         self.runner = runner

@@ -3,7 +3,7 @@
 Each :meth:`RolloutRunner.draw` takes ``prompts_per_rollout`` prompt records, samples
 ``group_size`` completions per prompt with the sampler, scores them with the weighted
 rewards and returns a :class:`RolloutBatch`. How often a rollout is drawn and how it is
-cut into optimizer steps is the rollout source's business (training/sources.py), not the
+cut into optimizer steps is the rollout source's business (training/batch_sources.py), not the
 runner's. Weights reach the sampler only through :meth:`publish`, at an optimizer-step
 boundary; a lock makes a rollout and a publish exclusive, so a rollout never mixes
 policy versions. With ``record_routing`` (``router_replay: R3``) the sampler records the
@@ -152,11 +152,6 @@ class RolloutRunner:
         from astrai_core.model.lora import merged_state_dict
 
         return merged_state_dict(model)  # a LoRA policy reaches other samplers merged
-
-    def validation_rollout(self, prompts: Sequence[Any], sampling_params: SamplingParams | None = None,
-                           group_size: int | None = None) -> RolloutBatch:
-        """A one-off rollout of ``prompts``; the training prompts and seeds are untouched."""
-        return self.rollout([as_prompt_record(p) for p in prompts], sampling_params, group_size)
 
     # ---------------------------------------------------------------- one rollout
     def rollout(self, records: Sequence[PromptRecord], sampling_params: SamplingParams | None = None,

@@ -98,7 +98,3 @@ def min_p_filter(logits: Tensor, min_p: Tensor | float) -> Tensor:
     threshold = probs.max(dim=-1, keepdim=True).values * scale
     return logits.masked_fill(probs < threshold, float("-inf"))
 
-
-def apply_filters(logits: Tensor, top_k: Tensor, top_p: Tensor, min_p: Tensor) -> Tensor:
-    """top-k, then top-p, then min-p (the order of transformers and vLLM); a new tensor."""
-    return min_p_filter(top_k_top_p_filter(logits, top_k, top_p), min_p)

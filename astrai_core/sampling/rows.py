@@ -79,7 +79,7 @@ class RowSampling:
     # ---------------------------------------------------------------- one step
     def choose(self, logits: Tensor) -> tuple[Tensor, Tensor, Tensor]:
         """(next token [B], its log-prob [B], the scaled logits [B, V] the log-probs come from)."""
-        logits = logits.float()
+        logits = logits.to(torch.promote_types(logits.dtype, torch.float32))  # float64 stays exact
         if self.bias is not None:
             logits = logits + self.bias
         scaled = logits if self.unit_temperature else logits / self.temperature[:, None]

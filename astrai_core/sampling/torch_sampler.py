@@ -50,7 +50,7 @@ class TorchSampler:
     def update_weights(self, state_dict: dict[str, Tensor] | None = None) -> int:
         """Take new policy weights (None: the live model was updated in place); returns the version."""
         if state_dict is not None:
-            from astrai_core.model.checkpoint import load_state_dict_strict
+            from astrai_core.checkpoints.native import load_state_dict_strict
 
             with torch.no_grad():
                 load_state_dict_strict(self.model, state_dict, "update_weights(state_dict)")

@@ -91,11 +91,6 @@ class ThreadedEngine:
         with self._cond:
             return self._stats_locked()
 
-    def wait_until(self, predicate: Callable[[EngineStats], bool], timeout: float = 60.0) -> bool:
-        """Block until ``predicate(stats())`` holds (checked whenever the engine's state changes)."""
-        with self._cond:
-            return self._cond.wait_for(lambda: predicate(self._stats_locked()), timeout=timeout)
-
     def close(self) -> None:
         with self._cond:
             self._closing = True

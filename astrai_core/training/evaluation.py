@@ -13,7 +13,7 @@ from typing import Any
 import torch
 
 from astrai_core.rollout.evaluate import evaluate_episodes, evaluate_generation
-from astrai_core.training.components import RunComponents
+from astrai_core.training.run_components import RunComponents
 
 LossFn = Callable[[Any], tuple[torch.Tensor, dict[str, Any]]]
 ProgressFn = Callable[[int, "int | None"], None]

@@ -29,7 +29,7 @@ to the sampler after every optimizer step.
 from __future__ import annotations
 
 from collections.abc import Iterator
-from contextlib import contextmanager, nullcontext
+from contextlib import contextmanager
 from typing import Any, ClassVar, Literal
 
 import torch
@@ -37,10 +37,9 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from astrai_core.config.schema import ComponentSection, RunConfig
 from astrai_core.distributed.world import launched_world_size
-from astrai_core.distributed.rollouts import gather_rollout
+from astrai_core.rollout.gather import gather_rollout
 from astrai_core.errors import ConfigError, FieldError
-from astrai_core.model.router_replay import (ROUTED_EXPERTS, has_moe, record_routing,
-                                             replay_routing)
+from astrai_core.model.router_replay import ROUTED_EXPERTS, has_moe, record_routing
 from astrai_core.rl.functional import token_rewards_from_scores
 from astrai_core.rl.objective import ObjectiveSettings, PolicyObjective
 from astrai_core.rl.rollout_correction import RolloutCorrectionConfig, correction_weights
@@ -48,8 +47,11 @@ from astrai_core.rollout.batch import RolloutBatch
 from astrai_core.rollout.dynamic_sampling import DynamicSampler, DynamicSamplingConfig
 from astrai_core.rollout.forward import policy_forward
 from astrai_core.rollout.metrics import rollout_metrics
-from astrai_core.training.needs import ComponentChoice, StrategyNeeds
-from astrai_core.training.sources import RolloutSource
+from astrai_core.config.strategy_needs import ComponentChoice, StrategyNeeds
+from astrai_core.training.batch_sources import RolloutSource
+from astrai_core.training.online_logprobs import DeferredOldLogprobs, may_defer
+from astrai_core.training.online_routing import RoutingReplay
+from astrai_core.training.run_components import RunComponents
 from astrai_core.training.strategy import Strategy
 
 
@@ -126,6 +128,18 @@ class OnlineStrategy(Strategy):
     """Base of strategies trained on rollouts (grpo, ppo)."""
 
     Config: ClassVar[type[BaseModel]] = OnlineConfig
+    # The loss takes its old log-probs through old_logprobs_for, so a rollout's training
+    # forward may stand in for its no-grad one (online_logprobs.may_defer).
+    defers_old_logprobs: ClassVar[bool] = False
+
+    def __init__(self, config: BaseModel, run: RunComponents) -> None:
+        super().__init__(config, run)
+        # A frozen reference policy, for KL terms: a subclass that sets it (frozen_reference
+        # of the policy) gets it frozen by the trainer and its log-probs attached to every
+        # rollout.
+        self.reference: torch.nn.Module | None = None
+        self.deferred = DeferredOldLogprobs()  # the current rollout's, if deferred
+        self.routing = RoutingReplay()  # router_replay in the training forwards
 
     @classmethod
     def needs(cls, config: Any) -> StrategyNeeds:
@@ -180,10 +194,6 @@ class OnlineStrategy(Strategy):
         """The shared objective around the run's policy loss (built by the wiring)."""
         return PolicyObjective(self.run.policy_loss, settings)
 
-    # A frozen reference policy, for KL terms: a subclass that sets it (frozen_reference of the
-    # policy) gets it frozen by the trainer and its log-probs attached to every rollout.
-    reference: torch.nn.Module | None = None
-
     def frozen_modules(self) -> dict[str, torch.nn.Module]:
         return {"reference": self.reference} if self.reference is not None else {}
 
@@ -226,14 +236,17 @@ class OnlineStrategy(Strategy):
                 f"strategy.rollout_correction needs the sampler's log-probs, and sampler "
                 f"{self.run.plan.sampler.name!r} returned none for its tokens")
         rollout = rollout.to(self.run.device)
-        self._in_loss = None
-        defer = self._defers_old_logprobs(recompute)  # the training forward supplies them
+        self.deferred.stop()
+        # whether the training forward supplies the old log-probs
+        defer = may_defer(self.config, self.defers_old_logprobs, recompute)
         model = self.run.model
         record = self.config.router_replay == "R2"
         token_tensors: dict[str, torch.Tensor] = {}
         with torch.no_grad():
             if not defer:
-                with record_routing(model) if record else self._sampler_routing(rollout) as tape:
+                routing = record_routing(model) if record else \
+                    self.routing.sampler_routing(model, rollout)  # R2 records, R3 replays
+                with routing as tape:
                     model.eval()
                     forward = policy_forward(model, rollout, self.run.logprob_temperature)
                     model.train()
@@ -247,7 +260,7 @@ class OnlineStrategy(Strategy):
         mask = rollout.response_mask
         stats = rollout_metrics(rollout, prefix=prefix)
         if defer:
-            self._in_loss = _LossForward(recompute=recompute, measure=not missing, prefix=prefix)
+            self.deferred.start(recompute=recompute, measure=not missing, prefix=prefix)
             if missing:
                 rollout.old_logprobs = None
             return self._finish_rollout(rollout, stats, prefix)
@@ -279,42 +292,17 @@ class OnlineStrategy(Strategy):
         return rollout, stats
 
     # -- old log-probs from the training forward (one forward per rollout row) ---------
-    defers_old_logprobs: ClassVar[bool] = False  # the loss calls old_logprobs_for
-    _in_loss: _LossForward | None = None
-
-    def _defers_old_logprobs(self, recompute: bool) -> bool:
-        """Whether this rollout's training forward may stand in for the no-grad one."""
-        config = self.config
-        if not self.defers_old_logprobs or config.epochs * config.mini_batches != 1:
-            return False
-        if config.rollout_correction is not None or config.router_replay == "R2":
-            return False  # the weights (the routing to replay) are needed before the loss
-        return not (recompute and config.kl_in_reward_coef)  # shaping reads old log-probs
-
     def old_logprobs_for(self, batch: RolloutBatch, logprobs: torch.Tensor) -> torch.Tensor:
         """The old policy's log-probs for the loss over ``batch``, whose training forward
         gave ``logprobs``: the batch's own, or, where process_rollout left them to this
         forward (recompute), ``logprobs`` detached. A training forward also gathers the
         sampler/trainer mismatch the skipped forward would have measured."""
-        deferred = self._in_loss
-        mask = batch.response_mask
-        if deferred is None or not self.run.model.training:
-            return batch.old_logprobs
-        current = torch.where(mask, logprobs.detach(), 0.0)
-        if deferred.measure:
-            deferred.add((current - batch.old_logprobs).abs()[mask])
-        return current if deferred.recompute else batch.old_logprobs
+        return self.deferred.old_logprobs_for(batch, logprobs, self.run.model.training)
 
     def step_metrics(self) -> dict[str, float]:
         """The mismatch metrics gathered by :meth:`old_logprobs_for` during the step, and
         ``router/replay_mismatch`` (:meth:`replaying_routing`)."""
-        deferred = self._in_loss
-        metrics = deferred.pop_metrics() if deferred is not None else {}
-        differing, counted = self._routing_counts
-        if counted:
-            metrics["router/replay_mismatch"] = differing / counted
-        self._routing_counts = (0, 0)
-        return metrics
+        return {**self.deferred.pop_metrics(), **self.routing.pop_metrics()}
 
     def policy_loss_terms(self, batch: RolloutBatch, objective: PolicyObjective
                           ) -> tuple[torch.Tensor, dict[str, Any], dict[str, Any]]:
@@ -330,30 +318,13 @@ class OnlineStrategy(Strategy):
         return loss, metrics, out
 
     # -- MoE router replay (router_replay: R2, R3) --------------------------------------
-    _routing_counts: tuple[int, int] = (0, 0)
-
     @contextmanager
     def replaying_routing(self, batch: RolloutBatch) -> Iterator[None]:
         """Around a training forward of the policy over ``batch``: route its tokens
         through the experts recorded for them (when ``router_replay`` recorded any) and
         count the tokens whose own routing differed (``router/replay_mismatch``)."""
-        experts = batch.extras.get(ROUTED_EXPERTS)
-        if experts is None or not self.run.model.training:
+        with self.routing.replaying(self.run.model, batch):
             yield
-            return
-        with replay_routing(self.run.model, experts, batch.attention_mask()) as tape:
-            yield
-        differing, counted = tape.mismatch()
-        total = self._routing_counts
-        self._routing_counts = (total[0] + differing, total[1] + counted)
-
-    def _sampler_routing(self, rollout: RolloutBatch) -> Any:
-        """R3: the no-grad forward routes like the sampler did, as the training forwards
-        will (its old log-probs then share their routing); else no context."""
-        experts = rollout.extras.get(ROUTED_EXPERTS)
-        if experts is None:
-            return nullcontext()
-        return replay_routing(self.run.model, experts, rollout.attention_mask())
 
     def _check_behaviour_logprobs(self, rollout: RolloutBatch, recompute: bool) -> bool:
         """True when the rollout lacks behaviour log-probs and the trainer may supply them."""
@@ -367,29 +338,6 @@ class OnlineStrategy(Strategy):
                 "policy is unknown; set strategy.recompute_old_logprobs: true to compute "
                 "them with the trainer's model")
         return True
-
-
-class _LossForward:
-    """What the training forward does for a rollout whose no-grad forward was skipped."""
-
-    def __init__(self, recompute: bool, measure: bool, prefix: str) -> None:
-        self.recompute, self.measure, self.prefix = recompute, measure, prefix
-        self.total, self.count, self.largest = 0.0, 0, 0.0
-
-    def add(self, diff: torch.Tensor) -> None:
-        if diff.numel():
-            self.total += diff.sum().item()
-            self.count += diff.numel()
-            self.largest = max(self.largest, diff.max().item())
-
-    def pop_metrics(self) -> dict[str, float]:
-        """``logprob_diff_max/mean`` over the step's tokens, then a fresh count."""
-        if not self.measure:
-            return {}
-        metrics = {f"{self.prefix}logprob_diff_max": self.largest,
-                   f"{self.prefix}logprob_diff_mean": self.total / max(self.count, 1)}
-        self.total, self.count, self.largest = 0.0, 0, 0.0
-        return metrics
 
 
 def _with_stats(process: Any, drawer: DynamicSampler) -> Any:

@@ -17,6 +17,7 @@ from typing import Any
 
 import torch
 
+from astrai_core.checkpoints import training_state as ckpt
 from astrai_core.config.loader import validate_model
 from astrai_core.config.plan import RunPlan, plan_run
 from astrai_core.config.schema import ModelSection, RunConfig
@@ -28,8 +29,8 @@ from astrai_core.distributed.fsdp import UnshardedSampler, shard_run
 from astrai_core.errors import CheckpointError, ConfigError
 from astrai_core.log import get_logger
 from astrai_core.plugins.registry import Registry
-from astrai_core.training import checkpointing as ckpt
-from astrai_core.training.components import RunComponents
+from astrai_core.training.phases import PhaseHook
+from astrai_core.training.run_components import RunComponents
 from astrai_core.training.strategy import Strategy
 from astrai_core.training.trainer import Trainer
 
@@ -38,8 +39,9 @@ DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch
 
 
 def train(config: RunConfig, *, source: YamlSource | None = None, resume: bool = False,
-          overwrite: bool = False) -> dict[str, Any]:
-    """Run ``config`` to completion; returns the last logged metrics.
+          overwrite: bool = False, phase_hook: PhaseHook | None = None) -> dict[str, Any]:
+    """Run ``config`` to completion; returns the last logged metrics. ``phase_hook`` is
+    called at each named phase of the run (:mod:`astrai_core.training.phases`).
 
     A ``resume`` whose checkpoint already reached ``trainer.max_steps`` has nothing to
     do: it says so in one line and returns ``{}`` (the CLI exits 0).
@@ -51,7 +53,7 @@ def train(config: RunConfig, *, source: YamlSource | None = None, resume: bool =
             log.warning(str(done))
             return {}
         try:
-            return Trainer(run, strategy).fit(resume=resume)
+            return Trainer(run, strategy, phase_hook=phase_hook).fit(resume=resume)
         finally:  # a sampler holding processes (ray workers, a vLLM engine) lets them go
             close = getattr(run.sampler, "close", None)
             if close is not None:
@@ -239,7 +241,7 @@ def build_model(section: ModelSection, tokenizer: Any, source: YamlSource | None
     add the ``model.lora`` adapter when there is one."""
     model = _build_base(section, tokenizer, source)
     if section.lora is not None:  # peft adapter; only it trains (model/lora.py)
-        from astrai_core.model.lora_files import attach_lora
+        from astrai_core.checkpoints.lora_files import attach_lora
 
         base_dir = Path(section.path) if section.path is not None else None
         model = attach_lora(model, section.lora, base_dir).train()
@@ -247,7 +249,8 @@ def build_model(section: ModelSection, tokenizer: Any, source: YamlSource | None
 
 
 def _build_base(section: ModelSection, tokenizer: Any, source: YamlSource | None) -> torch.nn.Module:
-    from astrai_core.model import CausalLM, ModelConfig, load_pretrained
+    from astrai_core.checkpoints.native import load_pretrained
+    from astrai_core.model import CausalLM, ModelConfig
 
     dtype = DTYPES[section.dtype]
     if section.path is not None:

@@ -26,13 +26,13 @@ import torch
 from pydantic import BaseModel, ConfigDict
 from torch import nn
 
+from astrai_core.config.strategy_needs import StrategyNeeds
+from astrai_core.training.batch_sources import BatchSource, LoaderSource
 from astrai_core.training.modules import TrainedModule
-from astrai_core.training.needs import StrategyNeeds
-from astrai_core.training.sources import BatchSource, LoaderSource
 
 if TYPE_CHECKING:
     from astrai_core.config.schema import RunConfig
-    from astrai_core.training.components import RunComponents
+    from astrai_core.training.run_components import RunComponents
 
 
 class EmptyConfig(BaseModel):

@@ -20,22 +20,22 @@ from typing import Any
 import torch
 from torch import nn
 
+from astrai_core.checkpoints import training_state as ckpt
+from astrai_core.checkpoints.sharded import has_sharded, load_sharded
 from astrai_core.config.trainer import TrainerConfig
-from astrai_core.distributed.checkpoint import has_sharded, load_sharded
 from astrai_core.distributed.fsdp import full_tensor
 from astrai_core.distributed.metrics import MicroBatchRecord, NullMetricsLog, reduce_micro_batches
 from astrai_core.errors import AstraiError
 from astrai_core.log import get_logger
 from astrai_core.trackers.report import RunReport, open_report
-from astrai_core.training import checkpointing as ckpt
-from astrai_core.training import faults
-from astrai_core.training.components import RunComponents
+from astrai_core.training.batch_sources import TENSORS
+from astrai_core.training.run_components import RunComponents
 from astrai_core.training.evaluation import evaluate
 from astrai_core.training.metrics import MetricsLog, Throughput, to_number
 from astrai_core.training.optim import build_optimizer, build_scheduler
+from astrai_core.training.phases import CHECKPOINT_SAVED, PhaseHook, no_hook
 from astrai_core.training.progress import Clock, RunReporter
 from astrai_core.training.signals import StopOnSignal, TrainingInterrupted
-from astrai_core.training.sources import TENSORS
 from astrai_core.training.strategy import Strategy
 
 log = get_logger("astrai.trainer")
@@ -87,9 +87,10 @@ class Trainer:
     """Runs ``strategy`` for ``trainer.max_steps`` optimizer steps."""
 
     def __init__(self, run: RunComponents, strategy: Strategy,
-                 clock: Clock = time.monotonic) -> None:
+                 clock: Clock = time.monotonic, phase_hook: PhaseHook | None = None) -> None:
         self.run = run
         self.clock = clock  # the progress display's; injectable so tests need no timing
+        self.phase_hook = phase_hook or no_hook  # called at each named phase (phases.py)
         self.cfg = run.trainer
         self.strategy = strategy
         for module in strategy.frozen_modules().values():
@@ -153,7 +154,7 @@ class Trainer:
                              summary={"step": self.step, "max_steps": self.cfg.max_steps},
                              initial_model_dir=self.run.initial_model_dir, state_tensors=tensors,
                              sharded_modules=self.modules, dist=self.run.dist)
-        faults.after_checkpoint_saved(self.step)  # tests of exact resume kill the run here
+        self.phase_hook(CHECKPOINT_SAVED, self.step)  # tests of exact resume kill the run here
         if self.run.dist.is_main:
             ckpt.prune_checkpoints(self.run.output_dir, self.cfg.keep_last)
         log.info("checkpoint saved", path=str(target))

@@ -32,9 +32,9 @@ def prompt_records(tokenizer, path: Path) -> list[dict]:
 def accuracies(checkpoint: Path, data: Path = DATA) -> dict[str, float]:
     from transformers import AutoTokenizer
 
+    from astrai_core.api import load_pretrained
     from astrai_core.environments.episode_config import EpisodeConfig
     from astrai_core.environments.tools import Tools
-    from astrai_core.model import load_pretrained
     from astrai_core.rewards.reward_set import RewardSet
     from astrai_core.rollout.episodes import EpisodeRunner
     from astrai_core.rollout.evaluate import evaluate_episodes, evaluate_generation

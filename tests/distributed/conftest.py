@@ -20,13 +20,16 @@ TIMEOUT = 420  # a hung run fails the test instead of hanging the suite
 
 
 def train(config: dict, tmp_path: Path, name: str, nproc: int = 1, *extra: str,
-          env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
+          env: dict[str, str] | None = None, command: list[str] | None = None
+          ) -> subprocess.CompletedProcess:
     """`astrai train` of ``config`` (written to ``tmp_path/name.yaml``) on ``nproc``
-    processes, one CPU thread each."""
+    processes, one CPU thread each; ``command`` replaces ``python -m astrai_core.cli.main``
+    (the test kit's fault driver)."""
     path = write_config(tmp_path, config, f"{name}.yaml")
     launch = ["--nproc-per-node", str(nproc)] if nproc > 1 else []
     full_env = {**os.environ, "OMP_NUM_THREADS": "1", **(env or {})}
-    return subprocess.run([sys.executable, "-m", "astrai_core.cli.main", "--log-format", "json",
+    command = command or [sys.executable, "-m", "astrai_core.cli.main"]
+    return subprocess.run([*command, "--log-format", "json",
                            "train", str(path), *launch, *extra], capture_output=True, text=True,
                           timeout=TIMEOUT, env=full_env)
 
@@ -41,7 +44,7 @@ def weights(run_dir: Path, step: int, name: str = "model") -> dict[str, torch.Te
 
 def adapter(run_dir: Path, step: int) -> dict[str, torch.Tensor]:
     """A LoRA checkpoint's adapter tensors (PEFT's Hugging Face names)."""
-    from astrai_core.model.lora_files import ADAPTER_DIR, ADAPTER_WEIGHTS
+    from astrai_core.checkpoints.lora_files import ADAPTER_DIR, ADAPTER_WEIGHTS
 
     return load_file(str(Path(run_dir) / "checkpoints" / f"step_{step}" / ADAPTER_DIR /
                          ADAPTER_WEIGHTS))

@@ -12,8 +12,8 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from astrai_core.distributed.checkpoint import read_sharded
-from astrai_core.model.lora_files import ADAPTER_DIR
+from astrai_core.checkpoints.lora_files import ADAPTER_DIR
+from astrai_core.checkpoints.sharded import read_sharded
 from astrai_core.testing import read_metrics
 from tests.distributed.conftest import (adapter, assert_close_metrics, assert_close_weights,
                                         copy_checkpoint, ok, train, weights, without_timing)

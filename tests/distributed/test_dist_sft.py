@@ -8,9 +8,10 @@ import json
 
 import pytest
 
-from astrai_core.model import load_pretrained
+from astrai_core.checkpoints.native import load_pretrained
 from astrai_core.testing import read_metrics
-from astrai_core.training.faults import KILL_AFTER_CHECKPOINT
+from astrai_core.testing.faults import killed_command
+from astrai_core.training.phases import CHECKPOINT_SAVED
 from tests.distributed.conftest import (assert_close_metrics, assert_close_weights,
                                         copy_checkpoint, ok, train, weights, without_timing)
 from tests.training.conftest import tiny_config
@@ -31,7 +32,8 @@ def runs(tmp_path_factory):
 
     ok(train(config("one"), tmp, "one"))
     ok(train(config("two"), tmp, "two", 2))
-    killed = train(config("killed"), tmp, "killed", 2, env={KILL_AFTER_CHECKPOINT: "8"})
+    killed = train(config("killed"), tmp, "killed", 2, 
+                   command=killed_command(CHECKPOINT_SAVED, 8))
     assert killed.returncode != 0 and "signal 9" in killed.stderr, killed.stderr[-3000:]
     assert sorted(p.name for p in (tmp / "killed" / "checkpoints").iterdir()) == \
         ["step_4", "step_8"]

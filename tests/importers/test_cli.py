@@ -9,7 +9,7 @@ from pathlib import Path
 
 import torch
 
-from astrai_core.importers.parity import load_hf_model, save_hf_model, tiny_hf_model
+from astrai_core.testing.parity import load_hf_model, save_hf_model, tiny_hf_model
 
 ASTRAI = str(Path(sys.executable).with_name("astrai"))
 

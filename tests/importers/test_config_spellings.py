@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
+from astrai_core.checkpoints.hf.llama import LlamaImporter
 from astrai_core.errors import CheckpointError
-from astrai_core.importers.llama import LlamaImporter
 
 BASE = {"model_type": "llama", "vocab_size": 128, "hidden_size": 32, "intermediate_size": 64,
         "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 2,

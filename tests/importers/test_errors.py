@@ -6,10 +6,10 @@ import json
 
 import pytest
 
+from astrai_core.checkpoints.hf.llama import LlamaImporter
+from astrai_core.checkpoints.hf.select import importer_for_hf_dir
 from astrai_core.errors import CheckpointError, PluginError
-from astrai_core.importers.llama import LlamaImporter
-from astrai_core.importers.parity import save_hf_model, tiny_hf_model
-from astrai_core.importers.select import importer_for_hf_dir
+from astrai_core.testing.parity import save_hf_model, tiny_hf_model
 from astrai_core.plugins import load_plugins
 
 

@@ -7,16 +7,17 @@ import json
 import pytest
 import torch
 
-from astrai_core.importers.base import HF_SOURCE_FILE
-from astrai_core.importers.llama import LlamaImporter
-from astrai_core.importers.parity import (
+from astrai_core.checkpoints.hf.base import HF_SOURCE_FILE
+from astrai_core.checkpoints.hf.llama import LlamaImporter
+from astrai_core.checkpoints.native import save_pretrained
+from astrai_core.testing.parity import (
     load_hf_model,
     padded_batch,
     safetensors_tensors,
     save_hf_model,
     tiny_hf_model,
 )
-from astrai_core.model import CausalLM, ModelConfig, save_pretrained
+from astrai_core.model import CausalLM, ModelConfig
 
 TYPES = ["llama", "mistral", "qwen2"]
 

@@ -5,15 +5,15 @@ from __future__ import annotations
 import pytest
 import torch
 
-from astrai_core.importers.llama import LlamaImporter
-from astrai_core.importers.parity import (
+from astrai_core.checkpoints.hf.llama import LlamaImporter
+from astrai_core.checkpoints.native import load_pretrained
+from astrai_core.testing.parity import (
     max_packed_diff,
     max_padded_diff,
     padded_batch,
     save_hf_model,
     tiny_hf_model,
 )
-from astrai_core.model import load_pretrained
 
 TOL = 1e-4
 VOCAB = 128

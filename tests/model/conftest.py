@@ -1,6 +1,6 @@
 """Fixtures: tiny transformers models, and their weights copied into the native model by hand.
 
-Test-only: the real importers live in astrai_core/importers; this independent mapping
+Test-only: the real importers live in astrai_core/checkpoints/hf; this independent mapping
 checks the native model's arithmetic against transformers early.
 """
 

@@ -10,14 +10,14 @@ import json
 import pytest
 import torch
 
+from astrai_core.checkpoints import training_state as ckpt
+from astrai_core.checkpoints.hf.select import load_importer
+from astrai_core.checkpoints.lora_files import ADAPTER_DIR, BASE_RECORD, attach_lora
+from astrai_core.checkpoints.native import load_pretrained
 from astrai_core.config.lora import LoraSection
-from astrai_core.importers.parity import load_hf_model, padded_batch, save_hf_model, tiny_hf_model
-from astrai_core.importers.select import load_importer
-from astrai_core.model import load_pretrained
+from astrai_core.testing.parity import load_hf_model, padded_batch, save_hf_model, tiny_hf_model
 from astrai_core.model.lora import adapter_disabled, adapter_parameters, has_lora
-from astrai_core.model.lora_files import ADAPTER_DIR, BASE_RECORD, attach_lora
 from astrai_core.plugins import process_registry
-from astrai_core.training import checkpointing as ckpt
 
 TOLERANCE = 1e-5
 VARIANTS = {  # (model_type, lora options)

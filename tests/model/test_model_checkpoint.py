@@ -9,9 +9,10 @@ import torch
 from safetensors import safe_open
 from safetensors.torch import load_file, save_file
 
+from astrai_core.checkpoints import native_files as checkpoint_module
+from astrai_core.checkpoints.native import load_pretrained, load_state_dict_strict, save_pretrained
 from astrai_core.errors import CheckpointError
-from astrai_core.model import CausalLM, ModelConfig, load_pretrained, load_state_dict_strict, save_pretrained
-from astrai_core.model import checkpoint as checkpoint_module
+from astrai_core.model import CausalLM, ModelConfig
 
 CONFIG = dict(vocab_size=64, hidden_size=32, intermediate_size=48, num_layers=2, num_heads=4,
               num_kv_heads=2, num_experts=4, moe_intermediate_size=16, decoder_sparse_step=2,

@@ -34,10 +34,16 @@ def left_padded(prompts: list[list[int]]) -> tuple[torch.Tensor, torch.Tensor]:
     return ids, mask.long()
 
 
+def new_cache(model: CausalLM, batch_size: int, max_length: int) -> KVCache:
+    """A KV cache for ``model`` in its weights' dtype and device, as the samplers build it."""
+    weight = model.embed.weight
+    return KVCache(model.config, batch_size, max_length, dtype=weight.dtype, device=weight.device)
+
+
 @torch.no_grad()
 def greedy_with_cache(model, ids, mask, steps):
     """Greedy decode with the KV cache; returns the full ids and the logits of every step."""
-    cache = model.new_kv_cache(ids.shape[0], ids.shape[1] + steps)
+    cache = new_cache(model, ids.shape[0], ids.shape[1] + steps)
     logits = model(ids, attention_mask=mask, position_ids=positions_from_attention_mask(mask),
                    kv_cache=cache)["logits"]
     step_logits = [logits[:, -1]]
@@ -75,7 +81,7 @@ def test_kv_cache_decode_equals_full_forward_with_left_padding(config):
 def test_kv_cache_select_drops_rows():
     model = make_model(**MOE)
     ids, mask = left_padded([[5, 9, 12], [7, 3, 4], [11, 40, 2]])
-    cache = model.new_kv_cache(3, 8)
+    cache = new_cache(model, 3, 8)
     with torch.no_grad():
         model(ids, attention_mask=mask, kv_cache=cache)
         cache.select(torch.tensor([2, 0]))
@@ -88,7 +94,7 @@ def test_kv_cache_select_drops_rows():
 
 def test_kv_cache_overflow_raises():
     model = make_model(**DENSE)
-    cache = model.new_kv_cache(1, 4)
+    cache = new_cache(model, 1, 4)
     with pytest.raises(ValueError, match="max_length is 4"):
         model(torch.tensor([[1, 2, 3, 4, 5]]), kv_cache=cache)
 

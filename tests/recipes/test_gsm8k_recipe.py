@@ -37,7 +37,7 @@ def workspace(tmp_path_factory) -> Path:
     """models/qwen3-tiny (native) and data/gsm8k/{train,test}.parquet."""
     from transformers import AutoTokenizer
 
-    from astrai_core.importers.parity import save_hf_model, tiny_hf_model
+    from astrai_core.testing.parity import save_hf_model, tiny_hf_model
 
     root = tmp_path_factory.mktemp("gsm8k")
     hf_dir = root / "hf"

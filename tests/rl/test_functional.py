@@ -7,6 +7,7 @@ import math
 import pytest
 import torch
 
+from astrai_core.model import head
 from astrai_core.rl import functional as F
 
 NAN = float("nan")
@@ -74,7 +75,7 @@ def test_token_logprobs_hand_case_with_temperature():
 
 
 def test_token_logprobs_matches_log_softmax_gather_and_its_gradient(monkeypatch):
-    monkeypatch.setattr(F, "_LOGIT_ROWS_PER_CHUNK", 4)  # 2*5 = 10 rows -> 3 chunks
+    monkeypatch.setattr(head, "_LOGIT_ROWS_PER_CHUNK", 4)  # 2*5 = 10 rows -> 3 chunks
     torch.manual_seed(0)
     logits = torch.randn(2, 5, 11, requires_grad=True)
     targets = torch.randint(0, 11, (2, 5))

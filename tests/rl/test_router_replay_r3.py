@@ -14,6 +14,7 @@ from astrai_core.model.router_replay import (NOT_ROUTED, ROUTED_EXPERTS, record_
                                              widened_routing)
 from astrai_core.rollout import policy_forward
 from astrai_core.rollout.dynamic_sampling import concat_rollouts
+from astrai_core.rollout.records import as_prompt_record
 from astrai_core.rollout.runner import RolloutRunner
 from astrai_core.sampling import SamplingParams
 from astrai_core.sampling.torch_sampler import TorchSampler
@@ -81,7 +82,8 @@ def test_the_rollout_carries_the_routing_on_its_forward_positions(tmp_path):
     assert torch.equal(known, expected_known)
     assert torch.equal(experts.long().transpose(1, 2)[known], own.transpose(1, 2)[known])
     # validation rollouts do not pay for it
-    assert ROUTED_EXPERTS not in run.rollouts.validation_rollout([{"prompt_ids": [1, 2]}]).extras
+    one_off = run.rollouts.rollout([as_prompt_record({"prompt_ids": [1, 2]})])
+    assert ROUTED_EXPERTS not in one_off.extras
 
 
 def test_joined_rollouts_keep_every_row_on_its_positions(tmp_path):

@@ -10,6 +10,7 @@ import torch
 from astrai_core.errors import DataError
 from astrai_core.rewards import RewardSet
 from astrai_core.rollout import RolloutRunner
+from astrai_core.rollout.records import as_prompt_record
 from astrai_core.sampling import SamplingParams
 
 PARAMS = SamplingParams(max_new_tokens=4, temperature=1.0)
@@ -36,10 +37,11 @@ def test_rollout_has_group_size_completions_per_prompt_with_group_ids(fake_sampl
     assert all(p.n == 3 for p in fake_sampler.calls[0][1])
 
 
-def test_validation_rollout_leaves_the_training_prompts_alone(fake_sampler, make_records):
+def test_one_off_rollout_leaves_the_training_prompts_alone(fake_sampler, make_records):
     runner = runner_for(fake_sampler, make_records(range(10)))
     first = runner.draw()
-    validation = runner.validation_rollout(make_records([42]), group_size=1)
+    one_off = [as_prompt_record(record) for record in make_records([42])]
+    validation = runner.rollout(one_off, group_size=1)
     assert validation.group_ids.tolist() == [0] and validation.prompts == ["q42"]
     assert runner.rollouts_drawn == 1 and first.prompts[0] == "q0"
     second = runner.draw()

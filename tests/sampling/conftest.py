@@ -5,7 +5,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from astrai_core.model import CausalLM, ModelConfig, load_pretrained
+from astrai_core.checkpoints.native import load_pretrained
+from astrai_core.model import CausalLM, ModelConfig
 from astrai_core.rollout.batch import RolloutBatch, pad_rows
 
 VOCAB = 96

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import torch
 
-from astrai_core.sampling.filters import apply_filters, min_p_filter, top_k_filter, top_p_filter
+from astrai_core.sampling.filters import (min_p_filter, top_k_filter, top_k_top_p_filter,
+                                          top_p_filter)
 
 INF = float("-inf")
 # Probabilities 0.5, 0.3, 0.15, 0.05 (as logits: their logs).
@@ -48,7 +49,8 @@ def test_filters_compose_in_order_and_never_mutate_their_input():
     top_k = torch.tensor([0, 5, 10, 0, 3, 50])
     top_p = torch.tensor([1.0, 0.9, 0.5, 0.3, 1.0, 0.99])
     min_p = torch.tensor([0.0, 0.0, 0.1, 0.0, 0.5, 0.05])
-    filtered = apply_filters(logits, top_k, top_p, min_p)
+    # top-k, then top-p, then min-p: the order of the sampler (and of transformers and vLLM)
+    filtered = min_p_filter(top_k_top_p_filter(logits, top_k, top_p), min_p)
     for fn, arg in ((top_k_filter, top_k), (top_p_filter, top_p), (min_p_filter, min_p)):
         out = fn(logits, arg)
         assert out.data_ptr() != logits.data_ptr()

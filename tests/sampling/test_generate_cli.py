@@ -7,7 +7,7 @@ import sys
 
 import pytest
 
-from astrai_core.model import save_pretrained
+from astrai_core.checkpoints.native import save_pretrained
 from astrai_core.sampling import SamplingParams, TorchSampler
 
 pytestmark = pytest.mark.slow  # starts the CLI in subprocesses

@@ -1,4 +1,4 @@
-"""Live servers for the serving tests (``testkit.live_server``: uvicorn in a thread on 127.0.0.1)."""
+"""Live servers for the serving tests (``astrai_core.testing.serving.live_server``: uvicorn in a thread on 127.0.0.1)."""
 
 from __future__ import annotations
 
@@ -9,8 +9,8 @@ import pytest
 pytest.importorskip("fastapi")
 pytest.importorskip("openai")
 
-from astrai_core.serving import testkit  # noqa: E402
-from astrai_core.serving.testkit import live_server  # noqa: E402
+from astrai_core.testing import serving as testkit  # noqa: E402
+from astrai_core.testing.serving import live_server  # noqa: E402
 
 TOOLS = [{"type": "function", "function": {
     "name": "get_weather", "description": "Weather of a city", "strict": True,

@@ -18,7 +18,7 @@ import httpx
 import openai
 import pytest
 
-from astrai_core.serving.testkit import live_server
+from astrai_core.testing.serving import live_server
 
 CHAT = [{"role": "user", "content": "Tell me a story about a cat"}]
 

@@ -5,6 +5,8 @@ from __future__ import annotations
 import asyncio
 import socket
 
+from astrai_core.testing.serving import wait_for_stats
+
 
 TOPICS = ["a cat", "the weather", "Paris", "a fox", "the dog", "numbers", "a story", "functions",
           "the user", "a city", "today", "help", "42", "the query", "brown", "lazy"]
@@ -62,8 +64,8 @@ def test_cancelling_half_mid_stream_keeps_the_others_and_frees_slots(server):
     results = asyncio.run(run())
     assert {i: results[i] for i in range(0, 16, 2)} == solo
     assert all(results[i] is None for i in range(1, 16, 2))
-    assert server.engine.wait_until(lambda s: s.cancelled - before.cancelled == 8 and s.active == 0
-                                    and s.waiting == 0, timeout=120)
+    assert wait_for_stats(server.engine, lambda s: s.cancelled - before.cancelled == 8
+                          and s.active == 0 and s.waiting == 0, timeout=120)
     stats = server.engine.stats()
     assert stats.max_cancel_delay_steps <= 1  # each slot freed within one decode step of the cancel
 
@@ -75,7 +77,8 @@ def test_non_streaming_disconnect_frees_the_slot(server):
     with socket.create_connection(("127.0.0.1", server.port)) as conn:
         conn.sendall(b"POST /v1/chat/completions HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
                      b"Content-Length: %d\r\n\r\n" % len(body) + body)
-        assert server.engine.wait_until(lambda s: s.active == 1, timeout=60)
+        assert wait_for_stats(server.engine, lambda s: s.active == 1, timeout=60)
     # the connection is closed: the request is cancelled long before its 900 tokens
-    assert server.engine.wait_until(lambda s: s.cancelled == before.cancelled + 1 and s.active == 0, timeout=60)
+    assert wait_for_stats(server.engine, lambda s: s.cancelled == before.cancelled + 1
+                          and s.active == 0, timeout=60)
     assert server.engine.stats().max_cancel_delay_steps <= 1

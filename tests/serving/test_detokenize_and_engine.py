@@ -12,12 +12,13 @@ from astrai_core.sampling.torch_sampler import TorchSampler
 from astrai_core.serving.detokenize import IncrementalDetokenizer, StopStringHoldback
 from astrai_core.serving.engine import BatchingEngine
 from astrai_core.serving.sequence import EngineRequest, FinishEvent
+from astrai_core.testing.serving import wait_for_stats
 
 
 @pytest.fixture(scope="module")
 def model_and_tokenizer(random_checkpoint):
+    from astrai_core.checkpoints.native import load_pretrained
     from astrai_core.data.tokenizer import load_tokenizer
-    from astrai_core.model import load_pretrained
 
     return load_pretrained(random_checkpoint).eval(), load_tokenizer(random_checkpoint)
 
@@ -88,7 +89,7 @@ def test_engine_matches_the_torch_sampler_with_staggered_joins(model_and_tokeniz
             assert tokens == completion.token_ids
             assert torch.allclose(torch.tensor(logprobs), torch.tensor(completion.logprobs), atol=1e-5, rtol=0)
             assert reason == completion.finish_reason
-        assert engine.wait_until(lambda s: s.active == 0 and s.finished == len(prompts))
+        assert wait_for_stats(engine, lambda s: s.active == 0 and s.finished == len(prompts))
         assert engine.stats().max_active == 4
     finally:
         engine.close()

@@ -37,8 +37,9 @@ def text_documents(texts: list[str] = TEXTS) -> list[list[int]]:
 
 def save_start_model(directory: Path, seed: int = 0) -> Path:
     """A tiny random native checkpoint (with the arithmetic tokenizer) to start runs from."""
+    from astrai_core.checkpoints.native import save_pretrained
     from astrai_core.data.tokenizer import load_tokenizer
-    from astrai_core.model import CausalLM, ModelConfig, save_pretrained
+    from astrai_core.model import CausalLM, ModelConfig
 
     torch.manual_seed(seed)
     config = ModelConfig(vocab_size=len(load_tokenizer(ARITH_TOKENIZER)), **TINY_MODEL)
@@ -47,7 +48,7 @@ def save_start_model(directory: Path, seed: int = 0) -> Path:
 
 
 def load_model(directory: Path) -> torch.nn.Module:
-    from astrai_core.model import load_pretrained
+    from astrai_core.checkpoints.native import load_pretrained
 
     return load_pretrained(directory).float().eval()
 

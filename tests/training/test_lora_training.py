@@ -11,8 +11,8 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
+from astrai_core.checkpoints.lora_files import ADAPTER_DIR, ADAPTER_WEIGHTS, BASE_RECORD
 from astrai_core.model.lora import DisabledAdapterReference, adapter_parameters, has_lora
-from astrai_core.model.lora_files import ADAPTER_DIR, ADAPTER_WEIGHTS, BASE_RECORD
 from astrai_core.testing import build_strategy, read_metrics, tiny_run_config, write_arith_prompts
 from tests.training.reference import run, save_start_model, text_run_config, write_texts
 
@@ -96,7 +96,7 @@ def test_save_base_writes_the_base_and_from_scratch_always_does(tmp_path):
     assert (step / "model.safetensors").is_file() and not (step / BASE_RECORD).exists()
     base = load_file(str(step / "model.safetensors"))
     assert not any("lora_" in k or "base_layer" in k for k in base)
-    from astrai_core.model import load_pretrained
+    from astrai_core.checkpoints.native import load_pretrained
 
     assert has_lora(load_pretrained(step))
 
@@ -214,8 +214,9 @@ def test_lora_sft_raises_arithmetic_eval_accuracy(tmp_path):
     of greedy answers on the problems goes from ~0 to most of them. The random base is
     initialised at std 0.3, not 0.02: the frozen tied head and norms then allow confident
     predictions (at 0.02 its logits cannot exceed ~0.6 whatever the adapter does)."""
+    from astrai_core.checkpoints.native import save_pretrained
     from astrai_core.data.tokenizer import load_tokenizer
-    from astrai_core.model import CausalLM, ModelConfig, save_pretrained
+    from astrai_core.model import CausalLM, ModelConfig
     from astrai_core.testing import ARITH_TOKENIZER, TINY_MODEL
 
     torch.manual_seed(0)

@@ -1,6 +1,6 @@
 """Exact resume of online runs at ANY optimizer step, in the middle of a rollout included.
 
-Each run is SIGKILLed by itself right after a checkpoint (astrai_core.training.faults),
+Each run is SIGKILLed by itself right after a checkpoint (astrai_core.testing.faults),
 resumed with --resume, and must end with weights, every trained module (PPO's critic)
 and every logged metric bit-identical to an uninterrupted run of the same config. GRPO
 and PPO are killed in the middle of a rollout (epochs x mini_batches steps each), so the

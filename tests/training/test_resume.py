@@ -1,20 +1,22 @@
 """Resume is exact: kill a run right after a checkpoint, resume it, and end bit-identical
 to an uninterrupted run of the same config, with every step logged exactly once.
 
-The kill is deterministic: ASTRAI_TEST_KILL_AFTER_CHECKPOINT makes the run SIGKILL itself
-the moment the chosen checkpoint is renamed into place (astrai_core.training.faults).
+The kill is deterministic: the test kit's fault driver (astrai_core.testing.faults) runs
+`astrai train` with a phase hook that SIGKILLs the run the moment the chosen checkpoint is
+renamed into place.
 """
 
 from __future__ import annotations
 
-import os
+import subprocess
 
 import pytest
 import torch
 from safetensors.torch import load_file
 
 from astrai_core.testing import read_metrics
-from astrai_core.training.faults import KILL_AFTER_CHECKPOINT
+from astrai_core.testing.faults import killed_command
+from astrai_core.training.phases import CHECKPOINT_SAVED
 from tests.training.conftest import astrai, tiny_config, write_config
 from tests.training.reference import (load_model, mean_cross_entropy, save_start_model,
                                       text_documents, text_run_config, write_texts)
@@ -26,11 +28,8 @@ def _weights(run_dir, step):
 
 def killed_after_checkpoint(step: int, *args: str):
     """`astrai train ARGS`, SIGKILLed by itself right after checkpoint ``step`` is in place."""
-    os.environ[KILL_AFTER_CHECKPOINT] = str(step)
-    try:
-        return astrai(*args)
-    finally:
-        del os.environ[KILL_AFTER_CHECKPOINT]
+    return subprocess.run([*killed_command(CHECKPOINT_SAVED, step), *args],
+                          capture_output=True, text=True, timeout=600)
 
 
 STEPS = 12
@@ -83,8 +82,8 @@ def test_every_step_is_logged_exactly_once_after_a_kill_right_after_a_checkpoint
 
 
 def test_checkpoint_is_the_trained_model_with_its_tokenizer(tmp_path):
+    from astrai_core.checkpoints.native import load_pretrained
     from astrai_core.data.tokenizer import load_tokenizer
-    from astrai_core.model import load_pretrained
     from astrai_core.testing import ARITH_TOKENIZER
 
     start = save_start_model(tmp_path / "start")

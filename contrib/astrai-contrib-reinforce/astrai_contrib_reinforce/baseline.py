@@ -8,18 +8,16 @@ import torch
 from pydantic import BaseModel, ConfigDict, Field
 from torch import Tensor
 
-from astrai_core.api import broadcast_to_tokens, group_stats, sequence_scores
+from astrai_core.api import AdvantageEstimator, broadcast_to_tokens, group_stats, sequence_scores
 
 
-class MeanBaseline:
+class MeanBaseline(AdvantageEstimator):
     """A_i = s_i - b on every valid token of sample i, where s_i is the sum of its token
     rewards and b the mean score of its group (``baseline: group``, the samples of one
     prompt, i included), of the whole rollout (``batch``) or 0 (``none``: plain
     REINFORCE, unbiased but noisy). Advantages are not divided by a standard deviation:
     that is GRPO's estimator, not REINFORCE's.
     """
-
-    needs_values: bool = False
 
     class Config(BaseModel):
         model_config = ConfigDict(extra="forbid")
@@ -28,11 +26,8 @@ class MeanBaseline:
             "group", description="the mean subtracted from each score: of the sample's "
             "group (its prompt's samples), of the whole rollout, or none")
 
-    def __init__(self, **params: object) -> None:
-        self.config = self.Config(**params)
-
-    def __call__(self, *, token_rewards: Tensor, response_mask: Tensor, group_ids: Tensor,
-                 values: Tensor | None = None) -> tuple[Tensor, None]:
+    def estimate(self, token_rewards: Tensor, response_mask: Tensor, group_ids: Tensor,
+                 values: Tensor | None) -> tuple[Tensor, None]:
         scores = sequence_scores(token_rewards.float(), response_mask)
         if self.config.baseline == "group":
             baseline = group_stats(scores, group_ids).mean

@@ -3,35 +3,22 @@
 from __future__ import annotations
 
 import torch
-from pydantic import BaseModel, ConfigDict
 from torch import Tensor
 
-from astrai_core.api import broadcast_to_tokens, group_stats, sequence_scores
+from astrai_core.api import AdvantageEstimator, broadcast_to_tokens, group_stats, sequence_scores
 
 
-class RLOOAdvantage:
+class RLOOAdvantage(AdvantageEstimator):
     """A_i = score_i - mean of the OTHER scores in i's group, on every valid token.
 
     score_i is the sum of the sequence's token rewards. A group of one sample has
     no baseline to compare with and gets advantage 0.
     """
 
-    needs_values: bool = False
+    # no options (yet): AdvantageEstimator's empty Config
 
-    class Config(BaseModel):
-        model_config = ConfigDict(extra="forbid")  # no options (yet)
-
-    def __init__(self, **params: object) -> None:
-        self.config = self.Config(**params)
-
-    def __call__(
-        self,
-        *,
-        token_rewards: Tensor,
-        response_mask: Tensor,
-        group_ids: Tensor,
-        values: Tensor | None = None,
-    ) -> tuple[Tensor, None]:
+    def estimate(self, token_rewards: Tensor, response_mask: Tensor, group_ids: Tensor,
+                 values: Tensor | None) -> tuple[Tensor, None]:
         scores = sequence_scores(token_rewards.float(), response_mask)
         stats = group_stats(scores, group_ids)
         others = stats.count - 1

@@ -8,8 +8,7 @@ import torch
 from pydantic import AliasChoices, BaseModel, ConfigDict, Field, model_validator
 from torch import Tensor
 
-from astrai_core.api import ConfigError
-from astrai_core.api import masked_whiten
+from astrai_core.api import AdvantageEstimator, ConfigError, masked_whiten
 
 
 def generalized_advantages(
@@ -36,10 +35,10 @@ def generalized_advantages(
     return torch.stack(columns[::-1], dim=1)
 
 
-class GAE:
+class GAE(AdvantageEstimator):
     """Token-level GAE from a critic's values; returns = advantages + values (before whitening)."""
 
-    needs_values: bool = True
+    needs_values = True
 
     class Config(BaseModel):
         model_config = ConfigDict(extra="forbid", populate_by_name=True)
@@ -57,17 +56,8 @@ class GAE:
                 raise ValueError("give GAE lambda as either `lam` or `lambda`, not both")
             return data
 
-    def __init__(self, **params: object) -> None:
-        self.config = self.Config(**params)
-
-    def __call__(
-        self,
-        *,
-        token_rewards: Tensor,
-        response_mask: Tensor,
-        group_ids: Tensor,
-        values: Tensor | None = None,
-    ) -> tuple[Tensor, Tensor]:
+    def estimate(self, token_rewards: Tensor, response_mask: Tensor, group_ids: Tensor,
+                 values: Tensor | None) -> tuple[Tensor, Tensor]:
         if values is None:
             raise ConfigError(
                 "gae needs values from a critic (V(s_t) per token); use it with a strategy "

@@ -7,17 +7,15 @@ from typing import Literal
 from pydantic import BaseModel, ConfigDict, Field
 from torch import Tensor
 
-from astrai_core.api import broadcast_to_tokens, group_stats, sequence_scores
+from astrai_core.api import AdvantageEstimator, broadcast_to_tokens, group_stats, sequence_scores
 
 
-class GRPOAdvantage:
+class GRPOAdvantage(AdvantageEstimator):
     """A_i = (score_i - mean of its group) / (unbiased std of its group + eps), on every token.
 
     ``scale: none`` drops the division (Dr. GRPO). The std is torch.std's unbiased one,
     as in TRL's GRPOTrainer. A group of one sample gets advantage 0.
     """
-
-    needs_values: bool = False
 
     class Config(BaseModel):
         model_config = ConfigDict(extra="forbid")
@@ -26,17 +24,8 @@ class GRPOAdvantage:
         )
         eps: float = Field(1e-6, ge=0.0, description="added to the group std")
 
-    def __init__(self, **params: object) -> None:
-        self.config = self.Config(**params)
-
-    def __call__(
-        self,
-        *,
-        token_rewards: Tensor,
-        response_mask: Tensor,
-        group_ids: Tensor,
-        values: Tensor | None = None,
-    ) -> tuple[Tensor, None]:
+    def estimate(self, token_rewards: Tensor, response_mask: Tensor, group_ids: Tensor,
+                 values: Tensor | None) -> tuple[Tensor, None]:
         scores = sequence_scores(token_rewards.float(), response_mask)
         stats = group_stats(scores, group_ids)
         advantages = scores - stats.mean

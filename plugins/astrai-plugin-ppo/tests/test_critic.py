@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import torch
 
-from astrai_core.model import CausalLM, ModelConfig, save_pretrained
+from astrai_core.api import save_pretrained
+from astrai_core.model import CausalLM, ModelConfig
 from astrai_plugin_ppo.critic import build_critic
 
 VOCAB = 40

@@ -9,8 +9,8 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
+from astrai_core.checkpoints.sharded import read_sharded
 from astrai_core.config.schema import RunConfig
-from astrai_core.distributed.checkpoint import read_sharded
 from astrai_core.testing import read_metrics
 from astrai_core.training.run import train
 from astrai_core.training.trainer import Trainer

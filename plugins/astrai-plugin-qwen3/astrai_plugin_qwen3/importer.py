@@ -1,7 +1,7 @@
 """Qwen3 (q/k RMSNorm per head), Qwen3-MoE and Qwen2-MoE (shared expert) importer.
 
 Everything but the config spellings and the MoE tensor names comes from
-:class:`astrai_core.importers.base.HFImporter`. On disk, transformers 5 writes experts
+:class:`astrai_core.checkpoints.hf.base.HFImporter`. On disk, transformers 5 writes experts
 one tensor per expert (``mlp.experts.{j}.gate_proj.weight``) although it fuses them in
 memory; a checkpoint holding the fused form (``mlp.experts.gate_up_proj`` [E, 2I, H],
 ``mlp.experts.down_proj`` [E, H, I]) is read as well, and exported back the same way.

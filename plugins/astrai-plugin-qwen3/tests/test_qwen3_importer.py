@@ -12,8 +12,10 @@ import pytest
 import torch
 from safetensors.torch import save_file
 
-from astrai_core.importers.base import HF_SOURCE_FILE
-from astrai_core.importers.parity import (
+from astrai_core.api import load_pretrained
+from astrai_core.checkpoints.hf.base import HF_SOURCE_FILE
+from astrai_core.checkpoints.hf.select import load_importer
+from astrai_core.testing.parity import (
     load_hf_model,
     max_packed_diff,
     max_padded_diff,
@@ -22,8 +24,6 @@ from astrai_core.importers.parity import (
     save_hf_model,
     tiny_hf_model,
 )
-from astrai_core.importers.select import load_importer
-from astrai_core.model import load_pretrained
 from astrai_core.plugins import load_plugins
 
 TYPES = ["qwen3", "qwen3_moe", "qwen2_moe"]

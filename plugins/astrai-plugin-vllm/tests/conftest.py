@@ -29,7 +29,7 @@ class TinyModel:
     native_dir: Path
 
     def native(self):
-        from astrai_core.model import load_pretrained
+        from astrai_core.api import load_pretrained
 
         return load_pretrained(self.native_dir)
 
@@ -52,7 +52,7 @@ def build_tiny_model(kind: str, seed: int, root: Path) -> TinyModel:
     import torch
     import transformers
 
-    from astrai_core.importers.select import importer_for_hf_dir
+    from astrai_core.checkpoints.hf.select import importer_for_hf_dir
     from astrai_core.plugins import load_plugins
 
     torch.manual_seed(seed)

@@ -24,7 +24,7 @@ def add_trained_adapter(policy):
     from astrai_core.config.lora import LoraSection
     from astrai_core.model.lora import adapter_parameters, inject_lora, peft_lora_config
 
-    inject_lora(policy, peft_lora_config(LoraSection(r=4, alpha=8.0)))
+    inject_lora(policy, peft_lora_config(**LoraSection(r=4, alpha=8.0).adapter_settings()))
     with torch.no_grad():
         for param in adapter_parameters(policy).values():
             param.normal_(0.0, 0.3, generator=torch.Generator().manual_seed(0))
@@ -32,7 +32,7 @@ def add_trained_adapter(policy):
 
 
 def test_a_lora_policy_is_pushed_merged(tiny_models, helpers, tmp_path):
-    from astrai_core.model import save_pretrained
+    from astrai_core.api import save_pretrained
     from astrai_plugin_vllm.logprobs import trainer_logprobs
     from astrai_plugin_vllm.sampler import VllmSampler
 
@@ -48,7 +48,7 @@ def test_a_lora_policy_is_pushed_merged(tiny_models, helpers, tmp_path):
     finally:
         sampler.close()
     assert [c.token_ids for c in after] != [c.token_ids for c in before]
-    from astrai_core.model import load_pretrained
+    from astrai_core.api import load_pretrained
 
     fresh = VllmSampler(load_pretrained(merged_dir), **helpers.engine_options)
     try:
@@ -68,7 +68,7 @@ def test_vllm_native_lora_reads_astrai_adapter_files(tiny_models, helpers, tmp_p
     from vllm.inputs import TokensPrompt
     from vllm.lora.request import LoRARequest
 
-    from astrai_core.model.lora_files import save_adapter
+    from astrai_core.checkpoints.lora_files import save_adapter
     from astrai_core.sampling.torch_sampler import TorchSampler
     from astrai_plugin_vllm.logprobs import trainer_logprobs
     from astrai_plugin_vllm.sampler import VllmSampler

@@ -11,13 +11,13 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from astrai_core.errors import CheckpointError, PluginError
-from astrai_core.importers.base import (
+from astrai_core.checkpoints.hf.files import read_hf_config
+from astrai_core.checkpoints.hf.source import (
     default_model_type,
     read_hf_source,
     unsupported_model_type_message,
 )
-from astrai_core.importers.hf_files import read_hf_config
+from astrai_core.errors import CheckpointError, PluginError
 from astrai_core.plugins.registry import Registry
 from astrai_core.plugins.specs import ModelImporterSpec
 
@@ -62,7 +62,7 @@ def importer_for_hf_dir(registry: Registry, src_dir: Path, name: str | None = No
 
 def export_model_type(native_dir: Path) -> str:
     """The HF model_type to export a native checkpoint as."""
-    from astrai_core.model.checkpoint import load_config
+    from astrai_core.checkpoints.native_files import load_config
 
     recorded = read_hf_source(native_dir).get("model_type")
     return recorded if isinstance(recorded, str) else default_model_type(load_config(native_dir))

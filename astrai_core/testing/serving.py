@@ -5,13 +5,16 @@ outside its merges, such as an emoji, spans several tokens) with a Qwen-style ch
 template that renders ``tools`` and Hermes tool calls. :func:`build_checkpoint` writes a
 random native model with it; :func:`train_to_replay` then fits the model briefly so that
 greedy decoding of a prompt replays a fixed answer (a tool call, for the end-to-end test).
-:func:`live_server` runs uvicorn over a checkpoint in a thread, for clients in-process.
+:func:`live_server` runs uvicorn over a checkpoint in a thread, for clients in-process;
+:func:`wait_for_stats` waits for an engine to reach a state.
 """
 
 from __future__ import annotations
 
 import socket
 import threading
+import time
+from collections.abc import Callable
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
@@ -84,7 +87,7 @@ def build_checkpoint(directory: str | Path, *, hidden_size: int = 32, num_layers
     import torch
 
     from astrai_core.model import CausalLM, ModelConfig
-    from astrai_core.model.checkpoint import save_pretrained
+    from astrai_core.checkpoints.native import save_pretrained
 
     with tempfile.TemporaryDirectory() as tokenizer_dir:
         tokenizer = build_chat_tokenizer(tokenizer_dir)
@@ -108,8 +111,8 @@ def train_to_replay(directory: str | Path, examples: list[tuple[list[int], list[
 
     import torch
 
-    from astrai_core.model import load_pretrained
-    from astrai_core.model.checkpoint import copy_tokenizer_files, save_pretrained
+    from astrai_core.checkpoints.native import load_pretrained
+    from astrai_core.checkpoints.native import copy_tokenizer_files, save_pretrained
 
     model = load_pretrained(directory).train()
     optimizer = torch.optim.Adam(model.parameters(), lr=lr)
@@ -137,7 +140,7 @@ class LiveServer:
         import uvicorn
 
         from astrai_core.data.tokenizer import load_tokenizer
-        from astrai_core.model import load_pretrained
+        from astrai_core.checkpoints.native import load_pretrained
         from astrai_core.serving.app import create_app
         from astrai_core.serving.engine import BatchingEngine
 
@@ -188,3 +191,15 @@ def live_server(model_dir: Path, **kwargs):
         yield server
     finally:
         server.close()
+
+
+def wait_for_stats(engine: Any, predicate: Callable[[Any], bool], timeout: float = 60.0,
+                   interval: float = 0.005) -> bool:
+    """Poll ``engine.stats()`` until ``predicate`` holds (True) or ``timeout`` seconds
+    pass (False)."""
+    deadline = time.monotonic() + timeout
+    while not predicate(engine.stats()):
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(interval)
+    return True

@@ -7,8 +7,8 @@ is written into a hidden staging directory that is renamed into place at the end
 a directory named `step_<N>` is always complete.
 
 Trained modules and their optimizer state go through torch.distributed.checkpoint
-(``dcp/``, sharded per rank, loadable on any world size; see astrai_core.distributed.
-checkpoint); schedulers, RNG and data positions through ``torch.save``, read back with
+(``dcp/``, sharded per rank, loadable on any world size; see astrai_core.checkpoints.
+sharded); schedulers, RNG and data positions through ``torch.save``, read back with
 ``torch.load(weights_only=True)``, which refuses arbitrary pickled objects.
 """
 
@@ -28,14 +28,9 @@ import torch
 from safetensors.torch import load_file, save_file
 from torch import nn
 
-from astrai_core.distributed.checkpoint import full_model_state, save_sharded
-from astrai_core.distributed.context import SINGLE, DistContext
-from astrai_core.errors import CheckpointError
-from astrai_core.importers.base import HF_SOURCE_FILE
-from astrai_core.model import lora_files
-from astrai_core.distributed.fsdp import full_tensor
-from astrai_core.model.lora import adapter_parameters, base_state_dict, has_lora
-from astrai_core.model.checkpoint import (
+from astrai_core.checkpoints import lora_files
+from astrai_core.checkpoints.hf.source import HF_SOURCE_FILE
+from astrai_core.checkpoints.native_files import (
     atomic_directory,
     copy_tokenizer_files,
     load_state_dict_strict,
@@ -44,6 +39,11 @@ from astrai_core.model.checkpoint import (
     write_config,
     write_weights,
 )
+from astrai_core.checkpoints.sharded import full_model_state, save_sharded
+from astrai_core.distributed.context import SINGLE, DistContext
+from astrai_core.distributed.fsdp import full_tensor
+from astrai_core.errors import CheckpointError
+from astrai_core.model.lora import adapter_parameters, base_state_dict, has_lora
 
 TRAINING_STATE = "training_state.pt"
 STATE_TENSORS = "state_tensors.safetensors"  # tensors of the training state (a rollout)

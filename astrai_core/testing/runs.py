@@ -1,4 +1,4 @@
-"""A small test kit for strategy and plugin authors: tiny arithmetic runs, built in-process.
+"""Tiny arithmetic runs, built in-process as ``astrai train`` builds them.
 
 A test writes prompt rows, describes a run with :func:`tiny_run_config` and builds the
 strategy exactly the way ``astrai train`` does with :func:`build_strategy`::
@@ -27,8 +27,8 @@ import sys
 from pathlib import Path
 from typing import Any
 
-REPO_ROOT = Path(__file__).resolve().parents[1]  # meaningful in a source checkout only
-ARITH_TOKENIZER = Path(__file__).resolve().parent / "testing_data" / "arith_tokenizer"
+REPO_ROOT = Path(__file__).resolve().parents[2]  # meaningful in a source checkout only
+ARITH_TOKENIZER = Path(__file__).resolve().parents[1] / "testing_data" / "arith_tokenizer"
 ARITH_EOS = 5  # <|end|>: the arithmetic tokenizer's end-of-sequence token
 TINY_MODEL: dict[str, int] = {
     "hidden_size": 32, "intermediate_size": 64, "num_layers": 2, "num_heads": 4,
@@ -110,28 +110,3 @@ def run_astrai(*args: str, cwd: Path | None = None,
     ``TORCH_NOT_IMPORTED`` (so a test can check that a command stays light)."""
     return subprocess.run([sys.executable, "-c", _CLI_PROBE, *args], capture_output=True,
                           text=True, timeout=timeout, cwd=cwd)
-
-
-def reference_log_softmax(model: Any, batch: Any, temperature: float = 1.0) -> list[Any]:
-    """An independent reference for rollout log-probs: for each row of a ``RolloutBatch``,
-    float64 ``log_softmax(logits / temperature)`` [response length, vocab] at the positions
-    predicting its response tokens, from one unpadded forward of just that row's
-    prompt + response (no masks, positions or batching involved)."""
-    import torch
-
-    rows = []
-    with torch.no_grad():
-        for i in range(len(batch.response_ids)):
-            prompt = batch.prompt_ids[i][batch.prompt_mask[i].bool()].tolist()
-            response = batch.response_ids[i][batch.response_mask[i].bool()].tolist()
-            logits = model(torch.tensor([prompt + response]))["logits"][0].double()
-            rows.append(torch.log_softmax(logits[len(prompt) - 1:-1] / temperature, dim=-1))
-    return rows
-
-
-def reference_token_logprobs(model: Any, batch: Any, temperature: float = 1.0) -> list[Any]:
-    """Per row, the float64 log-prob of each valid response token (see
-    :func:`reference_log_softmax`)."""
-    logps = reference_log_softmax(model, batch, temperature)
-    return [logp.gather(-1, batch.response_ids[i][batch.response_mask[i].bool()][:, None])
-            .squeeze(-1) for i, logp in enumerate(logps)]

@@ -13,7 +13,7 @@ and call:
 ``config_from_hf(hf_config: dict) -> ModelConfig`` / ``config_to_hf(cfg, model_type=None) -> dict``
     Configuration both ways.
 ``weight_map(cfg, moe_layout="per_expert") -> list[TensorMap]``
-    Tensor names both ways (see :mod:`astrai_core.importers.tensor_map`).
+    Tensor names both ways (see :mod:`astrai_core.checkpoints.hf.tensor_map`).
 
 :class:`HFImporter` does the file handling, validation and the weight names shared by
 the whole Llama/Mistral/Qwen family (HF ``model.layers.{i}.self_attn.q_proj.weight``
@@ -34,8 +34,7 @@ import os
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar
 
-from astrai_core.errors import CheckpointError
-from astrai_core.importers.hf_files import (
+from astrai_core.checkpoints.hf.files import (
     check_destination_free,
     read_hf_config,
     read_hf_weights,
@@ -43,8 +42,14 @@ from astrai_core.importers.hf_files import (
     staged_directory,
     write_json,
 )
-from astrai_core.importers.tensor_map import TensorMap, rename
-from astrai_core.plugins.known import MODEL_TYPES
+from astrai_core.checkpoints.hf.source import (
+    HF_SOURCE_FILE,
+    default_model_type,
+    read_hf_source,
+    unsupported_model_type_message,
+)
+from astrai_core.checkpoints.hf.tensor_map import TensorMap, rename
+from astrai_core.errors import CheckpointError
 from astrai_core.log import get_logger
 
 if TYPE_CHECKING:
@@ -52,7 +57,6 @@ if TYPE_CHECKING:
 
     from astrai_core.model import CausalLM, ModelConfig
 
-HF_SOURCE_FILE = "hf_source.json"
 GENERATION_CONFIG_FILE = "generation_config.json"
 PER_EXPERT, FUSED = "per_expert", "fused"
 EXPORT_SHARD_BYTES = 5 * 1024**3  # transformers' default max_shard_size
@@ -194,8 +198,8 @@ class HFImporter:
     # ------------------------------------------------------------------ files
     def import_checkpoint(self, src_dir: str | os.PathLike, dst_dir: str | os.PathLike) -> Path:
         """HF directory -> native checkpoint directory (complete or absent)."""
-        from astrai_core.model import save_pretrained
-        from astrai_core.model.checkpoint import TOKENIZER_FILES
+        from astrai_core.checkpoints.native import save_pretrained
+        from astrai_core.checkpoints.native_files import TOKENIZER_FILES
 
         src, dst = Path(src_dir), Path(dst_dir)
         check_destination_free(dst)
@@ -220,8 +224,8 @@ class HFImporter:
         """The native model holding the HF weights (in their dtype; no random init)."""
         import torch
 
+        from astrai_core.checkpoints.native_files import load_state_dict_strict
         from astrai_core.model import CausalLM
-        from astrai_core.model.checkpoint import load_state_dict_strict
 
         cfg = self.config_from_hf(hf_config)
         with torch.device("meta"):
@@ -234,8 +238,8 @@ class HFImporter:
     def export_checkpoint(self, src_dir: str | os.PathLike, dst_dir: str | os.PathLike, *,
                           model_type: str | None = None) -> Path:
         """Native checkpoint -> HF directory (complete or absent)."""
-        from astrai_core.model import load_pretrained
-        from astrai_core.model.checkpoint import copy_tokenizer_files, write_weights
+        from astrai_core.checkpoints.native import load_pretrained
+        from astrai_core.checkpoints.native_files import copy_tokenizer_files, write_weights
 
         src, dst = Path(src_dir), Path(dst_dir)
         check_destination_free(dst)
@@ -285,34 +289,3 @@ def dense_mlp_map(native_prefix: str, hf_prefix: str) -> list[TensorMap]:
     """SwiGLU gate/up/down, the same names on both sides (also the Qwen2-MoE shared expert)."""
     return [rename(f"{native_prefix}{proj}_proj.weight", f"{hf_prefix}{proj}_proj.weight")
             for proj in ("gate", "up", "down")]
-
-
-def default_model_type(cfg: ModelConfig) -> str:
-    """A model without an HF origin exports as the simplest family that expresses it."""
-    if cfg.num_experts > 0:
-        return "qwen2_moe" if cfg.shared_expert_intermediate_size > 0 else "qwen3_moe"
-    if cfg.qk_norm:
-        return "qwen3"
-    if cfg.attention_bias:
-        return "qwen2"
-    return "mistral" if cfg.sliding_window is not None else "llama"
-
-
-def read_hf_source(native_dir: Path) -> dict[str, Any]:
-    """What the import recorded about the HF source, or {} for a from-scratch model."""
-    path = native_dir / HF_SOURCE_FILE
-    return read_json(path) if path.is_file() else {}
-
-
-def unsupported_model_type_message(model_type: Any, handled: str) -> str:
-    """Why ``model_type`` cannot be imported, and which plugin would add it."""
-    message = f"model_type {model_type!r} is not supported ({handled})."
-    distribution = MODEL_TYPES.get(model_type) if isinstance(model_type, str) else None
-    if distribution and distribution != "astrai-core":
-        return f"{message} {model_type!r} is handled by {distribution}: pip install {distribution}"
-    by_plugin: dict[str, list[str]] = {}
-    for known_type, provider in sorted(MODEL_TYPES.items()):
-        if provider != "astrai-core":
-            by_plugin.setdefault(provider, []).append(known_type)
-    adds = "; ".join(f"{provider} adds {', '.join(types)}" for provider, types in by_plugin.items())
-    return f"{message} {adds}. Other families need an importer plugin." if adds else message

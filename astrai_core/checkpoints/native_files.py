@@ -1,8 +1,10 @@
-"""Native checkpoint directories: config.json + safetensors (sharded when large) + tokenizer files.
+"""The files of a native checkpoint directory: config.json, safetensors weights (sharded
+when large), tokenizer files, and the staging directory every save is written into.
 
 Weights only ever go through safetensors (never pickle). A save is written into a hidden
 sibling directory and renamed into place at the end, so a directory with the final name
-is always complete.
+is always complete. Loading a whole checkpoint (LoRA ones included) is
+:func:`astrai_core.checkpoints.native.load_pretrained`.
 """
 
 from __future__ import annotations
@@ -22,7 +24,6 @@ from safetensors.torch import save_file
 
 from astrai_core.errors import CheckpointError
 from astrai_core.model.config import ModelConfig
-from astrai_core.model.decoder import CausalLM
 
 CONFIG_FILE = "config.json"
 WEIGHTS_FILE = "model.safetensors"
@@ -35,27 +36,8 @@ TOKENIZER_FILES = (
 )
 
 
-# ---------------------------------------------------------------- saving
 
-def save_pretrained(model: CausalLM, directory: str | os.PathLike, *,
-                    tokenizer_dir: str | os.PathLike | None = None,
-                    max_shard_bytes: int = 2 * 1024**3, overwrite: bool = False) -> Path:
-    """Write ``model`` as a native checkpoint directory; returns its path (a LoRA model is
-    written merged: a plain checkpoint of what it computes)."""
-    target = Path(directory)
-    if target.exists() and not overwrite:
-        raise CheckpointError(f"{target} already exists (pass overwrite=True to replace it)")
-    if tokenizer_dir is not None and not Path(tokenizer_dir).is_dir():
-        raise CheckpointError(f"tokenizer directory {tokenizer_dir} does not exist")
-    from astrai_core.model.lora import merged_state_dict
-
-    with atomic_directory(target) as staging:
-        write_config(model.config, staging)
-        write_weights(merged_state_dict(model), staging, max_shard_bytes)  # LoRA: merged
-        if tokenizer_dir is not None:
-            copy_tokenizer_files(Path(tokenizer_dir), staging)
-    return target
-
+# ---------------------------------------------------------------- writing
 
 @contextmanager
 def atomic_directory(target: Path) -> Iterator[Path]:
@@ -78,7 +60,7 @@ def atomic_directory(target: Path) -> Iterator[Path]:
 
 
 def write_config(config: ModelConfig, directory: Path) -> None:
-    from astrai_core import __version__
+    from astrai_core.version import __version__
 
     data = {"format": FORMAT_NAME, "astrai_version": __version__, **config.model_dump()}
     (directory / CONFIG_FILE).write_text(json.dumps(data, indent=2) + "\n")
@@ -120,7 +102,7 @@ def copy_tokenizer_files(source: Path, directory: Path) -> list[str]:
     return copied
 
 
-# ---------------------------------------------------------------- loading
+# ---------------------------------------------------------------- reading
 
 def load_config(directory: str | os.PathLike) -> ModelConfig:
     """Read and validate a native config.json, with CheckpointError naming the file on failure."""
@@ -198,36 +180,3 @@ def load_state_dict_strict(model: torch.nn.Module, state_dict: Mapping[str, torc
 def _preview(names: list[str], limit: int = 5) -> str:
     shown = ", ".join(names[:limit])
     return shown if len(names) <= limit else f"{shown} (and {len(names) - limit} more)"
-
-
-def load_pretrained(directory: str | os.PathLike, *, dtype: torch.dtype | None = None,
-                    device: torch.device | str | None = None) -> CausalLM:
-    """Load a native checkpoint directory into a CausalLM (weights via safetensors only).
-
-    A LoRA training checkpoint (``adapter/``) gives its base with the adapter applied
-    (:func:`astrai_core.model.lora_files.load_lora_checkpoint`)."""
-    from functools import partial
-
-    from astrai_core.model import lora_files
-
-    directory = Path(directory)
-    load_plain = partial(_load_plain, dtype=dtype, device=device)
-    if lora_files.is_lora_checkpoint(directory):
-        return lora_files.load_lora_checkpoint(directory, load_plain)
-    return load_plain(directory)
-
-
-def _load_plain(directory: Path, *, dtype: torch.dtype | None,
-                device: torch.device | str | None) -> CausalLM:
-    config = load_config(directory)
-    files = weight_files(directory)
-    state_dict: dict[str, torch.Tensor] = {}
-    for path in files:
-        state_dict.update(read_safetensors(path, device or "cpu"))
-    if dtype is not None:
-        state_dict = {name: t.to(dtype) for name, t in state_dict.items()}
-    with torch.device("meta"):
-        model = CausalLM(config)
-    source = str(files[0]) if len(files) == 1 else str(directory / INDEX_FILE)
-    load_state_dict_strict(model, state_dict, source, assign=True)
-    return model.eval()

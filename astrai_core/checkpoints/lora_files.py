@@ -63,7 +63,7 @@ _DIGESTS: dict[tuple[str, int, int], str] = {}
 def weights_digest(directory: Path) -> str:
     """sha256 over the weight files of a checkpoint (for a LoRA checkpoint: its adapter
     and its own base record). Read once per file version and cached."""
-    from astrai_core.model.checkpoint import weight_files
+    from astrai_core.checkpoints.native_files import weight_files
 
     files = (weight_files(directory) if not (directory / ADAPTER_DIR).is_dir() else
              [directory / ADAPTER_DIR / ADAPTER_WEIGHTS, directory / BASE_RECORD])
@@ -110,7 +110,7 @@ def find_base(checkpoint_dir: Path) -> Path:
 
 def module_maps(model: nn.Module, model_type: str) -> dict[str, Any]:
     """native module name -> (HF module name, the importer's TensorMap of its weight)."""
-    from astrai_core.importers.select import load_importer
+    from astrai_core.checkpoints.hf.select import load_importer
     from astrai_core.plugins import process_registry
 
     importer = load_importer(process_registry(), model_type=model_type)
@@ -219,7 +219,7 @@ def read_adapter_config(directory: Path) -> Any:
 
 def load_adapter(model: nn.Module, directory: Path, model_type: str) -> nn.Module:
     """Inject the adapter saved in ``directory`` (when the model has none) and load it."""
-    from astrai_core.model.checkpoint import read_safetensors
+    from astrai_core.checkpoints.native_files import read_safetensors
 
     if not has_lora(model):
         config = read_adapter_config(directory)
@@ -236,7 +236,7 @@ def load_adapter(model: nn.Module, directory: Path, model_type: str) -> nn.Modul
 
 def model_type_of(directory: Path) -> str:
     """The HF model_type whose names a checkpoint's adapter uses (as `astrai export`)."""
-    from astrai_core.importers.select import export_model_type
+    from astrai_core.checkpoints.hf.select import export_model_type
 
     return export_model_type(directory)
 
@@ -253,7 +253,7 @@ def write_lora_weights(model: nn.Module, staging: Path, adapter: dict[str, torch
     tensors by native name), plus the base record, or ``base_weights`` (native names) as
     ``model.safetensors`` when :func:`saves_base`. ``staging`` already holds config.json
     and any hf_source.json."""
-    from astrai_core.model.checkpoint import write_weights
+    from astrai_core.checkpoints.native_files import write_weights
 
     base: LoraBase | None = getattr(model, "lora_base", None)
     save_adapter(model, staging / ADAPTER_DIR, model_type_of(staging),
@@ -268,11 +268,12 @@ def is_lora_checkpoint(directory: Path) -> bool:
     return (directory / ADAPTER_DIR / ADAPTER_CONFIG).is_file()
 
 
-def load_lora_checkpoint(directory: Path, load_plain: Any) -> nn.Module:
+def load_lora_checkpoint(directory: Path, load_plain: Any, load_base: Any) -> nn.Module:
     """Base (recorded, or saved alongside) + the checkpoint's adapter.
 
-    ``load_plain(dir)``: loads a checkpoint directory's own weights (the base)."""
-    from astrai_core.model.checkpoint import load_pretrained
+    ``load_plain(dir)``: loads a checkpoint directory's own weights (the base saved
+    alongside); ``load_base(dir)``: loads a recorded base checkpoint (``load_pretrained``:
+    a LoRA checkpoint itself, possibly)."""
     from astrai_core.model.lora import merge_and_unload
 
     saved_base = not (directory / BASE_RECORD).is_file()
@@ -280,7 +281,7 @@ def load_lora_checkpoint(directory: Path, load_plain: Any) -> nn.Module:
         model, base = load_plain(directory), None
     else:
         base_dir = find_base(directory)
-        model = merge_and_unload(load_pretrained(base_dir, **load_plain.keywords))
+        model = merge_and_unload(load_base(base_dir))
         base = LoraBase(base_dir.resolve(), weights_digest(base_dir))
     load_adapter(model, directory / ADAPTER_DIR, model_type_of(directory))
     model.lora_base = base
@@ -291,7 +292,7 @@ def attach_lora(model: nn.Module, section: Any, base_dir: Path | None) -> nn.Mod
     """The run's policy with the ``model.lora`` adapter (``section``); ``base_dir``: the
     checkpoint ``model.path`` names (None: from scratch). A LoRA checkpoint as the base
     is merged first: the new adapter sits on its merged model."""
-    from astrai_core.importers.base import default_model_type
+    from astrai_core.checkpoints.hf.source import default_model_type
     from astrai_core.model.lora import merge_and_unload, peft_lora_config
 
     model = merge_and_unload(model)
@@ -299,6 +300,6 @@ def attach_lora(model: nn.Module, section: Any, base_dir: Path | None) -> nn.Mod
         model_type = model_type_of(base_dir) if base_dir is not None else default_model_type(model.config)
         load_adapter(model, Path(section.path), model_type)
     else:
-        inject_lora(model, peft_lora_config(section))
+        inject_lora(model, peft_lora_config(**section.adapter_settings()))
     model.lora_base = None if base_dir is None or section.save_base else LoraBase.of(base_dir)
     return model

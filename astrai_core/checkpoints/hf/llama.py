@@ -10,14 +10,14 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from astrai_core.errors import CheckpointError
-from astrai_core.importers.base import HFImporter
-from astrai_core.importers.hf_config import (
+from astrai_core.checkpoints.hf.base import HFImporter
+from astrai_core.checkpoints.hf.config import (
     common_fields_from_hf,
     common_fields_to_hf,
     qwen_sliding_window,
     qwen_sliding_window_to_hf,
 )
+from astrai_core.errors import CheckpointError
 
 if TYPE_CHECKING:
     from astrai_core.model import ModelConfig

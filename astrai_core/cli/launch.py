@@ -49,7 +49,8 @@ def torchrun_argv(args: argparse.Namespace) -> list[str]:
                f"--log-level={getattr(args, 'log_level', 'info')}", "train", args.config]
     command += [f"--set={override}" for override in args.overrides]
     command += ["--resume"] * args.resume + ["--overwrite"] * args.overwrite
-    return argv + ["--module", "astrai_core.cli.main", *command]
+    worker = getattr(args, "worker_module", ("astrai_core.cli.main",))  # a wrapping driver's
+    return argv + ["--module", *worker, *command]
 
 
 def launch(args: argparse.Namespace, loaded: Any) -> int:

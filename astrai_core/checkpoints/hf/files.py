@@ -2,7 +2,7 @@
 
 ``config.json``, weights as one ``model.safetensors`` or shards listed in
 ``model.safetensors.index.json`` (the native checkpoint uses the same safetensors layout,
-so :mod:`astrai_core.model.checkpoint` reads and writes the weight files), and a
+so :mod:`astrai_core.checkpoints.native_files` reads and writes the weight files), and a
 destination that appears only when complete. Every problem a user can cause (missing
 file, truncated shard, bad JSON) becomes one :class:`CheckpointError`. Weights never
 go through pickle.
@@ -54,7 +54,7 @@ def read_hf_config(src_dir: Path) -> dict[str, Any]:
 
 def read_hf_weights(src_dir: Path) -> dict[str, torch.Tensor]:
     """Every tensor of the directory's safetensors weights (one file or index + shards)."""
-    from astrai_core.model.checkpoint import read_safetensors, weight_files
+    from astrai_core.checkpoints.native_files import read_safetensors, weight_files
 
     if not (src_dir / SINGLE_FILE).is_file() and not (src_dir / INDEX_FILE).is_file():
         pickled = sorted(p.name for p in src_dir.iterdir() if p.suffix in (".bin", ".pt", ".pth"))

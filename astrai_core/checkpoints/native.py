@@ -1,0 +1,80 @@
+"""Native checkpoint directories: ``save_pretrained`` and ``load_pretrained``.
+
+A directory holds config.json, safetensors weights and tokenizer files
+(:mod:`astrai_core.checkpoints.native_files`); a LoRA training checkpoint holds an
+adapter on a base (:mod:`astrai_core.checkpoints.lora_files`).
+"""
+
+from __future__ import annotations
+
+import os
+from functools import partial
+from pathlib import Path
+
+import torch
+
+from astrai_core.checkpoints import lora_files
+from astrai_core.checkpoints.native_files import (
+    INDEX_FILE,
+    atomic_directory,
+    copy_tokenizer_files,
+    load_config,
+    load_state_dict_strict,
+    read_safetensors,
+    weight_files,
+    write_config,
+    write_weights,
+)
+from astrai_core.errors import CheckpointError
+from astrai_core.model.decoder import CausalLM
+from astrai_core.model.lora import merged_state_dict
+
+__all__ = ["load_pretrained", "load_state_dict_strict", "save_pretrained"]
+
+
+def save_pretrained(model: CausalLM, directory: str | os.PathLike, *,
+                    tokenizer_dir: str | os.PathLike | None = None,
+                    max_shard_bytes: int = 2 * 1024**3, overwrite: bool = False) -> Path:
+    """Write ``model`` as a native checkpoint directory; returns its path (a LoRA model is
+    written merged: a plain checkpoint of what it computes)."""
+    target = Path(directory)
+    if target.exists() and not overwrite:
+        raise CheckpointError(f"{target} already exists (pass overwrite=True to replace it)")
+    if tokenizer_dir is not None and not Path(tokenizer_dir).is_dir():
+        raise CheckpointError(f"tokenizer directory {tokenizer_dir} does not exist")
+    with atomic_directory(target) as staging:
+        write_config(model.config, staging)
+        write_weights(merged_state_dict(model), staging, max_shard_bytes)  # LoRA: merged
+        if tokenizer_dir is not None:
+            copy_tokenizer_files(Path(tokenizer_dir), staging)
+    return target
+
+
+def load_pretrained(directory: str | os.PathLike, *, dtype: torch.dtype | None = None,
+                    device: torch.device | str | None = None) -> CausalLM:
+    """Load a native checkpoint directory into a CausalLM (weights via safetensors only).
+
+    A LoRA training checkpoint (``adapter/``) gives its base with the adapter applied
+    (:func:`astrai_core.checkpoints.lora_files.load_lora_checkpoint`)."""
+    directory = Path(directory)
+    load_plain = partial(_load_plain, dtype=dtype, device=device)
+    if lora_files.is_lora_checkpoint(directory):
+        load_base = partial(load_pretrained, dtype=dtype, device=device)  # may be LoRA too
+        return lora_files.load_lora_checkpoint(directory, load_plain, load_base)
+    return load_plain(directory)
+
+
+def _load_plain(directory: Path, *, dtype: torch.dtype | None,
+                device: torch.device | str | None) -> CausalLM:
+    config = load_config(directory)
+    files = weight_files(directory)
+    state_dict: dict[str, torch.Tensor] = {}
+    for path in files:
+        state_dict.update(read_safetensors(path, device or "cpu"))
+    if dtype is not None:
+        state_dict = {name: t.to(dtype) for name, t in state_dict.items()}
+    with torch.device("meta"):
+        model = CausalLM(config)
+    source = str(files[0]) if len(files) == 1 else str(directory / INDEX_FILE)
+    load_state_dict_strict(model, state_dict, source, assign=True)
+    return model.eval()

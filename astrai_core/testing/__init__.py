@@ -1,0 +1,22 @@
+"""The test kit for strategy and plugin authors.
+
+- tiny arithmetic runs built in-process exactly as ``astrai train`` builds them, and the
+  CLI in a subprocess (:mod:`astrai_core.testing.runs`, re-exported here);
+- independent float64 references for rollout log-probs (:mod:`astrai_core.testing.logprobs`);
+- runs killed by SIGKILL at a named phase, for tests of exact resume
+  (``python -m astrai_core.testing.faults``);
+- tiny servable checkpoints and a live server (:mod:`astrai_core.testing.serving`);
+- tiny Hugging Face models to prove an importer against transformers
+  (:mod:`astrai_core.testing.parity`, imports torch and transformers).
+
+Importing this package is cheap: torch and the training engine load inside the functions.
+"""
+
+from astrai_core.testing.logprobs import reference_log_softmax, reference_token_logprobs
+from astrai_core.testing.runs import (_CLI_PROBE, ARITH_EOS, ARITH_TOKENIZER, DIGIT_REWARD,
+                                      REPO_ROOT, TINY_MODEL, build_strategy, read_metrics,
+                                      run_astrai, tiny_run_config, write_arith_prompts)
+
+__all__ = ["ARITH_EOS", "ARITH_TOKENIZER", "DIGIT_REWARD", "REPO_ROOT", "TINY_MODEL",
+           "_CLI_PROBE", "build_strategy", "read_metrics", "reference_log_softmax",
+           "reference_token_logprobs", "run_astrai", "tiny_run_config", "write_arith_prompts"]

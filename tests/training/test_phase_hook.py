@@ -1,0 +1,30 @@
+"""The trainer calls the phase hook it is given, at each named phase, and nothing else
+reads a fault switch: the test kit's fault driver is a hook like any other."""
+
+from __future__ import annotations
+
+import pytest
+
+from astrai_core.config.schema import RunConfig
+from astrai_core.testing.faults import kill_at
+from astrai_core.training.phases import CHECKPOINT_SAVED
+from astrai_core.training.run import train
+from tests.training.conftest import tiny_config
+
+
+def test_the_hook_sees_every_checkpoint_once_it_is_in_place(tmp_path):
+    config = RunConfig.model_validate(tiny_config(tmp_path, max_steps=4, save_every=2,
+                                                  progress=False))
+    calls = []
+
+    def hook(phase: str, step: int) -> None:
+        checkpoint = tmp_path / "run" / "checkpoints" / f"step_{step}"
+        calls.append((phase, step, (checkpoint / "model.safetensors").is_file()))
+
+    train(config, phase_hook=hook)
+    assert calls == [(CHECKPOINT_SAVED, 2, True), (CHECKPOINT_SAVED, 4, True)]
+
+
+def test_the_fault_driver_knows_only_named_phases():
+    with pytest.raises(ValueError, match="unknown phase 'model_weights'"):
+        kill_at("model_weights", 1)
