@@ -25,7 +25,7 @@ $(STAMP): $(SOURCES)
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PIP) install $(CONSTRAINTS) "setuptools>=75" wheel  # >=69.3: PEP 625 sdist names (make dist)
 	$(PIP) install $(CONSTRAINTS) torch==2.13.0
-	$(PIP) install $(CONSTRAINTS) --no-build-isolation -e ".[test,serve,serve-test]" \
+	$(PIP) install $(CONSTRAINTS) --no-build-isolation -e ".[test,serve,serve-test,trackers,math]" \
 		$(foreach p,$(PLUGINS),-e plugins/astrai-plugin-$(p)) \
 		$(foreach c,$(CONTRIB),-e $(dir $(c)))
 	$(PIP) install --no-deps --no-build-isolation \

@@ -53,6 +53,7 @@ from astrai_core.plugins.protocols import (
     RewardFunctionProtocol,
     SamplerProtocol,
     StrategyProtocol,
+    TrackerProtocol,
 )
 from astrai_core.rl.functional import (
     aggregate_loss,
@@ -80,6 +81,7 @@ from astrai_core.rollout.metrics import rollout_metrics
 from astrai_core.rollout.runner import RolloutRunner
 from astrai_core.sampling.params import Completion, SamplingParams
 from astrai_core.sampling.requests import Request, expand_requests
+from astrai_core.trackers.base import TrackedRun, Tracker, TrackerOptions
 from astrai_core.training.batch_sources import BatchSource, LoaderSource, RolloutSource
 from astrai_core.training.modules import TrainedModule, frozen_copy, frozen_reference
 from astrai_core.training.online import OnlineConfig, OnlineStrategy
@@ -121,4 +123,6 @@ __all__ = [
     "DataError", "DeviceBackend", "FieldError", "resolve_device", "PluginError", "PolicyLossProtocol",
     "RewardFunctionProtocol",
     "SamplerProtocol", "StrategyProtocol", "get_logger", "process_registry",
+    # trackers (trainer.report_to): what start() gets, and the built-ins' base class
+    "TrackedRun", "Tracker", "TrackerOptions", "TrackerProtocol",
 ]

@@ -24,6 +24,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "describe": ("describe", "show component kinds, a kind's components, a component's options"),
     "generate": ("generate", "sample from a checkpoint, streaming to the terminal"),
     "train": ("train", "run training from a YAML config"),
+    "eval": ("eval_cmd", "score a checkpoint on a prompt set: accuracy, mean reward, pass@k"),
     "plot": ("plot", "draw PNG curves of a run's metrics.jsonl"),
     "import": ("import_cmd", "Hugging Face checkpoint directory -> native checkpoint directory"),
     "export": ("export_cmd", "native checkpoint -> Hugging Face directory that transformers loads"),

@@ -12,6 +12,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
+from astrai_core.config.component import ComponentSection
 from astrai_core.config.lora import LoraSection
 from astrai_core.config.parallel import ParallelConfig
 from astrai_core.config.trainer import TrainerConfig
@@ -22,19 +23,6 @@ class Section(BaseModel):
     """A config section with a fixed set of fields."""
 
     model_config = ConfigDict(extra="forbid")
-
-
-class ComponentSection(BaseModel):
-    """`{name: ..., **params}`: selects a registered component and configures it."""
-
-    model_config = ConfigDict(extra="allow")
-
-    name: str = Field(description="registered name of the component")
-
-    @property
-    def params(self) -> dict[str, Any]:
-        """Every key but `name`: the component's own options."""
-        return dict(self.model_extra or {})
 
 
 class RewardSection(ComponentSection):

@@ -58,6 +58,17 @@ def _prepare(cfg: DataConfig, base_dir: str | Path | None) -> DataConfig:
     return cfg.resolve_paths(base_dir) if base_dir is not None else cfg
 
 
+def _as_jsonl(cfg: DataConfig, source: Any, field: str) -> Any:
+    """``source`` reading a JSONL file: itself, or the checked rows of a Parquet/CSV/Arrow/
+    hub/renamed/transformed source, written once (see :mod:`astrai_core.data.datasets_io`)."""
+    from astrai_core.data.datasets_io import materialize, needs_datasets
+
+    if not needs_datasets(source):
+        return source
+    return source.model_copy(update={"path": materialize(source, _cache_dir(cfg), field),
+                                     "columns": None, "transform": None})
+
+
 def _check_formats(formats: tuple[str, ...] | None, fmt: str, field: str) -> None:
     if formats is not None and fmt not in formats:
         raise DataError(f"{field}: format {fmt!r} is not accepted here; expected "
@@ -80,6 +91,8 @@ def build_train_loader(cfg: DataConfig, tokenizer: Any, *, base_dir: str | Path 
     """
     cfg = _prepare(cfg, base_dir)
     fields = [f"data.sources[{i}].path" for i in range(len(cfg.sources))]
+    cfg = cfg.model_copy(update={"sources": [_as_jsonl(cfg, s, f)
+                                             for s, f in zip(cfg.sources, fields)]})
     for i, source in enumerate(cfg.sources):
         _check_formats(formats, source.format, f"data.sources[{i}].format")
     sources = [tokenize_source(s.path, s.format, tokenizer, _cache_dir(cfg), f, tools)
@@ -102,6 +115,7 @@ def build_eval_loader(cfg: DataConfig, tokenizer: Any, *, base_dir: str | Path |
         return None
     _check_formats(formats, cfg.eval.format, "data.eval.format")
     field = "data.eval.path"
+    cfg = cfg.model_copy(update={"eval": _as_jsonl(cfg, cfg.eval, field)})
     source = tokenize_source(cfg.eval.path, cfg.eval.format, tokenizer, _cache_dir(cfg), field,
                              tools)
     check_required_columns(source, required_columns, field)

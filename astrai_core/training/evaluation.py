@@ -22,15 +22,25 @@ ProgressFn = Callable[[int, "int | None"], None]
 def evaluate(run: RunComponents, compute_loss: LossFn,
              progress: ProgressFn | None = None,
              metric_names: tuple[str, ...] = ()) -> dict[str, float]:
-    """`eval/...` metrics over `data.eval`; nothing when the run has no eval source.
+    """`eval/...` metrics over `data.eval`, and `eval/<name>/...` over each of
+    `data.eval_sets`; nothing when the run has no eval source.
 
     ``progress(done, total)`` is called after each batch: prompts done of all prompts
     for generation, batches done (of an unknown total) for the loss. ``metric_names``:
     metrics of ``compute_loss`` also reported as ``eval/<name>`` when scored by the loss
     (a strategy's ``eval_metrics``, e.g. a reward model's pair accuracy)."""
-    loader = run.eval_loader
-    if loader is None:
-        return {}
+    metrics = _evaluate_loader(run, compute_loss, run.eval_loader, progress, metric_names) \
+        if run.eval_loader is not None else {}
+    for name, loader in run.eval_sets.items():
+        named = _evaluate_loader(run, compute_loss, loader, progress, metric_names)
+        metrics.update({f"eval/{name}/{key.removeprefix('eval/')}": value
+                        for key, value in named.items()})
+    return metrics
+
+
+def _evaluate_loader(run: RunComponents, compute_loss: LossFn, loader: Any,
+                     progress: ProgressFn | None,
+                     metric_names: tuple[str, ...]) -> dict[str, float]:
     if loader.kind == "prompt":
         records = [record for batch in loader for record in batch]
         if run.episodes is not None:

@@ -115,9 +115,13 @@ def wire_components(plan: RunPlan, *, backend: Any, device: torch.device, model:
         build_train_loader(data, tokenizer, formats=needs.data_formats,
                            required_columns=required if needs.rollouts else {}, tools=tools), dist)
     eval_loader = build_eval_loader(data, tokenizer, required_columns=required, tools=tools)
+    eval_sets = {named.name: build_eval_loader(data.model_copy(update={"eval": named}), tokenizer,
+                                               required_columns=required, tools=tools)
+                 for named in data.eval_sets}
     rewards = RewardSet.from_choices(plan.rewards)
     sampling = rollout_sampling(plan, tokenizer)
-    generates = needs.rollouts or needs.generates or (eval_loader is not None and eval_loader.kind == "prompt")
+    generates = needs.rollouts or needs.generates or any(
+        loader.kind == "prompt" for loader in [eval_loader, *eval_sets.values()] if loader is not None)
     engine = plan.sampling_fields()[1]
     sampler = plan.sampler.target(model=model, tokenizer=tokenizer, **engine) if generates else None
     if sampler is not None and dist.enabled:
@@ -143,7 +147,7 @@ def wire_components(plan: RunPlan, *, backend: Any, device: torch.device, model:
         output_dir=Path(config.output_dir), initial_model_dir=initial, sampling=sampling,
         rewards=rewards, train_loader=train_loader, eval_loader=eval_loader, sampler=sampler,
         estimator=estimator, rollouts=rollouts, policy_loss=policy_loss, dist=dist,
-        episodes=episodes)
+        episodes=episodes, eval_sets=eval_sets)
 
 
 def build_episodes(plan: RunPlan, environment: Any, sampler: Any, tokenizer: Any, rewards: Any,

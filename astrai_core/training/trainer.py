@@ -27,6 +27,7 @@ from astrai_core.distributed.fsdp import full_tensor
 from astrai_core.distributed.metrics import MicroBatchRecord, NullMetricsLog, reduce_micro_batches
 from astrai_core.errors import AstraiError
 from astrai_core.log import get_logger
+from astrai_core.trackers.report import RunReport, open_report
 from astrai_core.training.batch_sources import TENSORS
 from astrai_core.training.run_components import RunComponents
 from astrai_core.training.evaluation import evaluate
@@ -171,11 +172,17 @@ class Trainer:
         main = self.run.dist.is_main  # rank 0 alone writes metrics.jsonl and the terminal
         metrics_log = MetricsLog(self.run.output_dir, start if resume else None) if main \
             else NullMetricsLog()
+        # metrics.jsonl, then the trackers of trainer.report_to (rank 0 alone reports)
+        metrics_log = open_report(metrics_log, self.run.plan.trackers if main else (),
+                                  config=self.run.plan.config.model_dump(mode="json"),
+                                  output_dir=self.run.output_dir,
+                                  resume_step=start if resume else None)
         self.reporter = RunReporter(self.cfg.max_steps, start, bar=self.cfg.progress and main,
                                     heartbeat_seconds=self.cfg.heartbeat_seconds if main else 0,
                                     clock=self.clock)
         last: dict[str, Any] = {}
         evaluation: dict[str, Any] = {}
+        status = "failed"
         try:
             if not resume and self.cfg.eval_at_start:
                 last = evaluation = self._evaluate()
@@ -188,16 +195,22 @@ class Trainer:
                     # every rank stops after the same step (one signalled rank suffices)
                     if self.run.dist.any(stop.received is not None) \
                             and self.step < self.cfg.max_steps:
+                        status = "interrupted"
                         self._stop(stop)
+            status = "finished"
+        except KeyboardInterrupt:  # a second Ctrl-C
+            status = "interrupted"
+            raise
         finally:
             self.reporter.close()
+            metrics_log.close(status)
         kept = ckpt.list_checkpoints(self.run.output_dir)
         if main:
             self.reporter.summary(steps=self.step, last=last, evaluation=evaluation,
                                   checkpoint=kept[-1][1] if kept else None)
         return last
 
-    def _one_step(self, metrics_log: MetricsLog) -> dict[str, Any]:
+    def _one_step(self, metrics_log: MetricsLog | RunReport) -> dict[str, Any]:
         throughput = Throughput()
         metrics = self._train_step()
         self.step += 1
