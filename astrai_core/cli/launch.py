@@ -91,12 +91,23 @@ def launch(args: argparse.Namespace, loaded: Any) -> int:
     return 0
 
 
+# How a process ended, most likely the cause first: killed by a signal from outside (or a
+# crash); an error it raised and printed; an abort (gloo's threads abort a process whose
+# peer went away); SIGTERM, which torchrun sends the survivors once one process failed.
+_CONSEQUENCES = {-signal.SIGABRT: 2, -signal.SIGTERM: 3}
+
+
 def culprit(failures: dict[int, tuple[int, int]]) -> tuple[int, int]:
-    """(rank, exit code) of the process that failed first, from ``{rank: (exit code,
-    timestamp)}``. torchrun's timestamps are whole seconds, so the peers that stopped
-    because of it often tie with it: a process killed by a signal goes first (its peers
-    exit with a status), then the earliest, then the lowest rank."""
-    rank = min(failures, key=lambda r: (failures[r][0] >= 0, failures[r][1], r))
+    """(rank, exit code) of the process whose failure caused the others', from ``{rank:
+    (exit code, timestamp)}``: by how it ended (see ``_CONSEQUENCES``), then the earliest
+    (torchrun's timestamps are whole seconds, so a cause and its consequences often tie),
+    then the lowest rank."""
+    def order(rank: int) -> tuple[int, int, int]:
+        code, stamp = failures[rank]
+        kind = _CONSEQUENCES.get(code, 0 if code < 0 else 1)
+        return kind, stamp, rank
+
+    rank = min(failures, key=order)
     return rank, failures[rank][0]
 
 

@@ -54,11 +54,13 @@ def train(config: RunConfig, *, source: YamlSource | None = None, resume: bool =
             log.warning(str(done))
             return {}
         try:
-            return Trainer(run, strategy, phase_hook=phase_hook).fit(resume=resume)
+            metrics = Trainer(run, strategy, phase_hook=phase_hook).fit(resume=resume)
         finally:  # a sampler holding processes (ray workers, a vLLM engine) lets them go
             close = getattr(run.sampler, "close", None)
             if close is not None:
                 close()
+        run.dist.finish()
+        return metrics
 
 
 class NothingToResume(CheckpointError):

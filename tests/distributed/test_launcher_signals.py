@@ -52,6 +52,11 @@ def test_the_rank_killed_by_a_signal_is_named_not_its_peers():
     assert culprit({0: (1, 100), 1: (-9, 100)}) == (1, -9)
     assert culprit({0: (1, 101), 1: (2, 100)}) == (1, 2)  # otherwise the earliest
     assert culprit({0: (1, 100), 1: (1, 100)}) == (0, 1)
+    # a peer's abort (gloo losing the failed rank) or torchrun's SIGTERM to the survivors
+    # is a consequence: the rank that raised is named, even when it stopped later
+    assert culprit({0: (-6, 100), 1: (1, 100)}) == (1, 1)
+    assert culprit({0: (-15, 100), 1: (-6, 100)}) == (1, -6)
+    assert culprit({0: (-15, 100), 1: (1, 101)}) == (1, 1)
     assert "rank 1 was killed by SIGKILL (signal 9) and could print no error" in \
         _failure(1, -9)
     assert "rank 0 exited with status 1 (its error is printed above)" in _failure(0, 1)
