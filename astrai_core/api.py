@@ -16,6 +16,7 @@ from astrai_core.checkpoints.hf.config import (
     require,
 )
 from astrai_core.checkpoints.hf.files import read_hf_config, read_hf_weights, staged_directory
+from astrai_core.checkpoints.manifest import write_manifest
 from astrai_core.checkpoints.hf.select import export_model_type, load_importer
 from astrai_core.checkpoints.hf.tensor_map import TensorMap, rename, split_gate_up, stack_experts
 from astrai_core.checkpoints.native import load_pretrained, load_state_dict_strict, save_pretrained
@@ -114,7 +115,7 @@ __all__ = [
     "common_fields_from_hf", "common_fields_to_hf", "dense_mlp_map", "export_model_type",
     "load_importer", "load_pretrained", "load_state_dict_strict", "qwen_sliding_window", "qwen_sliding_window_to_hf",
     "read_hf_config", "read_hf_weights", "rename", "require", "save_pretrained", "split_gate_up",
-    "stack_experts", "staged_directory",
+    "stack_experts", "staged_directory", "write_manifest",
     # LoRA and the chunked head
     "chunked_logits_map", "chunked_logprobs", "has_chunked_head", "has_lora", "merge_and_unload", "merged_state_dict",
     "target_logprobs",

@@ -32,6 +32,7 @@ from astrai_core.api import (
     read_hf_config,
     read_hf_weights,
     staged_directory,
+    write_manifest,
 )
 from astrai_plugin_rm.checkpoint import SCORE_FILE, load_score_weight
 from astrai_plugin_rm.scoring import reward_pad_id
@@ -94,6 +95,7 @@ def import_reward_model(src: str | Path, dst: str | Path, *, importer: str | Non
                 shutil.copy2(path, causal / path.name)
         hf_importer.import_checkpoint(causal, stage)
         _save({"weight": weight}, stage / SCORE_FILE)
+        write_manifest(stage)  # the score head belongs to the checkpoint too
     return dst
 
 

@@ -51,7 +51,7 @@ def native_rm(directory: Path, family: str = "llama", seed: int = 0) -> Path:
     import torch
     from safetensors.torch import save_file
 
-    from astrai_core.api import CausalLM, ModelConfig, save_pretrained
+    from astrai_core.api import CausalLM, ModelConfig, save_pretrained, write_manifest
 
     torch.manual_seed(seed)
     config = ModelConfig(vocab_size=64, hidden_size=32, intermediate_size=64, num_layers=2,
@@ -61,6 +61,7 @@ def native_rm(directory: Path, family: str = "llama", seed: int = 0) -> Path:
     model.reset_parameters(std=0.2)
     save_pretrained(model, directory, tokenizer_dir=testing.ARITH_TOKENIZER)
     save_file({"weight": torch.randn(1, 32)}, str(Path(directory) / "score.safetensors"))
+    write_manifest(Path(directory))  # the score head is part of the checkpoint
     return Path(directory)
 
 
