@@ -74,7 +74,26 @@ def main(argv: Sequence[str] | None = None, *,
     except BrokenPipeError:  # `astrai ... | head`: the reader left; stop quietly
         _silence_stdout()
         raise SystemExit(141) from None
+    _exit_worker(result or 0)
     raise SystemExit(result or 0)
+
+
+def _exit_worker(code: int) -> None:
+    """A torchrun worker that finished leaves with ``os._exit``, after flushing: with
+    torch 2.13's gloo, the interpreter's teardown sometimes aborts the process ("terminate
+    called without an active exception", signal 6) after the run completed, even with the
+    process group destroyed, which torchrun then reports as a failed run. Everything the
+    run owns (checkpoints, metrics, trackers, samplers) is closed by then."""
+    import os
+
+    if int(os.environ.get("WORLD_SIZE", "1")) <= 1 or "TORCHELASTIC_RUN_ID" not in os.environ:
+        return
+    import logging
+
+    logging.shutdown()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)
 
 
 def _rank_prefix() -> str:
