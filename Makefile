@@ -9,12 +9,13 @@ CONSTRAINTS := -c constraints.txt
 # Plugins installed with their dependencies, and those installed with --no-deps:
 # vllm gets its own venv (make test-vllm) and torch_npu breaks `import torch`
 # on a machine without Ascend hardware.
-PLUGINS := grpo gae ppo dpo qwen3 ray
+PLUGINS := grpo gae ppo dpo rm distill qwen3 ray
 NODEPS_PLUGINS := vllm npu
 CONTRIB := $(wildcard contrib/*/pyproject.toml)
 
 STAMP := $(VENV)/.astrai-installed
-SOURCES := pyproject.toml constraints.txt Makefile $(wildcard plugins/*/pyproject.toml) $(CONTRIB)
+SOURCES := pyproject.toml constraints.txt Makefile bench/requirements.txt \
+	$(wildcard plugins/*/pyproject.toml) $(CONTRIB)
 
 .PHONY: demo test test-vllm venv venv-vllm clean bench docs dist
 
@@ -24,11 +25,14 @@ $(STAMP): $(SOURCES)
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PIP) install $(CONSTRAINTS) "setuptools>=75" wheel  # >=69.3: PEP 625 sdist names (make dist)
 	$(PIP) install $(CONSTRAINTS) torch==2.13.0
-	$(PIP) install $(CONSTRAINTS) --no-build-isolation -e ".[test,serve,serve-test]" \
+	$(PIP) install $(CONSTRAINTS) --no-build-isolation -e ".[test,serve,serve-test,trackers,math]" \
 		$(foreach p,$(PLUGINS),-e plugins/astrai-plugin-$(p)) \
 		$(foreach c,$(CONTRIB),-e $(dir $(c)))
 	$(PIP) install --no-deps --no-build-isolation \
 		$(foreach p,$(NODEPS_PLUGINS),-e plugins/astrai-plugin-$(p))
+	# TRL: the independent reference that the loss tests compare against (never a
+	# runtime dependency of astrai); the benchmarks use it as their peer too.
+	$(PIP) install $(CONSTRAINTS) -r bench/requirements.txt
 	touch $@
 
 test: $(STAMP)
@@ -75,7 +79,6 @@ test-vllm: $(VLLM_STAMP)
 
 # Benchmarks against named peers; their latest numbers go in the README.
 bench: $(STAMP)
-	$(PIP) install $(CONSTRAINTS) -r bench/requirements.txt
 	$(PY) bench/bench_model_train.py
 	$(PY) bench/bench_sampler.py
 	$(PY) bench/bench_grpo_trl.py

@@ -16,6 +16,7 @@ from astrai_core.plugins.specs import (
     SamplerSpec,
     Spec,
     StrategySpec,
+    TrackerSpec,
 )
 from astrai_core.version import __version__
 
@@ -30,6 +31,7 @@ __all__ = [
     "SamplerSpec",
     "Spec",
     "StrategySpec",
+    "TrackerSpec",
     "__version__",
     "hookimpl",
 ]

@@ -15,7 +15,8 @@ from astrai_core.checkpoints.hf.config import (
     qwen_sliding_window_to_hf,
     require,
 )
-from astrai_core.checkpoints.hf.files import read_hf_config
+from astrai_core.checkpoints.hf.files import read_hf_config, read_hf_weights, staged_directory
+from astrai_core.checkpoints.manifest import write_manifest
 from astrai_core.checkpoints.hf.select import export_model_type, load_importer
 from astrai_core.checkpoints.hf.tensor_map import TensorMap, rename, split_gate_up, stack_experts
 from astrai_core.checkpoints.native import load_pretrained, load_state_dict_strict, save_pretrained
@@ -25,6 +26,8 @@ from astrai_core.config.trainer import TrainerConfig
 from astrai_core.devices.accelerator import AcceleratorBackend
 from astrai_core.devices.base import DeviceBackend
 from astrai_core.devices.select import resolve_device
+from astrai_core.data.render import render_preference
+from astrai_core.data.tokenizer import load_tokenizer
 from astrai_core.environments import AssistantTurn, EnvMessage, EnvStep, ToolCall, error_message
 from astrai_core.errors import (
     AstraiError,
@@ -36,7 +39,12 @@ from astrai_core.errors import (
 )
 from astrai_core.log import get_logger
 from astrai_core.model import CausalLM, ModelConfig
-from astrai_core.model.head import chunked_logprobs, has_chunked_head, target_logprobs
+from astrai_core.model.head import (
+    chunked_logits_map,
+    chunked_logprobs,
+    has_chunked_head,
+    target_logprobs,
+)
 from astrai_core.model.lora import has_lora, merge_and_unload, merged_state_dict
 from astrai_core.plugins import process_registry
 from astrai_core.plugins.protocols import (
@@ -46,6 +54,7 @@ from astrai_core.plugins.protocols import (
     RewardFunctionProtocol,
     SamplerProtocol,
     StrategyProtocol,
+    TrackerProtocol,
 )
 from astrai_core.rl.functional import (
     aggregate_loss,
@@ -73,6 +82,7 @@ from astrai_core.rollout.metrics import rollout_metrics
 from astrai_core.rollout.runner import RolloutRunner
 from astrai_core.sampling.params import Completion, SamplingParams
 from astrai_core.sampling.requests import Request, expand_requests
+from astrai_core.trackers.base import TrackedRun, Tracker, TrackerOptions
 from astrai_core.training.batch_sources import BatchSource, LoaderSource, RolloutSource
 from astrai_core.training.modules import TrainedModule, frozen_copy, frozen_reference
 from astrai_core.training.online import OnlineConfig, OnlineStrategy
@@ -96,20 +106,24 @@ __all__ = [
     "correction_weights",
     # environments of multi-turn rollouts
     "AssistantTurn", "EnvMessage", "EnvStep", "EnvironmentProtocol", "ToolCall", "error_message",
+    # tokenizers and data rendering (how a preference pair becomes tokens)
+    "load_tokenizer", "render_preference",
     # sampling
     "Completion", "Request", "SamplingParams", "expand_requests",
     # models and importers
     "CausalLM", "FUSED", "HFImporter", "ModelConfig", "PER_EXPERT", "TensorMap",
     "common_fields_from_hf", "common_fields_to_hf", "dense_mlp_map", "export_model_type",
     "load_importer", "load_pretrained", "load_state_dict_strict", "qwen_sliding_window", "qwen_sliding_window_to_hf",
-    "read_hf_config", "rename", "require", "save_pretrained", "split_gate_up",
-    "stack_experts",
+    "read_hf_config", "read_hf_weights", "rename", "require", "save_pretrained", "split_gate_up",
+    "stack_experts", "staged_directory", "write_manifest",
     # LoRA and the chunked head
-    "chunked_logprobs", "has_chunked_head", "has_lora", "merge_and_unload", "merged_state_dict",
+    "chunked_logits_map", "chunked_logprobs", "has_chunked_head", "has_lora", "merge_and_unload", "merged_state_dict",
     "target_logprobs",
     # devices, plugins, errors, logging
     "AcceleratorBackend", "AdvantageEstimatorProtocol", "AstraiError", "CheckpointError", "ConfigError",
     "DataError", "DeviceBackend", "FieldError", "resolve_device", "PluginError", "PolicyLossProtocol",
     "RewardFunctionProtocol",
     "SamplerProtocol", "StrategyProtocol", "get_logger", "process_registry",
+    # trackers (trainer.report_to): what start() gets, and the built-ins' base class
+    "TrackedRun", "Tracker", "TrackerOptions", "TrackerProtocol",
 ]

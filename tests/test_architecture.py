@@ -175,7 +175,7 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     ("checkpoints",),
     ("sampling",),
     ("serving", "config"),
-    ("rewards",),
+    ("rewards", "trackers"),
     ("rollout",),
     ("training",),
     ("strategies",),

@@ -14,6 +14,7 @@ from pathlib import Path
 import torch
 
 from astrai_core.checkpoints import lora_files
+from astrai_core.checkpoints.manifest import verify_manifest, write_manifest
 from astrai_core.checkpoints.native_files import (
     INDEX_FILE,
     atomic_directory,
@@ -47,6 +48,7 @@ def save_pretrained(model: CausalLM, directory: str | os.PathLike, *,
         write_weights(merged_state_dict(model), staging, max_shard_bytes)  # LoRA: merged
         if tokenizer_dir is not None:
             copy_tokenizer_files(Path(tokenizer_dir), staging)
+        write_manifest(staging)  # last: it records every file above
     return target
 
 
@@ -55,13 +57,25 @@ def load_pretrained(directory: str | os.PathLike, *, dtype: torch.dtype | None =
     """Load a native checkpoint directory into a CausalLM (weights via safetensors only).
 
     A LoRA training checkpoint (``adapter/``) gives its base with the adapter applied
-    (:func:`astrai_core.checkpoints.lora_files.load_lora_checkpoint`)."""
+    (:func:`astrai_core.checkpoints.lora_files.load_lora_checkpoint`).
+
+    Every file's size is checked against the checkpoint's ``manifest.json`` first (not its
+    sha256: hashing a large model on each load is too slow; `astrai export` and
+    ``--resume`` hash, see :mod:`astrai_core.checkpoints.manifest`)."""
     directory = Path(directory)
+    verify_checkpoint(directory)
     load_plain = partial(_load_plain, dtype=dtype, device=device)
     if lora_files.is_lora_checkpoint(directory):
         load_base = partial(load_pretrained, dtype=dtype, device=device)  # may be LoRA too
         return lora_files.load_lora_checkpoint(directory, load_plain, load_base)
     return load_plain(directory)
+
+
+def verify_checkpoint(directory: Path, *, hashes: bool = False) -> None:
+    """A native checkpoint directory whose files match its manifest (``hashes``: sha256
+    too, else sizes); CheckpointError naming the directory or file otherwise."""
+    load_config(directory)  # JSON only: a clear message when it is not a checkpoint at all
+    verify_manifest(directory, hashes=hashes)
 
 
 def _load_plain(directory: Path, *, dtype: torch.dtype | None,

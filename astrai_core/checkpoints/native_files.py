@@ -9,11 +9,12 @@ is always complete. Loading a whole checkpoint (LoRA ones included) is
 
 from __future__ import annotations
 
+import errno
 import json
 import os
 import shutil
 import uuid
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
 from pathlib import Path
 
@@ -22,7 +23,7 @@ from pydantic import ValidationError
 from safetensors import SafetensorError, safe_open
 from safetensors.torch import save_file
 
-from astrai_core.errors import CheckpointError
+from astrai_core.errors import AstraiError, CheckpointError
 from astrai_core.model.config import ModelConfig
 
 CONFIG_FILE = "config.json"
@@ -40,8 +41,13 @@ TOKENIZER_FILES = (
 # ---------------------------------------------------------------- writing
 
 @contextmanager
-def atomic_directory(target: Path) -> Iterator[Path]:
-    """Yield a hidden staging directory next to ``target``; on success it replaces ``target``."""
+def atomic_directory(target: Path, expected_bytes: Callable[[], int] = lambda: 0
+                     ) -> Iterator[Path]:
+    """Yield a hidden staging directory next to ``target``; on success it replaces ``target``.
+
+    A failure removes the staging directory (``target`` and its siblings are untouched);
+    one because the disk is full becomes a CheckpointError naming the directory and the
+    bytes the save needs (``expected_bytes()``, or what was written before it failed)."""
     target.parent.mkdir(parents=True, exist_ok=True)
     staging = target.parent / f".{target.name}.tmp-{uuid.uuid4().hex[:8]}"
     staging.mkdir()
@@ -54,9 +60,42 @@ def atomic_directory(target: Path) -> Iterator[Path]:
             shutil.rmtree(trash, ignore_errors=True)
         else:
             staging.rename(target)
-    except BaseException:
+    except (KeyboardInterrupt, SystemExit, GeneratorExit):
         shutil.rmtree(staging, ignore_errors=True)
         raise
+    except BaseException as error:  # DCP's CheckpointException is not an Exception
+        full = not isinstance(error, AstraiError) and _disk_full(error, target.parent)
+        written = directory_bytes(staging)
+        shutil.rmtree(staging, ignore_errors=True)
+        if full:
+            needed = max(expected_bytes(), written)
+            raise CheckpointError(
+                f"no space left on the device of {target.parent} while writing {target.name}: "
+                f"it needs about {needed} bytes, {shutil.disk_usage(target.parent).free} are "
+                "free; the earlier checkpoints are intact. Free some space (or lower "
+                "trainer.keep_last) and run again") from None
+        raise
+
+
+def directory_bytes(directory: Path) -> int:
+    """The bytes of the files under ``directory`` (0 when it is gone)."""
+    return sum(p.stat().st_size for p in directory.rglob("*") if p.is_file())
+
+
+def _disk_full(error: BaseException, directory: Path) -> bool:
+    """Whether ``error`` came from a full disk: an ENOSPC/EDQUOT anywhere in its chain or
+    its message (safetensors and DCP wrap it), or, for writers that lose the reason
+    (torch.save says only "unexpected pos"), a device with almost no space left."""
+    seen: BaseException | None = error
+    while seen is not None:
+        if getattr(seen, "errno", None) in (errno.ENOSPC, errno.EDQUOT) or any(
+                mark in str(seen) for mark in ("No space left on device", "os error 28")):
+            return True
+        seen = seen.__cause__ or seen.__context__
+    try:
+        return shutil.disk_usage(directory).free < 1024**2
+    except OSError:
+        return False
 
 
 def write_config(config: ModelConfig, directory: Path) -> None:

@@ -87,18 +87,19 @@ def load_sharded(directory: Path, modules: list[Any]) -> None:
     """Restore ``modules`` and their optimizers from ``directory/dcp``, resharded to this
     run's mesh (a collective)."""
     import torch.distributed.checkpoint as dcp
-    from torch.distributed.checkpoint import DefaultLoadPlanner
     from torch.distributed.checkpoint.state_dict import (StateDictOptions, set_model_state_dict,
                                                          set_optimizer_state_dict)
 
+    from astrai_core.checkpoints.safe_dcp import SafeLoadPlanner, SafeReader
+
+    saved = _saved_keys(directory)  # the metadata, read here: its errors are ours, not DCP's
     state = sharded_state(modules)
     # Partial: the template has optimizer state for every trainable parameter (DCP makes
     # it with a zero-lr step), the checkpoint only for those that ever had a gradient
     # (a critic's unused lm_head); AdamW skips the others, as the saved run did.
     with _single_process_quiet():
-        dcp.load(state, checkpoint_id=str(directory / DCP_DIR), no_dist=not _distributed(),
-                 planner=DefaultLoadPlanner(allow_partial_load=True))
-    saved = _saved_keys(directory)
+        dcp.load(state, storage_reader=SafeReader(str(directory / DCP_DIR)),
+                 no_dist=not _distributed(), planner=SafeLoadPlanner(allow_partial_load=True))
     for m in modules:
         # not strict: the state has no frozen parameters (see sharded_state)
         set_model_state_dict(m.module, state["modules"][m.name],
@@ -110,9 +111,9 @@ def load_sharded(directory: Path, modules: list[Any]) -> None:
 
 def _saved_keys(directory: Path) -> set[str]:
     """The flattened keys the checkpoint holds (``optimizers.policy.state.<fqn>.<key>``)."""
-    from torch.distributed.checkpoint import FileSystemReader
+    from astrai_core.checkpoints.safe_dcp import SafeReader
 
-    return set(FileSystemReader(str(directory / DCP_DIR)).read_metadata().state_dict_metadata)
+    return set(SafeReader(str(directory / DCP_DIR)).read_metadata().state_dict_metadata)
 
 
 def _drop_unsaved_state(m: Any, saved: set[str]) -> None:
@@ -128,7 +129,11 @@ def _drop_unsaved_state(m: Any, saved: set[str]) -> None:
 def read_sharded(directory: Path) -> dict[str, Any]:
     """The whole sharded state of a checkpoint as plain tensors, in this process (tools
     and tests: compare two runs' optimizer states)."""
-    from torch.distributed.checkpoint.state_dict_loader import _load_state_dict_from_keys
+    from torch.distributed.checkpoint.state_dict_loader import _load_state_dict
 
-    with _single_process_quiet():
-        return _load_state_dict_from_keys(checkpoint_id=str(directory / DCP_DIR))
+    from astrai_core.checkpoints.safe_dcp import SafeReader, SafeWholeLoadPlanner
+
+    state: dict[str, Any] = {}
+    _load_state_dict(state, storage_reader=SafeReader(str(directory / DCP_DIR)),
+                     planner=SafeWholeLoadPlanner(), no_dist=True)
+    return state

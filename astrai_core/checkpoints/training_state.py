@@ -8,8 +8,16 @@ a directory named `step_<N>` is always complete.
 
 Trained modules and their optimizer state go through torch.distributed.checkpoint
 (``dcp/``, sharded per rank, loadable on any world size; see astrai_core.checkpoints.
-sharded); schedulers, RNG and data positions through ``torch.save``, read back with
-``torch.load(weights_only=True)``, which refuses arbitrary pickled objects.
+sharded); schedulers, RNG and data positions through ``torch.save``.
+
+Two files are pickles: ``training_state.pt`` and ``dcp/.metadata``. Neither is read
+before the checkpoint's ``manifest.json`` (written last, before the rename) has verified
+every file's size and sha256, and neither is read by a plain unpickler:
+``training_state.pt`` goes through ``torch.load(weights_only=True)`` (PyTorch's restricted
+unpickler: tensors, containers and plain values), ``dcp/.metadata`` through an unpickler
+that builds only DCP's metadata classes (:mod:`astrai_core.checkpoints.safe_dcp`). A
+manifest proves the files are the ones written, not who wrote them: a checkpoint from
+someone else is as trustworthy as they are, but reading it runs none of its code.
 """
 
 from __future__ import annotations
@@ -18,10 +26,12 @@ import json
 import random
 import re
 import shutil
+import uuid
+from functools import partial
 from pathlib import Path
 from typing import Any
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 
 import torch
@@ -30,9 +40,11 @@ from torch import nn
 
 from astrai_core.checkpoints import lora_files
 from astrai_core.checkpoints.hf.source import HF_SOURCE_FILE
+from astrai_core.checkpoints.manifest import verify_manifest, write_manifest
 from astrai_core.checkpoints.native_files import (
     atomic_directory,
     copy_tokenizer_files,
+    directory_bytes,
     load_state_dict_strict,
     read_safetensors,
     weight_files,
@@ -43,7 +55,12 @@ from astrai_core.checkpoints.sharded import full_model_state, save_sharded
 from astrai_core.distributed.context import SINGLE, DistContext
 from astrai_core.distributed.fsdp import full_tensor
 from astrai_core.errors import CheckpointError
+from astrai_core.log import get_logger
 from astrai_core.model.lora import adapter_parameters, base_state_dict, has_lora
+from astrai_core.checkpoints.write_phases import (DCP_WRITTEN, MANIFEST_WRITTEN,
+                                                  TRAINING_STATE_WRITTEN, WEIGHTS_WRITTEN)
+
+log = get_logger("astrai.checkpoints")
 
 TRAINING_STATE = "training_state.pt"
 STATE_TENSORS = "state_tensors.safetensors"  # tensors of the training state (a rollout)
@@ -71,7 +88,9 @@ def save_checkpoint(target: Path, *, model: nn.Module, tokenizer_dir: Path,
                     extra_modules: dict[str, nn.Module], training_state: dict[str, Any],
                     summary: dict[str, Any], initial_model_dir: Path | None = None,
                     state_tensors: dict[str, torch.Tensor] | None = None,
-                    sharded_modules: list[Any] = (), dist: DistContext = SINGLE) -> Path:
+                    sharded_modules: list[Any] = (), dist: DistContext = SINGLE,
+                    phase_hook: Callable[[str, int], None] = lambda phase, step: None,
+                    step: int = 0) -> Path:
     """Write one complete checkpoint directory atomically.
 
     ``initial_model_dir``: the checkpoint the run started from; its record of the original
@@ -82,7 +101,8 @@ def save_checkpoint(target: Path, *, model: nn.Module, tokenizer_dir: Path,
     weights and optimizer state go to ``dcp/`` through torch.distributed.checkpoint.
     Distributed (``dist``): every rank calls this; each writes its shards, rank 0 writes
     the rest (the consolidated weights included) and renames the directory into place
-    once every rank has finished.
+    once every rank has finished. ``phase_hook(phase, step)`` is called after each part is
+    written (:mod:`astrai_core.checkpoints.write_phases`), so tests can kill the run between them.
     """
     # Gathered on rank 0 (collectives: all ranks). A LoRA policy saves only its adapter/,
     # so its full weights are not gathered at all (unless the checkpoint saves its base).
@@ -91,14 +111,16 @@ def save_checkpoint(target: Path, *, model: nn.Module, tokenizer_dir: Path,
     lora_weights = _full_lora_state(model, dist) if lora else None
     extra_weights = {name: full_model_state(module, dist)
                      for name, module in extra_modules.items()}
-    with _staging(target, dist) as staging:
+    with _staging(target, dist, partial(phase_hook, MANIFEST_WRITTEN, step)) as staging:
         if sharded_modules:
             save_sharded(staging, list(sharded_modules))
+            phase_hook(DCP_WRITTEN, step)
         if not dist.is_main:
             return target
         write_config(model.config, staging)
         if weights is not None:
             write_weights(weights, staging, max_shard_bytes=2 * 1024**3)
+            phase_hook(WEIGHTS_WRITTEN, step)
         copy_tokenizer_files(tokenizer_dir, staging)
         if initial_model_dir is not None and (initial_model_dir / HF_SOURCE_FILE).is_file():
             shutil.copy2(initial_model_dir / HF_SOURCE_FILE, staging / HF_SOURCE_FILE)
@@ -112,6 +134,7 @@ def save_checkpoint(target: Path, *, model: nn.Module, tokenizer_dir: Path,
                       str(staging / STATE_TENSORS))
         torch.save(training_state, staging / TRAINING_STATE)
         (staging / TRAINER_JSON).write_text(json.dumps(summary, indent=2) + "\n")
+        phase_hook(TRAINING_STATE_WRITTEN, step)
     return target
 
 
@@ -128,19 +151,38 @@ def _full_lora_state(model: nn.Module, dist: DistContext
 
 
 @contextmanager
-def _staging(target: Path, dist: DistContext) -> Iterator[Path]:
-    """Rank 0's staging directory for ``target``, shared with every rank; renamed into
-    place by rank 0 after every rank has written its part (barrier), and the ranks leave
-    only once it is in place."""
+def _staging(target: Path, dist: DistContext, manifest_written: Any) -> Iterator[Path]:
+    """Rank 0's staging directory for ``target``, shared with every rank; once every rank
+    has written its part (barrier), rank 0 writes the manifest and renames the directory
+    into place, and the ranks leave only once it is in place."""
     if dist.is_main:
-        with atomic_directory(target) as staging:
+        with atomic_directory(target, partial(_newest_size, target.parent)) as staging:
             dist.broadcast_object(str(staging))
             yield staging
             dist.barrier()  # every rank's shards are written
+            write_manifest(staging)
+            manifest_written()
     else:
         yield Path(dist.broadcast_object(None))
         dist.barrier()
     dist.barrier()  # renamed: the checkpoint exists for every rank
+
+
+def remove_stale_staging(output_dir: Path) -> list[Path]:
+    """Delete the staging directories (``.step_N.tmp-*``) that a run killed while saving
+    left in ``output_dir/checkpoints``; returns them. Only that pattern, only there."""
+    root = output_dir / "checkpoints"
+    stale = sorted(p for p in root.glob(".step_*.tmp-*") if p.is_dir()) if root.is_dir() else []
+    for path in stale:
+        shutil.rmtree(path, ignore_errors=True)
+        log.info("removed an unfinished checkpoint", path=str(path))
+    return stale
+
+
+def _newest_size(root: Path) -> int:
+    """The bytes of the newest checkpoint in ``root`` (what the next one will about need)."""
+    kept = list_checkpoints(root.parent)
+    return directory_bytes(kept[-1][1]) if kept else 0
 
 
 def list_checkpoints(output_dir: Path) -> list[tuple[int, Path]]:
@@ -156,23 +198,59 @@ def list_checkpoints(output_dir: Path) -> list[tuple[int, Path]]:
     return sorted(found)
 
 
-def latest_checkpoint(output_dir: Path) -> Path:
-    """The newest complete checkpoint; a clear error when there is none."""
-    checkpoints = list_checkpoints(output_dir)
-    if not checkpoints:
+def verified_checkpoints(output_dir: Path
+                         ) -> tuple[list[tuple[int, Path]], list[tuple[int, Path, str]]]:
+    """(the checkpoints whose manifest verifies, sizes and sha256, newest first;
+    (step, path, why) of each other one). A checkpoint that fails is never read further."""
+    good, failed = [], []
+    for step, path in reversed(list_checkpoints(output_dir)):
+        try:
+            verify_manifest(path, hashes=True)
+        except CheckpointError as exc:
+            failed.append((step, path, str(exc)))
+        else:
+            good.append((step, path))
+    return good, failed
+
+
+def last_good_checkpoint(output_dir: Path) -> Path | None:
+    """The newest checkpoint that verifies, or None."""
+    good, _ = verified_checkpoints(output_dir)
+    return good[0][1] if good else None
+
+
+def latest_checkpoint(output_dir: Path, *, set_aside: bool = False) -> tuple[int, Path]:
+    """(step, path) of the newest checkpoint that verifies, naming each newer one skipped
+    and why; ``set_aside``: rename those to ``step_N.unverified-<id>`` (kept for a look,
+    out of the run's way: the resumed run writes its own step_N). A clear error when none
+    verifies."""
+    good, failed = verified_checkpoints(output_dir)
+    if not good:
+        reasons = "".join(f"; {path.name}: {why}" for _, path, why in failed)
         raise CheckpointError(
-            f"--resume: no complete checkpoint in {output_dir / 'checkpoints'}; "
-            "run without --resume to start from the beginning"
-        )
-    return checkpoints[-1][1]
+            f"--resume: no complete checkpoint in {output_dir / 'checkpoints'} verifies"
+            f"{reasons}; run without --resume to start from the beginning")
+    for step, path, why in failed:
+        if step <= good[0][0]:
+            continue
+        kept = ""
+        if set_aside:
+            aside = path.with_name(f"{path.name}.unverified-{uuid.uuid4().hex[:8]}")
+            path.rename(aside)
+            kept = f" (kept as {aside.name})"
+        log.warning(f"--resume skips checkpoint {path.name}{kept}: {why}")
+    return good[0]
 
 
 def load_training_state(directory: Path) -> dict[str, Any]:
+    """The pickled training state, through PyTorch's restricted unpickler (weights_only):
+    tensors, containers and plain values only. Read after the manifest verified."""
     try:
         return torch.load(directory / TRAINING_STATE, map_location="cpu", weights_only=True)
     except Exception as exc:
+        first_line = (str(exc).strip().splitlines() or [""])[0]  # torch's run on for pages
         raise CheckpointError(f"{directory / TRAINING_STATE}: cannot read training state "
-                              f"({type(exc).__name__}: {exc})") from None
+                              f"({type(exc).__name__}: {first_line})") from None
 
 
 def load_state_tensors(directory: Path) -> dict[str, torch.Tensor] | None:

@@ -33,11 +33,12 @@ WHERE_CONFIGURED: dict[str, str] = {
     "reward_function": "rewards: [{name: NAME, weight: 1.0, ...}]",
     "policy_loss": "strategy: {policy_loss: {name: NAME, ...}}",
     "environment": "environment: {name: NAME, ...}",
+    "tracker": "trainer: {report_to: [NAME, {name: NAME, ...}]}",
 }
 # Other spellings a user may type for a kind: the config section names and hyphens.
 KIND_ALIASES = {"advantage": "advantage_estimator", "device": "device_backend",
                 "reward": "reward_function", "rewards": "reward_function",
-                "importer": "model_importer"}
+                "importer": "model_importer", "report_to": "tracker", "trackers": "tracker"}
 # A reward function's first two parameters are the texts; the others are data columns.
 REWARD_TEXT_PARAMETERS = ("prompts", "completions")
 

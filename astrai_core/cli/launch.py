@@ -2,8 +2,10 @@
 
 The launcher checks the config once, for the world size it is about to start, then hands
 torchrun's own launcher (``torch.distributed.run``) the same ``astrai train`` command for
-every process. When a process fails, torchrun stops the others and this returns a
-non-zero status; the failed rank printed its own error. Inside each process,
+every process. When a process fails, torchrun stops the others and this names it and
+returns a non-zero status (a failed rank printed its own error; one killed by a signal
+could not, and the line says so). SIGINT and SIGTERM reach every rank through torchrun,
+which checkpoint at the end of their step; the launcher then ends with one line. Inside each process,
 :func:`worker_errors` keeps the ranks that merely lost a peer to one line, so a failure's
 message appears once.
 """
@@ -13,6 +15,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import os
+import signal
 import sys
 from collections.abc import Iterator
 from typing import Any
@@ -43,8 +46,8 @@ def torchrun_argv(args: argparse.Namespace) -> list[str]:
     if args.master_addr or args.master_port or args.nnodes > 1:
         argv += [f"--master-addr={args.master_addr or '127.0.0.1'}",
                  f"--master-port={args.master_port or DEFAULT_PORT}"]
-    else:
-        argv.append("--standalone")  # one machine: a free port, found by torchrun
+    else:  # one machine: a free port, found by torchrun; peers reached over loopback
+        argv += ["--standalone", "--local-addr=127.0.0.1"]
     command = [f"--log-format={getattr(args, 'log_format', 'auto')}",
                f"--log-level={getattr(args, 'log_level', 'info')}", "train", args.config]
     command += [f"--set={override}" for override in args.overrides]
@@ -69,16 +72,56 @@ def launch(args: argparse.Namespace, loaded: Any) -> int:
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
     from torch.distributed.run import get_args_parser, run
 
+    from torch.distributed.elastic.multiprocessing.api import SignalException
+
     try:
         run(get_args_parser().parse_args(torchrun_argv(args)))
+    except (SignalException, KeyboardInterrupt) as stopped:
+        # torchrun's agent has already sent the signal on to every rank, which checkpoints
+        # at the end of its step (it is killed if that takes over torchrun's 30 s)
+        signum = int(getattr(stopped, "sigval", signal.SIGINT))
+        print(f"error: stopped by {signal.Signals(signum).name}: every rank was sent it and "
+              "saves a checkpoint at the end of its step; continue with --resume",
+              file=sys.stderr)
+        return 128 + signum
     except ChildFailedError as failed:
-        rank, failure = failed.get_first_failure()
-        code = failure.exitcode
-        how = f"signal {-code}" if code < 0 else f"status {code}"
-        print(f"error: the distributed run failed: rank {rank} exited with {how} (its error "
-              "is printed above)", file=sys.stderr)
+        rank, code = culprit({r: (f.exitcode, f.timestamp) for r, f in failed.failures.items()})
+        print(f"error: the distributed run failed: {_failure(rank, code)}", file=sys.stderr)
         return code if code > 0 else 1
     return 0
+
+
+# How a process ended, most likely the cause first: killed by a signal from outside (or a
+# crash); an error it raised and printed; an abort (gloo's threads abort a process whose
+# peer went away); SIGTERM, which torchrun sends the survivors once one process failed.
+_CONSEQUENCES = {-signal.SIGABRT: 2, -signal.SIGTERM: 3}
+
+
+def culprit(failures: dict[int, tuple[int, int]]) -> tuple[int, int]:
+    """(rank, exit code) of the process whose failure caused the others', from ``{rank:
+    (exit code, timestamp)}``: by how it ended (see ``_CONSEQUENCES``), then the earliest
+    (torchrun's timestamps are whole seconds, so a cause and its consequences often tie),
+    then the lowest rank."""
+    def order(rank: int) -> tuple[int, int, int]:
+        code, stamp = failures[rank]
+        kind = _CONSEQUENCES.get(code, 0 if code < 0 else 1)
+        return kind, stamp, rank
+
+    rank = min(failures, key=order)
+    return rank, failures[rank][0]
+
+
+def _failure(rank: int, code: int) -> str:
+    """What happened to the failed ``rank``: an error it printed, or a signal it could not
+    report (SIGKILL: out of memory, or killed from outside)."""
+    if code >= 0:
+        return f"rank {rank} exited with status {code} (its error is printed above)"
+    try:
+        name = signal.Signals(-code).name
+    except ValueError:
+        name = f"signal {-code}"
+    return (f"rank {rank} was killed by {name} (signal {-code}) and could print no error "
+            "of its own (out of memory, or killed from outside?)")
 
 
 def _lost_peer(error: BaseException) -> bool:

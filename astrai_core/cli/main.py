@@ -24,10 +24,12 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "describe": ("describe", "show component kinds, a kind's components, a component's options"),
     "generate": ("generate", "sample from a checkpoint, streaming to the terminal"),
     "train": ("train", "run training from a YAML config"),
+    "eval": ("eval_cmd", "score a checkpoint on a prompt set: accuracy, mean reward, pass@k"),
     "plot": ("plot", "draw PNG curves of a run's metrics.jsonl"),
     "import": ("import_cmd", "Hugging Face checkpoint directory -> native checkpoint directory"),
     "export": ("export_cmd", "native checkpoint -> Hugging Face directory that transformers loads"),
     "serve": ("serve", "OpenAI-compatible HTTP server (astrai-core[serve])"),
+    "manifest": ("manifest_cmd", "accept a checkpoint without manifest.json (older astrai)"),
 }
 
 
@@ -72,7 +74,26 @@ def main(argv: Sequence[str] | None = None, *,
     except BrokenPipeError:  # `astrai ... | head`: the reader left; stop quietly
         _silence_stdout()
         raise SystemExit(141) from None
+    _exit_worker(result or 0)
     raise SystemExit(result or 0)
+
+
+def _exit_worker(code: int) -> None:
+    """A torchrun worker that finished leaves with ``os._exit``, after flushing: with
+    torch 2.13's gloo, the interpreter's teardown sometimes aborts the process ("terminate
+    called without an active exception", signal 6) after the run completed, even with the
+    process group destroyed, which torchrun then reports as a failed run. Everything the
+    run owns (checkpoints, metrics, trackers, samplers) is closed by then."""
+    import os
+
+    if int(os.environ.get("WORLD_SIZE", "1")) <= 1 or "TORCHELASTIC_RUN_ID" not in os.environ:
+        return
+    import logging
+
+    logging.shutdown()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)
 
 
 def _rank_prefix() -> str:

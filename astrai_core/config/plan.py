@@ -73,6 +73,7 @@ class RunPlan:
     policy_loss: Component | None = None  # the strategy's policy loss (online strategies)
     environment: Component | None = None  # rollouts' and evaluation's environment
     episode: EpisodeConfig | None = None  # its episode keys (max_turns, ...)
+    trackers: tuple[Component, ...] = ()  # trainer.report_to, in order
 
     def sampling_fields(self) -> tuple[dict[str, Any], dict[str, Any]]:
         """(the sampler section's SamplingParams fields, its engine options)."""
@@ -135,6 +136,7 @@ class Resolver:
         else:
             target = self._load("reward_function", name, path)
         label = name.rpartition(":")[2].rpartition(".")[2]
+        self.check_installed(f"reward {name!r}", target, path)
         required = tuple(getattr(target, "required_columns", ()))
         if not inspect.isclass(target):
             if params:
@@ -149,6 +151,17 @@ class Resolver:
         except (TypeError, ValueError) as exc:  # pydantic's ValidationError is a ValueError
             message = exc.errors()[0]["msg"] if isinstance(exc, ValidationError) else str(exc)
             raise self.error(path, f"reward {name!r}: bad options: {message}") from None
+
+    def check_installed(self, what: str, target: Any, path: FieldPath) -> None:
+        """The modules a target lists in ``requires`` import; else one error naming
+        ``install``, the pip requirement that provides them."""
+        from importlib.util import find_spec
+
+        for module in getattr(target, "requires", ()):
+            if find_spec(module) is None:
+                install = getattr(target, "install", "") or module
+                raise self.error(path + ("name",), f"{what} needs the {module!r} package, "
+                                 f"which is not installed: pip install '{install}'")
 
     def _validated(self, target: Any, params: dict[str, Any], path: FieldPath
                    ) -> BaseModel | None:
@@ -196,6 +209,7 @@ def plan_run(config: RunConfig, source: YamlSource | None = None,
     sampler_section = config.sampler or ComponentSection(name=DEFAULT_SAMPLER)
     sampler = resolve.section("sampler", sampler_section, ("sampler",))
     try:
+        _check_logprob_limit(config, needs)
         _check_staleness(config, needs, registry, sampler)
     except FieldError as exc:
         raise resolve.error(exc.path, exc.message) from None
@@ -206,10 +220,24 @@ def plan_run(config: RunConfig, source: YamlSource | None = None,
     device = (None if config.device.name == "auto"
               else resolve.section("device_backend", config.device, ("device",)))
     environment, episode = _environment(resolve, config, needs)
+    trackers = plan_trackers(resolve, config.trainer.report_to)
     return RunPlan(config=config, source=source, registry=registry, strategy=strategy,
                    needs=needs, advantage=advantage, sampler=sampler, rewards=rewards,
                    device=device, policy_loss=policy_loss, environment=environment,
-                   episode=episode)
+                   episode=episode, trackers=trackers)
+
+
+def plan_trackers(resolve: Resolver, entries: list[Any]) -> tuple[Component, ...]:
+    """``trainer.report_to``: each tracker loaded with its options, its backend installed."""
+    trackers = []
+    for index, entry in enumerate(entries):
+        path: FieldPath = ("trainer", "report_to", index)
+        if entry.name in {t.name for t in trackers}:
+            raise resolve.error(path + ("name",), f"tracker {entry.name!r} is listed twice")
+        tracker = resolve.component("tracker", entry.name, entry.params, path)
+        resolve.check_installed(f"tracker {entry.name!r}", tracker.target, path)
+        trackers.append(tracker)
+    return tuple(trackers)
 
 
 def _environment(resolve: Resolver, config: RunConfig, needs: StrategyNeeds
@@ -217,8 +245,7 @@ def _environment(resolve: Resolver, config: RunConfig, needs: StrategyNeeds
     """The ``environment:`` section: its episode keys and the environment's own options."""
     section = config.environment or ComponentSection(name=DEFAULT_ENVIRONMENT)
     path: FieldPath = ("environment",)
-    generates = needs.rollouts or (config.data.eval is not None
-                                   and config.data.eval.format == "prompt")
+    generates = needs.rollouts or any(e.format == "prompt" for _, e in config.data.named_evals())
     if config.environment is not None and not generates:
         raise resolve.error(path, "this run neither draws rollouts nor evaluates by "
                             "generation, so an environment has nothing to do")
@@ -234,11 +261,15 @@ def _check_paths(config: RunConfig, base_dir: Path) -> None:
     """Every directory and file the run reads exists."""
     data = config.data.resolve_paths(base_dir)
     files = [(("data", "sources", i, "path"), s.path) for i, s in enumerate(data.sources)]
-    if data.eval is not None:
-        files.append((("data", "eval", "path"), data.eval.path))
+    files += [(where + ("path",), s.path) for where, s in _eval_fields(data)]
     for path, file in files:
-        if not file.is_file():
-            raise FieldError(path, f"data file not found: {file}")
+        if isinstance(file, str):  # hf://NAME: found (or not) when the data is loaded
+            continue
+        if not file.is_file() and not (file / "state.json").is_file() \
+                and not (file / "dataset_dict.json").is_file():
+            what = "is a directory, but not one written by datasets' save_to_disk" \
+                if file.is_dir() else "not found"
+            raise FieldError(path, f"data file {what}: {file}")
     model = config.model
     if model.path is not None and not Path(model.path).is_dir():
         raise FieldError(("model", "path"), f"checkpoint directory {model.path!r} does not exist")
@@ -280,15 +311,24 @@ def _check_data(config: RunConfig, strategy: str, needs: StrategyNeeds) -> None:
             raise FieldError(("data", "sources", index, "format"),
                              f"strategy {strategy!r} trains on {' or '.join(formats)} data, "
                              f"not {source.format!r}")
-    evaluation = config.data.eval
-    if evaluation is None or evaluation.format == "prompt":
-        return  # prompt data is evaluated by generation, whatever the strategy
     kinds = {BATCH_KIND[f] for f in formats}
-    if needs.rollouts or BATCH_KIND[evaluation.format] not in kinds:
-        allowed = ["prompt"] if needs.rollouts else sorted({"prompt", *formats})
-        raise FieldError(("data", "eval", "format"),
-                         f"strategy {strategy!r} evaluates {' or '.join(allowed)} data, not "
-                         f"{evaluation.format!r} (its loss cannot be taken on those batches)")
+    for where, evaluation in _eval_fields(config.data):
+        if evaluation.format == "prompt":
+            continue  # prompt data is evaluated by generation, whatever the strategy
+        if needs.rollouts or BATCH_KIND[evaluation.format] not in kinds:
+            allowed = ["prompt"] if needs.rollouts else sorted({"prompt", *formats})
+            raise FieldError(where + ("format",),
+                             f"strategy {strategy!r} evaluates {' or '.join(allowed)} data, not "
+                             f"{evaluation.format!r} (its loss cannot be taken on those batches)")
+
+
+def _eval_fields(data: Any) -> list[tuple[FieldPath, Any]]:
+    """(field path, source) of ``data.eval`` and each of ``data.eval_sets``."""
+    found: list[tuple[FieldPath, Any]] = []
+    if data.eval is not None:
+        found.append((("data", "eval"), data.eval))
+    found += [(("data", "eval_sets", i), s) for i, s in enumerate(data.eval_sets)]
+    return found
 
 
 def _advantage(resolve: Resolver, config: RunConfig, strategy: Component,
@@ -324,7 +364,7 @@ def _check_rewards(config: RunConfig, needs: StrategyNeeds,
     for index, reward in enumerate(rewards):
         required = reward.required_columns
         for number, source in enumerate(config.data.sources):
-            if source.columns is None or source.format != "prompt":
+            if not isinstance(source.columns, list) or source.format != "prompt":
                 continue
             absent = [c for c in required if c not in source.columns]
             if absent:
@@ -352,6 +392,21 @@ def _check_staleness(config: RunConfig, needs: StrategyNeeds, registry: Registry
             "no installed sampler allows it (pip install astrai-plugin-ray for the ray sampler)")
     raise FieldError(path, f"sampler {sampler.name!r} generates inside the trainer's process, so "
                      f"rollouts cannot overlap training; {hint} (or set max_staleness: 0)")
+
+
+def _check_logprob_limit(config: RunConfig, needs: StrategyNeeds) -> None:
+    """``rollout.max_logprob_diff`` compares the sampler's log-probs with the trainer's for
+    the same weights: it needs rollouts, and rollouts sampled by the same policy."""
+    if config.rollout.max_logprob_diff is None:
+        return
+    path = ("rollout", "max_logprob_diff")
+    if not needs.rollouts:
+        raise FieldError(path, f"strategy {config.strategy.name!r} trains offline: it draws "
+                         "no rollouts, so there are no sampler log-probs to check")
+    if config.rollout.max_staleness:
+        raise FieldError(path, "with rollout.max_staleness > 0 the sampler's weights lag the "
+                         "trainer's by design, so the mismatch measures the policy's change, "
+                         "not the weight push; remove one of the two")
 
 
 def _keywords(target: Any) -> list[str]:

@@ -12,6 +12,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
+from astrai_core.config.component import ComponentSection
 from astrai_core.config.lora import LoraSection
 from astrai_core.config.parallel import ParallelConfig
 from astrai_core.config.trainer import TrainerConfig
@@ -22,19 +23,6 @@ class Section(BaseModel):
     """A config section with a fixed set of fields."""
 
     model_config = ConfigDict(extra="forbid")
-
-
-class ComponentSection(BaseModel):
-    """`{name: ..., **params}`: selects a registered component and configures it."""
-
-    model_config = ConfigDict(extra="allow")
-
-    name: str = Field(description="registered name of the component")
-
-    @property
-    def params(self) -> dict[str, Any]:
-        """Every key but `name`: the component's own options."""
-        return dict(self.model_extra or {})
 
 
 class RewardSection(ComponentSection):
@@ -73,6 +61,11 @@ class RolloutSection(Section):
         default=0, ge=0, description="optimizer steps a rollout's sampling policy may lag the "
         "policy that trains on it: k >= 1 samples the next rollout while training on this one "
         "(needs an asynchronous sampler, e.g. ray); 0 = on-policy")
+    max_logprob_diff: float | None = Field(
+        default=None, gt=0, description="stop the run when a step's sampler/trainer log-prob "
+        "mismatch (rollout/logprob_diff_max) exceeds this: a weight push that did not reach "
+        "the sampler is an error: 1e-4 for the torch sampler, 1e-3 for vllm on CPU in float32 "
+        "(docs/rl-objectives.md); null = no check")
 
 
 class RunConfig(Section):
@@ -89,7 +82,7 @@ class RunConfig(Section):
     trainer: TrainerConfig
     rollout: RolloutSection = Field(default_factory=RolloutSection, description=(
         "how online strategies draw rollouts: max_staleness (overlap of sampling and "
-        "training); validated as the `rollout` table below"))
+        "training), max_logprob_diff (checked weight pushes); validated as the `rollout` table below"))
     parallel: ParallelConfig = Field(
         default_factory=ParallelConfig, description="the data-parallel mesh of a distributed "
         "run (torchrun): FSDP2 sharding, replication, activation checkpointing")

@@ -32,3 +32,4 @@ class StrategyNeeds:
     group_size: int = 1                # completions per prompt of each rollout
     policy_loss: ComponentChoice | None = None  # the policy loss its objective composes
     sampler_routing: bool = False      # replays the sampler's MoE routing (router_replay: R3)
+    generates: bool = False            # samples from the policy without rewards: a sampler

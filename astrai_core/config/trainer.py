@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+
+from astrai_core.config.component import ComponentSection
 
 
 class TrainerConfig(BaseModel):
@@ -54,6 +56,19 @@ class TrainerConfig(BaseModel):
     checkpoint_on_signal: bool = Field(
         True, description="on SIGINT/SIGTERM, finish the current step, save a checkpoint, "
         "and exit with 130/143; a second signal stops at once")
+    report_to: list[ComponentSection] = Field(
+        default_factory=list, description="trackers that get the config and every logged "
+        "metric besides metrics.jsonl: names (`[tensorboard, wandb]`) or entries with "
+        "options (`{name: wandb, project: demo, mode: offline}`); see docs/trackers.md")
+
+    @field_validator("report_to", mode="before")
+    @classmethod
+    def _names_to_entries(cls, value: Any) -> Any:
+        if isinstance(value, str):  # `report_to: wandb` or `--set trainer.report_to=wandb`
+            value = [value]
+        if isinstance(value, list):
+            return [{"name": item} if isinstance(item, str) else item for item in value]
+        return value
 
     @model_validator(mode="after")
     def _check(self) -> TrainerConfig:

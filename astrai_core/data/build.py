@@ -8,7 +8,7 @@ from typing import Any
 from astrai_core.data.columns import Required, check_required_columns
 from astrai_core.data.config import BATCH_KIND, DEFAULT_CACHE_DIR, DataConfig
 from astrai_core.data.loader import (EvalLoader, PreferenceLoader, PromptExamples, PromptLoader,
-                                     SequenceLoader)
+                                     SequenceLoader, UnpairedLoader, unpaired_labels)
 from astrai_core.data.mixing import ExampleStream
 from astrai_core.data.packing import SequenceExamples
 from astrai_core.data.tokenize import TokenizedSource, tokenize_source
@@ -31,16 +31,22 @@ def _loader(cfg: DataConfig, tokenizer: Any, fmt: str, sources: list[TokenizedSo
         examples = [(SequenceExamples(s.fields["chosen"], cfg.seq_len),
                      SequenceExamples(s.fields["rejected"], cfg.seq_len)) for s in sources]
         assert all(len(c) == len(r) for c, r in examples)  # both sides always have tokens
+    elif kind == "unpaired":  # one completion per row, never split, with its label
+        examples = [(SequenceExamples(s.fields["completion"], cfg.seq_len), unpaired_labels(s))
+                    for s in sources]
     else:
         examples = [PromptExamples(s, cfg.max_prompt_len, f) for s, f in zip(sources, fields)]
-    sizes = [len(e[0]) if kind == "preference" else len(e) for e in examples]
+    sizes = [len(e[0]) if kind in ("preference", "unpaired") else len(e) for e in examples]
     stream = ExampleStream(sizes, weights, seed=cfg.seed, shuffle=shuffle,
                            finite=finite)
     if kind == "sequence":
         return SequenceLoader(examples, stream, batch_size=batch_size, seq_len=cfg.seq_len,
                               pack=cfg.pack, pad_id=_pad_id(tokenizer))
     if kind == "preference":
-        return PreferenceLoader(examples, stream, batch_size=batch_size, pad_id=_pad_id(tokenizer))
+        return PreferenceLoader(examples, stream, batch_size=batch_size, pad_id=_pad_id(tokenizer),
+                                margins=[s.margins for s in sources])
+    if kind == "unpaired":
+        return UnpairedLoader(examples, stream, batch_size=batch_size, pad_id=_pad_id(tokenizer))
     return PromptLoader(examples, stream, batch_size=batch_size)
 
 
@@ -50,6 +56,17 @@ def _cache_dir(cfg: DataConfig) -> Path:
 
 def _prepare(cfg: DataConfig, base_dir: str | Path | None) -> DataConfig:
     return cfg.resolve_paths(base_dir) if base_dir is not None else cfg
+
+
+def _as_jsonl(cfg: DataConfig, source: Any, field: str) -> Any:
+    """``source`` reading a JSONL file: itself, or the checked rows of a Parquet/CSV/Arrow/
+    hub/renamed/transformed source, written once (see :mod:`astrai_core.data.datasets_io`)."""
+    from astrai_core.data.datasets_io import materialize, needs_datasets
+
+    if not needs_datasets(source):
+        return source
+    return source.model_copy(update={"path": materialize(source, _cache_dir(cfg), field),
+                                     "columns": None, "transform": None})
 
 
 def _check_formats(formats: tuple[str, ...] | None, fmt: str, field: str) -> None:
@@ -62,7 +79,7 @@ def build_train_loader(cfg: DataConfig, tokenizer: Any, *, base_dir: str | Path 
                        formats: tuple[str, ...] | None = None,
                        required_columns: Required | None = None,
                        tools: list[dict] | None = None,
-                       ) -> SequenceLoader | PreferenceLoader | PromptLoader:
+                       ) -> SequenceLoader | PreferenceLoader | UnpairedLoader | PromptLoader:
     """The endless, resumable training loader.
 
     ``base_dir``: resolve relative paths against it (`astrai train` passes the current
@@ -74,6 +91,8 @@ def build_train_loader(cfg: DataConfig, tokenizer: Any, *, base_dir: str | Path 
     """
     cfg = _prepare(cfg, base_dir)
     fields = [f"data.sources[{i}].path" for i in range(len(cfg.sources))]
+    cfg = cfg.model_copy(update={"sources": [_as_jsonl(cfg, s, f)
+                                             for s, f in zip(cfg.sources, fields)]})
     for i, source in enumerate(cfg.sources):
         _check_formats(formats, source.format, f"data.sources[{i}].format")
     sources = [tokenize_source(s.path, s.format, tokenizer, _cache_dir(cfg), f, tools)
@@ -96,6 +115,7 @@ def build_eval_loader(cfg: DataConfig, tokenizer: Any, *, base_dir: str | Path |
         return None
     _check_formats(formats, cfg.eval.format, "data.eval.format")
     field = "data.eval.path"
+    cfg = cfg.model_copy(update={"eval": _as_jsonl(cfg, cfg.eval, field)})
     source = tokenize_source(cfg.eval.path, cfg.eval.format, tokenizer, _cache_dir(cfg), field,
                              tools)
     check_required_columns(source, required_columns, field)

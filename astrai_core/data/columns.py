@@ -20,7 +20,7 @@ Required = Mapping[str, Sequence[str]]
 def check_required_columns(source: TokenizedSource, required: Required | None,
                            field: str) -> None:
     """A DataError for the first prompt row lacking a column that a reward needs."""
-    if source.records is None or not required or not any(required.values()):
+    if source.format != "prompt" or not required or not any(required.values()):
         return
     for index, record in enumerate(source.records):
         for reward, columns in required.items():

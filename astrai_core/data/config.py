@@ -3,42 +3,76 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Literal
+from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
-Format = Literal["text", "chat", "preference", "prompt"]
+Format = Literal["text", "chat", "preference", "unpaired", "prompt"]
 # Which formats produce which kind of batch; mixed sources must share one kind.
 BATCH_KIND = {"text": "sequence", "chat": "sequence", "preference": "preference",
-              "prompt": "prompt"}
+              "unpaired": "unpaired", "prompt": "prompt"}
 DEFAULT_CACHE_DIR = Path(".cache/astrai/data")
 
 
-class SourceConfig(BaseModel):
-    """One training JSONL file."""
+class _Rows(BaseModel):
+    """Where a source's rows come from and how they are shaped."""
 
     model_config = ConfigDict(extra="forbid")
 
-    path: Path
-    """The JSONL file; relative paths in a run config are relative to the current directory."""
+    path: Path | str
+    """A ``.jsonl``, ``.json``, ``.parquet``, ``.csv`` or ``.arrow`` file, a directory
+    written by ``datasets.save_to_disk``, or ``hf://NAME`` (a Hugging Face hub dataset);
+    relative paths in a run config are relative to the current directory."""
     format: Format
     """``text`` ({"text"}), ``chat`` ({"messages"}), ``preference`` (prompt/messages +
-    chosen + rejected) or ``prompt`` (prompt/messages + any other columns)."""
+    chosen + rejected), ``unpaired`` (prompt/messages + completion + label: true for a
+    desirable completion) or ``prompt`` (prompt/messages + any other columns)."""
+    split: str = "train"
+    """The split of a hub dataset or of a save_to_disk DatasetDict."""
+    subset: str | None = None
+    """The subset (configuration) of a hub dataset, e.g. ``main`` for ``openai/gsm8k``."""
+    transform: str | None = Field(None, pattern=r"^[A-Za-z_][\w.]*:[A-Za-z_][\w.]*$")
+    """``module:function`` applied to each row (a dict) after the renames; it returns the
+    row to use."""
+
+    @field_validator("path", mode="before")
+    @classmethod
+    def _hub_names_stay_text(cls, value: Any) -> Any:
+        """``hf://NAME`` is not a file path (``Path`` would fold its ``//``)."""
+        if isinstance(value, str) and not value.startswith("hf://"):
+            return Path(value)
+        return value
+
+    @property
+    def renames(self) -> dict[str, str]:
+        columns = getattr(self, "columns", None)
+        return dict(columns) if isinstance(columns, dict) else {}
+
+
+class SourceConfig(_Rows):
+    """One training source."""
+
     weight: float = Field(1.0, gt=0)
     """Relative sampling weight when several sources are mixed (per example drawn)."""
-    columns: list[str] | None = None
-    """Optional: the columns every row carries besides the prompt (``prompt`` format). When
-    given, the run plan checks before any work that each reward finds the columns it needs."""
+    columns: list[str] | dict[str, str] | None = None
+    """A mapping renames columns (``{question: prompt, answer: answer}``: source name ->
+    the name astrai reads). A list declares the columns every row carries besides the
+    prompt (``prompt`` format): the run plan then checks before any work that each reward
+    finds the columns it needs."""
 
 
-class EvalSourceConfig(BaseModel):
-    """The evaluation JSONL file, read in file order, unshuffled."""
+class EvalSourceConfig(_Rows):
+    """The evaluation source, read in order, unshuffled."""
 
-    model_config = ConfigDict(extra="forbid")
+    columns: dict[str, str] | None = None
+    """Renames columns: source name -> the name astrai reads."""
 
-    path: Path
-    """The JSONL file; relative paths in a run config are relative to the current directory."""
-    format: Format
+
+class NamedEvalSourceConfig(EvalSourceConfig):
+    """One of several named evaluation sets; its metrics are ``eval/<name>/...``."""
+
+    name: str = Field(pattern=r"^[a-z0-9][a-z0-9_\-]*$")
+    """Lower-case letters, digits, '_' and '-': the metric prefix ``eval/<name>/``."""
 
 
 class DataConfig(BaseModel):
@@ -50,7 +84,10 @@ class DataConfig(BaseModel):
     """Training files; with several, each example is drawn from a source chosen at
     random in proportion to ``weight`` (deterministic given ``seed``)."""
     eval: EvalSourceConfig | None = None
-    """Optional held-out file for evaluation."""
+    """Optional held-out file for evaluation (its metrics: ``eval/...``)."""
+    eval_sets: list[NamedEvalSourceConfig] = Field(default_factory=list)
+    """More evaluation sets, each with a ``name``, evaluated alongside ``eval`` (metrics
+    ``eval/<name>/...``, e.g. ``eval/gsm8k/accuracy``)."""
     seq_len: int = Field(512, ge=2)
     """Tokens per row. Longer sequences are truncated (see ``overflow``)."""
     pack: bool = True
@@ -79,8 +116,21 @@ class DataConfig(BaseModel):
         if len(kinds) > 1:
             formats = sorted({s.format for s in self.sources})
             raise ValueError(f"sources mix formats that make different batches ({', '.join(formats)}); "
-                             "text and chat mix, preference and prompt only with themselves")
+                             "text and chat mix, the other formats only with themselves")
         return self
+
+    @model_validator(mode="after")
+    def _unique_eval_names(self) -> DataConfig:
+        names = [s.name for s in self.eval_sets]
+        for name in names:
+            if names.count(name) > 1:
+                raise ValueError(f"eval_sets: the name {name!r} is used twice")
+        return self
+
+    def named_evals(self) -> list[tuple[str | None, EvalSourceConfig]]:
+        """``(None, eval)`` then ``(name, set)`` for each named set."""
+        unnamed = [(None, self.eval)] if self.eval is not None else []
+        return [*unnamed, *((s.name, s) for s in self.eval_sets)]
 
     def resolve_paths(self, base_dir: str | Path) -> DataConfig:
         """A copy with relative source, eval and cache paths made absolute under
@@ -88,12 +138,16 @@ class DataConfig(BaseModel):
         dir under the cwd."""
         base = Path(base_dir)
 
-        def resolve(path: Path) -> Path:
+        def resolve(path: Path | str) -> Path | str:
+            if isinstance(path, str):  # hf://NAME
+                return path
             return path if path.is_absolute() else (base / path).resolve()
 
         sources = [s.model_copy(update={"path": resolve(s.path)}) for s in self.sources]
         eval_source = (self.eval.model_copy(update={"path": resolve(self.eval.path)})
                        if self.eval else None)
+        eval_sets = [s.model_copy(update={"path": resolve(s.path)}) for s in self.eval_sets]
         cache_dir = resolve(self.cache_dir) if self.cache_dir else DEFAULT_CACHE_DIR.resolve()
         return self.model_copy(update={"sources": sources, "eval": eval_source,
+                                       "eval_sets": eval_sets,
                                        "cache_dir": cache_dir})

@@ -1,12 +1,15 @@
 """Batches for the trainer and prompts for the rollout runner, with exact resume.
 
-Three loaders, one per batch kind, all driven by an ``ExampleStream``:
+Four loaders, one per batch kind, all driven by an ``ExampleStream``:
 
 - ``SequenceLoader`` (text, chat): dicts with ``input_ids``, ``position_ids``,
   ``attention_mask`` (long) and ``loss_mask`` (bool), each [B, S]. ``loss_mask[b, t]``
   True means token t is a target predicted from position t-1 (column 0 is never one).
 - ``PreferenceLoader``: the same four tensors prefixed ``chosen_`` and ``rejected_``,
-  one common width; the loss mask covers only response tokens.
+  one common width; the loss mask covers only response tokens; ``margin`` [B] when the
+  data gives margins.
+- ``UnpairedLoader``: the four tensors of one completion per row (the loss mask on its
+  response tokens) and ``label`` (bool [B], True = desirable).
 - ``PromptLoader``: lists of ``PromptRecord``.
 
 Training loaders iterate forever (epoch after epoch) and ``state_dict()`` /
@@ -16,6 +19,7 @@ read their one source in file order and end after one pass, each time they are i
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
@@ -61,6 +65,11 @@ class _StreamLoader:
     def _next_batch(self) -> Any:
         raise NotImplementedError
 
+    def _take_examples(self) -> list[tuple[int, int]]:
+        """Up to ``batch_size`` (source, example) pairs; fewer when a finite stream ends."""
+        return [pair for pair in (self.stream.take() for _ in range(self.batch_size))
+                if pair is not None]
+
     @property
     def epoch(self) -> int:
         """Completed passes over the first source."""
@@ -103,18 +112,23 @@ class SequenceLoader(_StreamLoader):
 
 
 class PreferenceLoader(_StreamLoader):
-    """Chosen/rejected pairs, one pair per row, both sides padded to one width."""
+    """Chosen/rejected pairs, one pair per row, both sides padded to one width.
+
+    ``margins``: per source, each pair's ``margin`` (NaN: none given) or None; when any
+    source has them, batches carry ``margin`` [B] float32 (0 for pairs without one).
+    """
 
     kind = "preference"
 
     def __init__(self, pairs: list[tuple[SequenceExamples, SequenceExamples]],
-                 stream: ExampleStream, *, batch_size: int, pad_id: int = 0):
+                 stream: ExampleStream, *, batch_size: int, pad_id: int = 0,
+                 margins: list[np.ndarray | None] | None = None):
         super().__init__(stream, batch_size)
         self.pairs, self.pad_id = pairs, pad_id
+        self.margins = margins if margins and any(m is not None for m in margins) else None
 
     def _next_batch(self) -> dict[str, torch.Tensor] | None:
-        taken = [pair for pair in (self.stream.take() for _ in range(self.batch_size))
-                 if pair is not None]
+        taken = self._take_examples()
         if not taken:
             return None
         chosen = [[self.pairs[s][0].get(k)] for s, k in taken]
@@ -124,6 +138,40 @@ class PreferenceLoader(_StreamLoader):
         for side, rows in (("chosen", chosen), ("rejected", rejected)):
             for name, tensor in collate_rows(rows, width, self.pad_id).items():
                 batch[f"{side}_{name}"] = tensor
+        if self.margins is not None:
+            batch["margin"] = torch.tensor([self._margin(s, k) for s, k in taken],
+                                           dtype=torch.float32)
+        return batch
+
+    def _margin(self, source: int, k: int) -> float:
+        margins = self.margins[source]
+        value = math.nan if margins is None else float(margins[self.pairs[source][0].doc[k]])
+        return 0.0 if math.isnan(value) else value
+
+
+def unpaired_labels(source: Any) -> np.ndarray:
+    """The labels of an unpaired source's rows (bool, True = desirable)."""
+    return np.asarray([record["label"] for record in source.records], dtype=bool)
+
+
+class UnpairedLoader(_StreamLoader):
+    """Labelled completions, one per row, padded to the longest row of the batch."""
+
+    kind = "unpaired"
+
+    def __init__(self, sources: list[tuple[SequenceExamples, np.ndarray]],
+                 stream: ExampleStream, *, batch_size: int, pad_id: int = 0):
+        super().__init__(stream, batch_size)
+        self.sources, self.pad_id = sources, pad_id
+
+    def _next_batch(self) -> dict[str, torch.Tensor] | None:
+        taken = self._take_examples()
+        if not taken:
+            return None
+        batch = collate_rows([[self.sources[s][0].get(k)] for s, k in taken], None, self.pad_id)
+        # SequenceExamples.doc maps an example back to its row, and so to its label
+        batch["label"] = torch.tensor([bool(self.sources[s][1][self.sources[s][0].doc[k]])
+                                       for s, k in taken])
         return batch
 
 
@@ -163,9 +211,7 @@ class PromptLoader(_StreamLoader):
         self.prompts = prompts
 
     def _next_batch(self) -> list[PromptRecord] | None:
-        records = [self.prompts[pair[0]].get(pair[1])
-                   for pair in (self.stream.take() for _ in range(self.batch_size))
-                   if pair is not None]
+        records = [self.prompts[s].get(k) for s, k in self._take_examples()]
         return records or None
 
 

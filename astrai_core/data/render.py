@@ -1,7 +1,8 @@
 """Turn validated rows into token ids and per-token target masks.
 
 A target mask marks the tokens the model should learn to produce (1) — all tokens of
-a text document, the assistant turns of a chat, the response of a preference pair.
+a text document, the assistant turns of a chat, the responses of a preference pair or
+the completion of an unpaired example.
 The loader turns it into ``loss_mask`` (a document's first token is never a target).
 """
 
@@ -85,18 +86,21 @@ def _render_by_markers(tokenizer: Any, messages: list[dict]) -> tuple[list[int],
     return list(out["input_ids"]), [int(x) for x in out["assistant_masks"]]
 
 
-def render_preference(tokenizer: Any, row: dict) -> dict[str, tuple[list[int], list[int]]]:
-    """``{"chosen": (ids, mask), "rejected": (ids, mask)}``; mask 1 on response tokens.
+def render_preference(tokenizer: Any, row: dict,
+                      keys: tuple[str, ...] = ("chosen", "rejected"),
+                      ) -> dict[str, tuple[list[int], list[int]]]:
+    """``{key: (ids, mask)}`` for each response key, by default ``chosen`` and ``rejected``
+    (an unpaired row's is ``("completion",)``); mask 1 on response tokens.
 
     A string prompt with string responses is plain text (prompt, then response + EOS);
-    otherwise the pair is a conversation rendered with the chat template, a string
+    otherwise each response is a conversation rendered with the chat template, a string
     prompt becoming a user message and string responses assistant messages.
     """
-    plain = row["prompt"] is not None and all(isinstance(row[k], str) for k in ("chosen", "rejected"))
+    plain = row["prompt"] is not None and all(isinstance(row[k], str) for k in keys)
     out = {}
     if plain:
         prompt_ids = tokenizer(row["prompt"], add_special_tokens=True)["input_ids"]
-        for key in ("chosen", "rejected"):
+        for key in keys:
             response = render_text(tokenizer, [row[key]])[0]
             bos = tokenizer.bos_token_id
             if response and bos is not None and response[0] == bos:  # BOS only before the prompt
@@ -104,7 +108,7 @@ def render_preference(tokenizer: Any, row: dict) -> dict[str, tuple[list[int], l
             out[key] = (prompt_ids + response, [0] * len(prompt_ids) + [1] * len(response))
         return out
     prefix = row["messages"] or [{"role": "user", "content": row["prompt"]}]
-    for key in ("chosen", "rejected"):
+    for key in keys:
         value = row[key]
         response = [{"role": "assistant", "content": value}] if isinstance(value, str) else value
         out[key] = render_chat(tokenizer, prefix + response, first_target=len(prefix))

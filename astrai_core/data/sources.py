@@ -7,13 +7,14 @@ and the problem. Rows come back normalized (see :func:`read_rows`).
 from __future__ import annotations
 
 import json
+import math
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 from astrai_core.errors import DataError
 
-FORMATS = ("text", "chat", "preference", "prompt")
+FORMATS = ("text", "chat", "preference", "unpaired", "prompt")
 ROLES = ("system", "user", "assistant", "tool")
 
 
@@ -32,8 +33,10 @@ def read_rows(path: Path, fmt: str, field: str = "data") -> Iterator[tuple[int, 
     """Yield ``(line_number, normalized_row)`` for each non-blank line of a JSONL file.
 
     Normalized rows: text ``{"text"}``; chat ``{"messages"}``; preference
-    ``{"prompt": str | None, "messages": list | None, "chosen", "rejected"}`` where
-    chosen/rejected are strings or lists of assistant messages; prompt
+    ``{"prompt": str | None, "messages": list | None, "chosen", "rejected"}`` (and
+    ``"margin"``, a float, when the row gives one) where chosen/rejected are strings or
+    lists of assistant messages; unpaired ``{"prompt", "messages", "completion", "label":
+    bool}`` (a completion marked desirable or not); prompt
     ``{"prompt": str | None, "messages": list | None, "columns": dict}``.
     """
     if fmt not in FORMATS:
@@ -127,7 +130,8 @@ def _validate_chat(row: dict) -> dict:
 
 
 def _prompt_side(row: dict) -> tuple[str | None, list[dict] | None]:
-    """The prompt of a preference/prompt row: exactly one of 'prompt' and 'messages'."""
+    """The prompt of a preference/unpaired/prompt row: exactly one of 'prompt' and
+    'messages'."""
     has_prompt, has_messages = "prompt" in row, "messages" in row
     if has_prompt == has_messages:
         raise RowError("needs exactly one of 'prompt' (a string) and 'messages' (a chat prefix)"
@@ -141,7 +145,8 @@ def _prompt_side(row: dict) -> tuple[str | None, list[dict] | None]:
 
 
 def _response(row: dict, key: str) -> str | list[dict]:
-    """A preference response: a string, an assistant message, or a list of them."""
+    """A preference or unpaired response: a string, an assistant message, or a list of
+    them."""
     if key not in row:
         raise RowError(f"missing field {key!r}")
     value = row[key]
@@ -160,10 +165,33 @@ def _response(row: dict, key: str) -> str | list[dict]:
     return messages
 
 
+def _margin(row: dict) -> float | None:
+    """A preference row's optional ``margin``: how much more the chosen response is preferred
+    (a reward model's loss asks for at least this reward gap)."""
+    value = row.get("margin")
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+        raise RowError(f"field 'margin' must be a finite number, got {value!r}")
+    return float(value)
+
+
 def _validate_preference(row: dict) -> dict:
     prompt, messages = _prompt_side(row)
-    return {"prompt": prompt, "messages": messages,
+    pair = {"prompt": prompt, "messages": messages,
             "chosen": _response(row, "chosen"), "rejected": _response(row, "rejected")}
+    margin = _margin(row)
+    return pair if margin is None else {**pair, "margin": margin}
+
+
+def _validate_unpaired(row: dict) -> dict:
+    prompt, messages = _prompt_side(row)
+    if "label" not in row:
+        raise RowError("missing field 'label' (true: a desirable completion, false: not)")
+    if not isinstance(row["label"], bool):
+        raise RowError(f"field 'label' must be true or false, got {_type_name(row['label'])}")
+    return {"prompt": prompt, "messages": messages,
+            "completion": _response(row, "completion"), "label": row["label"]}
 
 
 def _validate_prompt(row: dict) -> dict:
@@ -173,4 +201,5 @@ def _validate_prompt(row: dict) -> dict:
 
 
 _VALIDATORS = {"text": _validate_text, "chat": _validate_chat,
-               "preference": _validate_preference, "prompt": _validate_prompt}
+               "preference": _validate_preference, "unpaired": _validate_unpaired,
+               "prompt": _validate_prompt}

@@ -3,7 +3,9 @@
 A cache entry is a directory ``<cache_dir>/<file stem>-<format>-<key>/`` holding, per
 field, ``<field>.tokens.bin`` (int32, all sequences end to end), ``<field>.offsets.bin``
 (int64, n+1 boundaries) and for masked fields ``<field>.targets.bin`` (uint8 target
-mask), plus ``records.jsonl`` for prompts and ``meta.json``. It is written in a
+mask), plus ``records.jsonl`` for prompts (and the labels of unpaired rows),
+``margin.bin`` (float64, NaN where a row has none) for preference pairs, and
+``meta.json``. It is written in a
 temporary directory and renamed, so an entry that exists is complete. The key hashes
 the source (absolute path, size, mtime), the format, the tokenizer (vocabulary,
 pipeline, special tokens, chat template) and CACHE_FORMAT_VERSION. Sequences are
@@ -15,6 +17,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import math
 import os
 import shutil
 import uuid
@@ -32,9 +35,11 @@ from astrai_core.errors import DataError
 from astrai_core.log import get_logger
 
 # Bump whenever rendering or the on-disk layout changes: old entries stop matching.
-CACHE_FORMAT_VERSION = 1
+CACHE_FORMAT_VERSION = 2
 FIELDS = {"text": ("input",), "chat": ("input",), "preference": ("chosen", "rejected"),
-          "prompt": ("prompt",)}
+          "unpaired": ("completion",), "prompt": ("prompt",)}
+RECORD_FORMATS = ("prompt", "unpaired")  # formats whose rows also keep a JSON record
+MARGIN_FILE = "margin.bin"
 _TEXT_CHUNK = 1024  # rows tokenized per batched call for the text format
 Encoded = dict[str, tuple[list[int], list[int] | None]]  # field -> (token ids, target mask)
 
@@ -69,8 +74,9 @@ class TokenizedSource:
     path: Path
     format: str
     fields: dict[str, Ragged]
-    records: list[dict] | None  # prompt format: {"prompt_text", "columns"} per row
+    records: list[dict] | None  # prompt: {"prompt_text", "columns"}; unpaired: {"label"}
     cache_entry: Path
+    margins: np.ndarray | None = None  # preference format: float64 per pair, NaN: none given
 
     def __len__(self) -> int:
         return len(next(iter(self.fields.values())))
@@ -133,7 +139,9 @@ def _write_fields(path: Path, fmt: str, tokenizer: Any, out: Path, field: str,
                   tools: list[dict] | None) -> int:
     writers = {name: _RaggedWriter(out, name, with_targets=fmt != "text" and name != "prompt")
                for name in FIELDS[fmt]}
-    records = (out / "records.jsonl").open("w", encoding="utf-8") if fmt == "prompt" else None
+    records = ((out / "records.jsonl").open("w", encoding="utf-8") if fmt in RECORD_FORMATS
+               else None)
+    margins: list[float] = []
     count = 0
     try:
         for encoded, record in _encode_rows(path, fmt, tokenizer, field, tools):
@@ -141,18 +149,23 @@ def _write_fields(path: Path, fmt: str, tokenizer: Any, out: Path, field: str,
                 writers[name].append(ids, targets)
             if records is not None:
                 records.write(json.dumps(record) + "\n")
+            elif fmt == "preference":
+                margins.append(math.nan if record is None else record["margin"])
             count += 1
     finally:
         for writer in writers.values():
             writer.close()
         if records is not None:
             records.close()
+    if fmt == "preference":
+        np.asarray(margins, dtype=np.float64).tofile(out / MARGIN_FILE)
     return count
 
 
 def _encode_rows(path: Path, fmt: str, tokenizer: Any, field: str,
                  tools: list[dict] | None = None) -> Iterator[tuple[Encoded, dict | None]]:
-    """Yield ``({field: (ids, targets)}, record)`` per row; record is for prompts only."""
+    """Yield ``({field: (ids, targets)}, record)`` per row; record: see RECORD_FORMATS,
+    or ``{"margin"}`` for a preference pair that gives one (else None)."""
     rows = read_rows(path, fmt, field)
     if fmt == "text":
         yield from _encode_text(rows, tokenizer)
@@ -162,7 +175,12 @@ def _encode_rows(path: Path, fmt: str, tokenizer: Any, field: str,
             if fmt == "chat":
                 yield {"input": render.render_chat(tokenizer, row["messages"])}, None
             elif fmt == "preference":
-                yield render.render_preference(tokenizer, row), None
+                margin = row.get("margin")
+                yield (render.render_preference(tokenizer, row),
+                       None if margin is None else {"margin": margin})
+            elif fmt == "unpaired":
+                yield (render.render_preference(tokenizer, row, ("completion",)),
+                       {"label": row["label"]})
             else:
                 text, ids = render.render_prompt(tokenizer, row, tools)
                 yield {"prompt": (ids, None)}, {"prompt_text": text, "columns": row["columns"]}
@@ -230,8 +248,12 @@ def open_entry(entry: Path, source: Path) -> TokenizedSource:
                               offsets=np.fromfile(entry / f"{name}.offsets.bin", dtype=np.int64),
                               targets=_map(targets, np.uint8) if targets.is_file() else None)
     records = None
-    if meta["format"] == "prompt":
+    if meta["format"] in RECORD_FORMATS:
         with (entry / "records.jsonl").open(encoding="utf-8") as f:
             records = [json.loads(line) for line in f]
+    margins = None
+    if meta["format"] == "preference":
+        margins = np.fromfile(entry / MARGIN_FILE, dtype=np.float64)
+        margins = None if np.isnan(margins).all() else margins
     return TokenizedSource(path=source, format=meta["format"], fields=fields, records=records,
-                           cache_entry=entry)
+                           cache_entry=entry, margins=margins)

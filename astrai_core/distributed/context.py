@@ -86,6 +86,14 @@ class DistContext:
         joined = torch.cat(parts, dim=0)
         return (joined.bool() if cast else joined).to(tensor.device)
 
+    def finish(self) -> None:
+        """End a run that completed on every rank: wait for all of them, then take the
+        process group down, so that no rank exits while its peers' collectives still run
+        (gloo's threads then abort the process at exit: "terminate called")."""
+        if self.enabled and torch.distributed.is_initialized():
+            torch.distributed.barrier()
+            torch.distributed.destroy_process_group()
+
     # -- data --------------------------------------------------------------------------
     def rank_slice(self, count: int, what: str = "rows") -> slice:
         """This rank's contiguous share of ``count`` items (an uneven split is an error)."""

@@ -24,6 +24,9 @@ from astrai_core.environments.base import AssistantTurn, EnvMessage, EnvStep, To
 from astrai_core.environments.timeouts import start_call
 from astrai_core.plugins.specs import import_target
 
+# tools named by a short name in ``tools:``
+BUILTIN_TOOLS = {"python": "astrai_core.environments.python_tool:python",
+                 "calculator": "astrai_core.environments.calculator:calculator"}
 _JSON_TYPES = {int: "integer", float: "number", str: "string", bool: "boolean",
                list: "array", tuple: "array", dict: "object"}
 
@@ -53,7 +56,8 @@ class Tools:
 
     class Config(BaseModel):
         model_config = ConfigDict(extra="forbid")
-        tools: list[str] = Field(min_length=1, description='"module:function" of each tool')
+        tools: list[str] = Field(min_length=1, description='"module:function" of each tool, '
+                                 'or a built-in tool: python, calculator')
         timeout: float = Field(10.0, gt=0, description="seconds each tool call may take")
         max_result_chars: int = Field(2000, ge=1, description="longer results are cut")
         tools_in_prompt: bool = Field(
@@ -116,8 +120,10 @@ class Tools:
 
 
 def _import_tool(target: str) -> Any:
+    target = BUILTIN_TOOLS.get(target, target)
     if ":" not in target:
-        raise ValueError(f"tool {target!r} must look like 'package.module:function'")
+        raise ValueError(f"tool {target!r} must look like 'package.module:function' or be "
+                         f"a built-in tool ({', '.join(BUILTIN_TOOLS)})")
     try:
         return import_target(target)
     except Exception as exc:

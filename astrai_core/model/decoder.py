@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -101,6 +102,7 @@ class CausalLM(nn.Module):
         target_ids: torch.Tensor | None = None,
         temperature: float = 1.0,
         return_entropy: bool = False,
+        head: Callable[[torch.Tensor, torch.Tensor], dict[str, Any]] | None = None,
     ) -> dict[str, Any]:
         """input_ids [B, S] -> {"logits" [B, S, V] float32, "aux_loss" 0-d, "router_stats" list,
         "hidden_states" [B, S, H] (after the final norm) when asked}.
@@ -115,6 +117,10 @@ class CausalLM(nn.Module):
         [B, T] of each target under softmax(logits / temperature) at the position before
         it, and "entropy" [B, T] of that distribution with return_entropy, computed by the
         chunked head (model/head.py) here, where FSDP2 has gathered the head.
+
+        head: a custom head in place of the logits: called here with the final hidden
+        states [B, S, H] and the head weight [V, H]; the dict it returns is the output's
+        (distillation's losses over two models' logits, :func:`chunked_logits_map`).
         """
         batch, seq = input_ids.shape
         past = kv_cache.length if kv_cache is not None else 0
@@ -141,7 +147,9 @@ class CausalLM(nn.Module):
 
         hidden = self.norm(x)
         head_input = hidden[:, -logits_to_keep:] if 0 < logits_to_keep < seq else hidden
-        if target_ids is not None:
+        if head is not None:
+            out = dict(head(hidden, self.head_weight()))
+        elif target_ids is not None:
             out = head_logprobs(hidden, self.head_weight(), target_ids, temperature, return_entropy)
         else:
             logits = F.linear(head_input, self.head_weight())  # at least float32; float64 stays

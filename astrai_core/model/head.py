@@ -15,6 +15,7 @@ model's forward, and its gradient is reduce-scattered by the same unit's backwar
 
 from __future__ import annotations
 
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import torch
@@ -132,6 +133,53 @@ def chunked_logprobs(hidden: Tensor, weight: Tensor, target_ids: Tensor, tempera
         return empty, (empty if with_entropy else None)
     entropy = torch.cat(entropies).reshape(shape) if with_entropy else None
     return torch.cat(logprobs).reshape(shape), entropy
+
+
+def chunked_logits_map(fn: Callable[..., Tensor], heads: Sequence[tuple[Tensor, Tensor]],
+                       *rows: Tensor, chunk_tokens: int | None = None) -> Tensor:
+    """``fn`` over the logits of several heads, a chunk of rows at a time: no [N, V] logits.
+
+    ``heads``: (hidden [N, H_i], weight [V_i, H_i]) pairs over the same N rows (a student's
+    and a teacher's final hidden states at the same positions, with their head weights).
+    For each chunk of rows, ``fn(logits_1, ..., logits_k, *row_chunks)`` gets each head's
+    logits [n, V_i] (at least float32, as :func:`chunked_logprobs`) and that chunk of each
+    extra ``rows`` tensor [N, ...], and returns a [n, ...] tensor (a per-token loss); the
+    results are concatenated: [N, ...]. With gradients, each chunk runs under
+    ``torch.utils.checkpoint``, so backward recomputes its logits: the logits of one chunk
+    exist at a time. ``chunk_tokens`` defaults to as many rows as make
+    :data:`CHUNK_LOGITS` logits over all the heads together. Call it inside the model's
+    forward (its ``head=`` argument) so that FSDP2 has gathered the head weight.
+    """
+    if not heads:
+        raise ValueError("chunked_logits_map needs at least one (hidden, weight) head")
+    count = heads[0][0].shape[0]
+    if any(hidden.shape[0] != count for hidden, _ in heads) or \
+            any(extra.shape[0] != count for extra in rows):
+        raise ValueError("every hidden and extra tensor must have the same number of rows")
+    if chunk_tokens is None:
+        chunk_tokens = max(1, CHUNK_LOGITS // sum(weight.shape[0] for _, weight in heads))
+    if chunk_tokens < 1:
+        raise ValueError(f"chunk_tokens must be >= 1, got {chunk_tokens}")
+    tensors = [t for pair in heads for t in pair]
+    recompute = torch.is_grad_enabled() and any(t.requires_grad for t in tensors)
+
+    def chunk(*args: Tensor) -> Tensor:
+        pairs, extra = args[:2 * len(heads)], args[2 * len(heads):]
+        logits = []
+        for hidden, weight in zip(pairs[0::2], pairs[1::2]):
+            out = F.linear(hidden, weight)
+            logits.append(out.to(torch.promote_types(out.dtype, torch.float32)))
+        return fn(*logits, *extra)
+
+    results = []
+    for start in range(0, max(count, 1), chunk_tokens):
+        span = slice(start, start + chunk_tokens)
+        # hidden states are cut into chunks of rows, weights (odd places) go whole
+        args = [t if i % 2 else t[span] for i, t in enumerate(tensors)]
+        args += [extra[span] for extra in rows]
+        results.append(checkpoint(chunk, *args, use_reentrant=False) if recompute
+                       else chunk(*args))
+    return torch.cat(results)
 
 
 # ---------------------------------------------------------------- log-probs, entropy of full logits

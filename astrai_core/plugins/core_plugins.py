@@ -11,6 +11,7 @@ from astrai_core.plugins.specs import (
     RewardFunctionSpec,
     SamplerSpec,
     StrategySpec,
+    TrackerSpec,
 )
 
 
@@ -66,6 +67,15 @@ def astrai_reward_functions() -> list[RewardFunctionSpec]:
                            target="astrai_core.rewards.builtin:OverlongPenalty",
                            summary="DAPO's soft overlong punishment: a ramp to -1 over the "
                            "last `cache` tokens before `max_length`"),
+        RewardFunctionSpec(name="code_tests", target="astrai_core.rewards.code_tests:CodeTests",
+                           summary="share of the `tests` column's cases the completion's code "
+                           "passes, run in the sandbox"),
+        RewardFunctionSpec(name="gsm8k", target="astrai_core.rewards.maths:Gsm8k",
+                           summary="1 when the completion's `#### N` answer (or last number) "
+                           "equals the answer column's"),
+        RewardFunctionSpec(name="math_verify", target="astrai_core.rewards.maths:MathVerify",
+                           summary="1 when math-verify finds the answer equivalent (LaTeX, "
+                           "\\boxed, fractions; extra: math)"),
     ]
 
 
@@ -92,4 +102,23 @@ def astrai_environments() -> list[EnvironmentSpec]:
         EnvironmentSpec(name="tools", target="astrai_core.environments.tools:Tools",
                         summary="Python functions (module:function) as tools in the OpenAI "
                         "format; multi-turn Hermes tool calls"),
+    ]
+
+
+@hookimpl
+def astrai_trackers() -> list[TrackerSpec]:
+    module = "astrai_core.trackers"
+    return [
+        TrackerSpec(name="tensorboard", target=f"{module}.tensorboard:TensorBoard",
+                    summary="TensorBoard event files under <output_dir>/tensorboard "
+                    "(extra: tensorboard)"),
+        TrackerSpec(name="wandb", target=f"{module}.wandb:WandB",
+                    summary="a Weights & Biases run, online or offline, continued on resume "
+                    "(extra: wandb)"),
+        TrackerSpec(name="mlflow", target=f"{module}.mlflow:MLflow",
+                    summary="an MLflow run on a tracking server or store, continued on resume "
+                    "(extra: mlflow)"),
+        TrackerSpec(name="trackio", target=f"{module}.trackio:Trackio",
+                    summary="a Trackio run, local or on a Space, continued on resume "
+                    "(extra: trackio)"),
     ]

@@ -26,6 +26,7 @@ from astrai_core.plugins.specs import (
     RewardFunctionSpec,
     SamplerSpec,
     StrategySpec,
+    TrackerSpec,
 )
 
 PROJECT = "astrai"
@@ -42,6 +43,7 @@ HOOK_FOR_KIND: dict[str, str] = {
     "reward_function": "astrai_reward_functions",
     "policy_loss": "astrai_policy_losses",
     "environment": "astrai_environments",
+    "tracker": "astrai_trackers",
 }
 
 
@@ -101,3 +103,14 @@ def astrai_environments() -> Iterable[EnvironmentSpec]:
     state, and at each assistant turn ``step(state, turn)`` gets the parsed tool calls and
     the text (an ``AssistantTurn``) and returns an ``EnvStep``: messages to append, or
     ``done`` with an optional reward."""
+
+
+@hookspec
+def astrai_trackers() -> Iterable[TrackerSpec]:
+    """Experiment trackers named in ``trainer.report_to``. The target is a class built with
+    the entry's options (validated by its ``Config``); on rank 0 the trainer calls
+    ``start(run)`` once (``run``: the resolved config, the output directory, the step a
+    resume starts from), ``log(metrics, step)`` for every logged step (``eval/...``
+    included) and ``close(status)`` at the end, on an error and on a signal. ``requires``
+    names the modules it imports and ``install`` the pip requirement that provides them,
+    checked when the run is planned."""

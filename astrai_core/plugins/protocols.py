@@ -73,6 +73,23 @@ class EnvironmentProtocol(Protocol):
     def step(self, state: Any, turn: Any) -> Any: ...
 
 
+class TrackerProtocol(Protocol):
+    """A tracker class built with its ``report_to`` entry's options (see
+    :mod:`astrai_core.trackers.base`). ``requires`` lists the modules it imports and
+    ``install`` the requirement that provides them (the run plan checks them). On rank 0:
+    ``start(run)`` once, ``log(metrics, step)`` per logged step, ``close(status)`` once
+    (``finished``, ``failed`` or ``interrupted``)."""
+
+    requires: ClassVar[tuple[str, ...]]
+    install: ClassVar[str]
+
+    def start(self, run: Any) -> None: ...
+
+    def log(self, metrics: dict[str, float], step: int) -> None: ...
+
+    def close(self, status: str) -> None: ...
+
+
 PROTOCOLS: dict[str, Any] = {
     "strategy": StrategyProtocol,
     "sampler": SamplerProtocol,
@@ -80,6 +97,7 @@ PROTOCOLS: dict[str, Any] = {
     "reward_function": RewardFunctionProtocol,
     "policy_loss": PolicyLossProtocol,
     "environment": EnvironmentProtocol,
+    "tracker": TrackerProtocol,
 }
 
 

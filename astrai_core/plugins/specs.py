@@ -165,6 +165,13 @@ class EnvironmentSpec(Spec):
     kind: ClassVar[str] = "environment"
 
 
+class TrackerSpec(Spec):
+    """An experiment tracker that `trainer.report_to` sends the run's config and metrics to
+    (tensorboard, wandb, mlflow, trackio, ...)."""
+
+    kind: ClassVar[str] = "tracker"
+
+
 SPEC_CLASSES: dict[str, type[Spec]] = {
     cls.kind: cls
     for cls in (
@@ -176,6 +183,7 @@ SPEC_CLASSES: dict[str, type[Spec]] = {
         RewardFunctionSpec,
         PolicyLossSpec,
         EnvironmentSpec,
+        TrackerSpec,
     )
 }
 KINDS: tuple[str, ...] = tuple(SPEC_CLASSES)

@@ -10,18 +10,26 @@ from astrai_core.rollout.records import as_prompt_record
 from astrai_core.sampling.params import SamplingParams
 
 ACCURACY_REWARD = "exact_match"
+# Rewards that score 1 for a right answer, 0 otherwise: the first one a run uses is its
+# eval/accuracy.
+ACCURACY_REWARDS = (ACCURACY_REWARD, "gsm8k", "math_verify")
 
 
 def evaluate_generation(sampler: Any, tokenizer: Any, prompt_records: Sequence[Any], rewards: RewardSet,
                         max_new_tokens: int, batch_size: int = 64,
                         stop_token_ids: Sequence[int] | None = None,
-                        progress: Callable[[int, int], None] | None = None) -> dict[str, float]:
-    """Greedy-decode every prompt and average the rewards.
+                        progress: Callable[[int, int], None] | None = None, *,
+                        samples: int = 1, temperature: float = 0.0, seed: int | None = None,
+                        accuracy_reward: str | None = None) -> dict[str, float]:
+    """Decode every prompt (greedy by default) and average the rewards.
 
     Returns ``eval/reward/<name>`` (mean of each reward), ``eval/reward`` (mean weighted
-    total), ``eval/response_length`` and, when ``exact_match`` is one of the rewards,
-    ``eval/accuracy`` (its mean). Stops at ``stop_token_ids`` (default: the tokenizer's EOS).
-    ``progress(done, total)`` is called after each batch with the prompts done so far.
+    total), ``eval/response_length`` and, when ``exact_match`` (or ``accuracy_reward``) is
+    one of the rewards, ``eval/accuracy`` (its mean). Stops at ``stop_token_ids`` (default:
+    the tokenizer's EOS). ``progress(done, total)`` is called after each batch with the
+    prompts done so far. ``samples`` > 1 draws that many completions per prompt at
+    ``temperature`` (seeded by ``seed``) and adds ``eval/pass@k`` (the unbiased estimator,
+    k = 1, 2, 4, ... up to ``samples``) of the accuracy reward (1 = right).
     """
     records = [as_prompt_record(r) for r in prompt_records]
     if not records:
@@ -29,14 +37,15 @@ def evaluate_generation(sampler: Any, tokenizer: Any, prompt_records: Sequence[A
     if stop_token_ids is None:
         eos = getattr(tokenizer, "eos_token_id", None)
         stop_token_ids = [eos] if eos is not None else []
-    params = SamplingParams(max_new_tokens=max_new_tokens, temperature=0.0,
-                            stop_token_ids=tuple(stop_token_ids))
+    params = SamplingParams(max_new_tokens=max_new_tokens, temperature=temperature, seed=seed,
+                            n=samples, stop_token_ids=tuple(stop_token_ids))
     totals: list[float] = []
     components: dict[str, list[float]] = {name: [] for name in rewards.names}
     lengths: list[int] = []
     for start in range(0, len(records), batch_size):
-        chunk = records[start:start + batch_size]
-        completions = sampler.generate([r.prompt_ids for r in chunk], params)
+        prompt_chunk = records[start:start + batch_size]
+        completions = sampler.generate([r.prompt_ids for r in prompt_chunk], params)
+        chunk = [r for r in prompt_chunk for _ in range(samples)]  # one per completion
         texts = [c.text if c.text is not None else tokenizer.decode(c.token_ids, skip_special_tokens=True)
                  for c in completions]
         prompts = [r.prompt_text or tokenizer.decode(r.prompt_ids, skip_special_tokens=False) for r in chunk]
@@ -47,8 +56,25 @@ def evaluate_generation(sampler: Any, tokenizer: Any, prompt_records: Sequence[A
             components[name] += values
         lengths += [len(c.token_ids) for c in completions]
         if progress is not None:
-            progress(len(lengths), len(records))
-    return _summary(totals, components, lengths)
+            progress(len(lengths) // samples, len(records))
+    metrics = _summary(totals, components, lengths, accuracy_reward)
+    accuracy = components.get(accuracy_reward or _accuracy_name(components) or "")
+    if samples > 1 and accuracy is not None:
+        metrics.update(pass_at_k(accuracy, samples))
+    return metrics
+
+
+def pass_at_k(scores: Sequence[float], samples: int) -> dict[str, float]:
+    """``eval/pass@k`` for k = 1, 2, 4, ... and ``samples``: the mean over prompts of the
+    unbiased estimator 1 - C(n-c, k) / C(n, k) (n samples of a prompt, c of them right,
+    i.e. scoring 1), ``scores`` holding each prompt's ``samples`` scores in a row."""
+    from math import comb
+
+    correct = [sum(1 for s in scores[i:i + samples] if s >= 1.0)
+               for i in range(0, len(scores), samples)]
+    ks = sorted({*(2 ** e for e in range(samples.bit_length()) if 2 ** e <= samples), samples})
+    return {f"eval/pass@{k}": _mean([1.0 - comb(samples - c, k) / comb(samples, k)
+                                     for c in correct]) for k in ks}
 
 
 def evaluate_episodes(episodes: Any, prompt_records: Sequence[Any], max_new_tokens: int,
@@ -89,10 +115,15 @@ def _mean(values: Sequence[float]) -> float:
 
 
 def _summary(totals: Sequence[float], components: dict[str, list[float]],
-             lengths: Sequence[int]) -> dict[str, float]:
+             lengths: Sequence[int], accuracy_reward: str | None = None) -> dict[str, float]:
     metrics = {f"eval/reward/{name}": _mean(values) for name, values in components.items()}
     metrics["eval/reward"] = _mean(totals)
     metrics["eval/response_length"] = _mean(lengths)
-    if ACCURACY_REWARD in components:
-        metrics["eval/accuracy"] = metrics[f"eval/reward/{ACCURACY_REWARD}"]
+    accuracy = accuracy_reward or _accuracy_name(components)
+    if accuracy in components:
+        metrics["eval/accuracy"] = metrics[f"eval/reward/{accuracy}"]
     return metrics
+
+
+def _accuracy_name(components: dict[str, list[float]]) -> str | None:
+    return next((name for name in ACCURACY_REWARDS if name in components), None)

@@ -8,6 +8,7 @@ by :func:`prepare_run`.
 
 from __future__ import annotations
 
+import os
 import random
 import shutil
 from collections.abc import Iterator
@@ -53,11 +54,13 @@ def train(config: RunConfig, *, source: YamlSource | None = None, resume: bool =
             log.warning(str(done))
             return {}
         try:
-            return Trainer(run, strategy, phase_hook=phase_hook).fit(resume=resume)
+            metrics = Trainer(run, strategy, phase_hook=phase_hook).fit(resume=resume)
         finally:  # a sampler holding processes (ray workers, a vLLM engine) lets them go
             close = getattr(run.sampler, "close", None)
             if close is not None:
                 close()
+        run.dist.finish()
+        return metrics
 
 
 class NothingToResume(CheckpointError):
@@ -114,9 +117,13 @@ def wire_components(plan: RunPlan, *, backend: Any, device: torch.device, model:
         build_train_loader(data, tokenizer, formats=needs.data_formats,
                            required_columns=required if needs.rollouts else {}, tools=tools), dist)
     eval_loader = build_eval_loader(data, tokenizer, required_columns=required, tools=tools)
+    eval_sets = {named.name: build_eval_loader(data.model_copy(update={"eval": named}), tokenizer,
+                                               required_columns=required, tools=tools)
+                 for named in data.eval_sets}
     rewards = RewardSet.from_choices(plan.rewards)
     sampling = rollout_sampling(plan, tokenizer)
-    generates = needs.rollouts or (eval_loader is not None and eval_loader.kind == "prompt")
+    generates = needs.rollouts or needs.generates or any(
+        loader.kind == "prompt" for loader in [eval_loader, *eval_sets.values()] if loader is not None)
     engine = plan.sampling_fields()[1]
     sampler = plan.sampler.target(model=model, tokenizer=tokenizer, **engine) if generates else None
     if sampler is not None and dist.enabled:
@@ -142,7 +149,7 @@ def wire_components(plan: RunPlan, *, backend: Any, device: torch.device, model:
         output_dir=Path(config.output_dir), initial_model_dir=initial, sampling=sampling,
         rewards=rewards, train_loader=train_loader, eval_loader=eval_loader, sampler=sampler,
         estimator=estimator, rollouts=rollouts, policy_loss=policy_loss, dist=dist,
-        episodes=episodes)
+        episodes=episodes, eval_sets=eval_sets)
 
 
 def build_episodes(plan: RunPlan, environment: Any, sampler: Any, tokenizer: Any, rewards: Any,
@@ -170,10 +177,14 @@ def rollout_sampling(plan: RunPlan, tokenizer: Any) -> Any:
 
 
 def _check_output_dir(output_dir: Path, resume: bool, overwrite: bool, max_steps: int) -> None:
-    """Refuse to overwrite an earlier run's checkpoints or metrics without --overwrite."""
+    """Refuse to overwrite an earlier run's checkpoints or metrics without --overwrite;
+    remove what a run killed while saving left behind."""
+    ckpt.remove_stale_staging(output_dir)
     if resume:
-        newest = ckpt.latest_checkpoint(output_dir)  # fails now, before any work, when none
-        step = ckpt.list_checkpoints(output_dir)[-1][0]
+        # fails now, before any work, when none verifies; the first process sets aside
+        # the newer ones that do not (the resumed run writes those steps anew)
+        step, newest = ckpt.latest_checkpoint(output_dir,
+                                              set_aside=os.environ.get("RANK", "0") == "0")
         if step >= max_steps:
             raise NothingToResume(
                 f"nothing to do: {newest} is at step {step} and trainer.max_steps is "

@@ -7,7 +7,7 @@ and nothing in it builds anything on demand, so the wiring of a run is all in on
 from __future__ import annotations
 
 from contextlib import AbstractContextManager
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -52,6 +52,7 @@ class RunComponents:
     policy_loss: Any | None = None       # the policy loss, built with its options
     dist: DistContext = SINGLE           # this process's rank, the world size, the mesh
     episodes: Any | None = None          # multi-turn environment: the EpisodeRunner
+    eval_sets: dict[str, Any] = field(default_factory=dict)  # data.eval_sets: name -> loader
 
     @property
     def logprob_temperature(self) -> float:

@@ -10,6 +10,7 @@ signal stops at once, as without this handler.
 from __future__ import annotations
 
 import signal
+import sys
 import threading
 from types import FrameType, TracebackType
 
@@ -56,6 +57,10 @@ class StopOnSignal:
                 return
             # The default action (SIGTERM: the process ends), sent to this very thread:
             # os.kill could hand it to another thread while this one finished the step.
+            # It leaves no room for an error message, so the one line goes first.
+            print(f"error: stopped at once by a second {signal.Signals(signum).name}; a "
+                  "checkpoint being written is left unfinished (the next run removes it)",
+                  file=sys.stderr, flush=True)
             signal.raise_signal(signum)
             return
         self.received = signum

@@ -13,6 +13,8 @@ loss and says what it needs. In the order they are used:
     frozen_modules()              modules kept frozen beside it (a reference)
     batch_source()                where each optimizer step's micro-batches come from
     compute_loss(batch)           -> (loss, metrics) for one micro-batch
+    eval_metrics                  class attribute: compute_loss metrics that evaluation by
+                                  the loss also logs as eval/<name>
     after_optimizer_step(step)    anything after the optimizers stepped
     step_metrics()                metrics logged once per optimizer step
     state_dict() / load_state_dict(state)   the strategy's own resume state, if any
@@ -46,6 +48,8 @@ class Strategy:
 
     Config: ClassVar[type[BaseModel]] = EmptyConfig
     data_formats: ClassVar[tuple[str, ...]] = ()   # dataset formats it reads offline
+    # compute_loss metrics that evaluation on held-out data also logs as eval/<name>
+    eval_metrics: ClassVar[tuple[str, ...]] = ()
 
     @classmethod
     def needs(cls, config: BaseModel) -> StrategyNeeds:

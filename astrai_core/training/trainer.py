@@ -27,12 +27,14 @@ from astrai_core.distributed.fsdp import full_tensor
 from astrai_core.distributed.metrics import MicroBatchRecord, NullMetricsLog, reduce_micro_batches
 from astrai_core.errors import AstraiError
 from astrai_core.log import get_logger
+from astrai_core.trackers.report import RunReport, open_report
 from astrai_core.training.batch_sources import TENSORS
 from astrai_core.training.run_components import RunComponents
 from astrai_core.training.evaluation import evaluate
 from astrai_core.training.metrics import MetricsLog, Throughput, to_number
 from astrai_core.training.optim import build_optimizer, build_scheduler
 from astrai_core.training.phases import CHECKPOINT_SAVED, PhaseHook, no_hook
+from astrai_core.training.push_check import check_logprob_mismatch
 from astrai_core.training.progress import Clock, RunReporter
 from astrai_core.training.signals import StopOnSignal, TrainingInterrupted
 from astrai_core.training.strategy import Strategy
@@ -106,7 +108,7 @@ class Trainer:
     # -- resume ---------------------------------------------------------------------
     def resume(self) -> int:
         """Restore the newest complete checkpoint; returns its step."""
-        directory = ckpt.latest_checkpoint(self.run.output_dir)
+        _, directory = ckpt.latest_checkpoint(self.run.output_dir)  # verified: sizes, sha256
         state = ckpt.load_training_state(directory)
         if has_sharded(directory):  # modules and optimizers, resharded to this world size
             load_sharded(directory, self.modules)
@@ -152,7 +154,8 @@ class Trainer:
                              extra_modules=self._saved_modules(), training_state=state,
                              summary={"step": self.step, "max_steps": self.cfg.max_steps},
                              initial_model_dir=self.run.initial_model_dir, state_tensors=tensors,
-                             sharded_modules=self.modules, dist=self.run.dist)
+                             sharded_modules=self.modules, dist=self.run.dist,
+                             phase_hook=self.phase_hook, step=self.step)
         self.phase_hook(CHECKPOINT_SAVED, self.step)  # tests of exact resume kill the run here
         if self.run.dist.is_main:
             ckpt.prune_checkpoints(self.run.output_dir, self.cfg.keep_last)
@@ -169,11 +172,17 @@ class Trainer:
         main = self.run.dist.is_main  # rank 0 alone writes metrics.jsonl and the terminal
         metrics_log = MetricsLog(self.run.output_dir, start if resume else None) if main \
             else NullMetricsLog()
+        # metrics.jsonl, then the trackers of trainer.report_to (rank 0 alone reports)
+        metrics_log = open_report(metrics_log, self.run.plan.trackers if main else (),
+                                  config=self.run.plan.config.model_dump(mode="json"),
+                                  output_dir=self.run.output_dir,
+                                  resume_step=start if resume else None)
         self.reporter = RunReporter(self.cfg.max_steps, start, bar=self.cfg.progress and main,
                                     heartbeat_seconds=self.cfg.heartbeat_seconds if main else 0,
                                     clock=self.clock)
         last: dict[str, Any] = {}
         evaluation: dict[str, Any] = {}
+        status = "failed"
         try:
             if not resume and self.cfg.eval_at_start:
                 last = evaluation = self._evaluate()
@@ -186,19 +195,28 @@ class Trainer:
                     # every rank stops after the same step (one signalled rank suffices)
                     if self.run.dist.any(stop.received is not None) \
                             and self.step < self.cfg.max_steps:
+                        status = "interrupted"
                         self._stop(stop)
+            status = "finished"
+        except KeyboardInterrupt:  # a second Ctrl-C
+            status = "interrupted"
+            raise
         finally:
             self.reporter.close()
+            metrics_log.close(status)
         kept = ckpt.list_checkpoints(self.run.output_dir)
         if main:
             self.reporter.summary(steps=self.step, last=last, evaluation=evaluation,
                                   checkpoint=kept[-1][1] if kept else None)
         return last
 
-    def _one_step(self, metrics_log: MetricsLog) -> dict[str, Any]:
+    def _one_step(self, metrics_log: MetricsLog | RunReport) -> dict[str, Any]:
         throughput = Throughput()
         metrics = self._train_step()
         self.step += 1
+        if self.run.rollouts is not None:  # rollouts from a stale sampler stop the run
+            check_logprob_mismatch(metrics, self.run.plan.config.rollout.max_logprob_diff,
+                                   self.run.plan.sampler.name, self.step, self.run.dist)
         self.strategy.after_optimizer_step(self.step)
         if self.run.rollouts is not None:
             self.run.rollouts.publish_from(self.run.model)
@@ -299,8 +317,8 @@ class Trainer:
                     param.grad.div_(total)
 
     def _diverged(self, what: str) -> None:
-        kept = ckpt.list_checkpoints(self.run.output_dir)
-        last_good = str(kept[-1][1]) if kept else "none yet"
+        good = ckpt.last_good_checkpoint(self.run.output_dir)  # one whose manifest verifies
+        last_good = str(good) if good is not None else "none yet"
         raise TrainingDiverged(
             f"training diverged at step {self.step + 1}: {what}. Nothing was saved for this "
             f"step; the last good checkpoint is {last_good}. Lower trainer.lr, enable "
@@ -313,7 +331,8 @@ class Trainer:
         try:
             with torch.no_grad():
                 metrics = evaluate(self.run, self.strategy.compute_loss,
-                                   progress=self.reporter.eval_progress)
+                                   progress=self.reporter.eval_progress,
+                                   metric_names=tuple(getattr(self.strategy, "eval_metrics", ())))
         finally:
             for trained in self.modules:
                 trained.module.train()

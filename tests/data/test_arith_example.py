@@ -67,3 +67,33 @@ def test_generate_is_deterministic_disjoint_and_correct(tmp_path):
             assert q.endswith("=") and str(eval(q[:-1])) == answer(row)  # noqa: S307 (digits only)
     ops = {next(c for c in question(r)[1:] if c in "+-*") for r in first["sft_train.jsonl"]}
     assert ops == {"+", "-", "*"}
+
+
+def test_unpaired_rows_alternate_right_answers_and_near_misses(tmp_path):
+    out = tmp_path / "a"
+    before = generate(out)
+    rows = [json.loads(line) for line in (out / "unpaired.jsonl").read_text().splitlines()]
+    assert len(rows) == 5000 and [r["label"] for r in rows[:4]] == [True, False, True, False]
+    held_out = {question(r) for r in before["eval.jsonl"]}
+    for row in rows:
+        q = question(row)
+        assert q not in held_out and len(row["messages"]) == 1
+        error = int(row["completion"]) - eval(q[:-1])  # noqa: S307 (digits only)
+        assert error == 0 if row["label"] else error in (-10, -1, 1, 10)
+
+
+def test_reward_model_pairs_are_right_against_wrong_and_held_out_apart(tmp_path):
+    out = tmp_path / "a"
+    evals = generate(out)["eval.jsonl"]
+    pairs = {name: [json.loads(line) for line in (out / name).read_text().splitlines()]
+             for name in ("rm_train.jsonl", "rm_eval.jsonl")}
+    assert len(pairs["rm_train.jsonl"]) == 5000
+    assert [question(r) for r in pairs["rm_eval.jsonl"]] == [question(r) for r in evals]
+    held_out = {question(r) for r in evals}
+    assert held_out.isdisjoint(question(r) for r in pairs["rm_train.jsonl"])
+    for rows in pairs.values():
+        for row in rows:
+            truth = str(eval(question(row)[:-1]))  # noqa: S307 (digits only)
+            assert row["chosen"] == truth and row["rejected"] != truth
+            assert row["rejected"].lstrip("-").isdigit()
+            assert not (len(row["rejected"].lstrip("-")) > 1 and row["rejected"].lstrip("-")[0] == "0")

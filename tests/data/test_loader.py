@@ -1,4 +1,5 @@
-"""Loaders: exact resume, endless epochs, eval passes, preference and prompt batches."""
+"""Loaders: exact resume, endless epochs, eval passes, preference, unpaired and prompt
+batches."""
 
 from __future__ import annotations
 
@@ -21,6 +22,9 @@ def sources(write_jsonl):
         "chat": write_jsonl("chat.jsonl", [chat(f"{a}+{a % 5}=", str(a + a % 5)) for a in range(17)]),
         "preference": write_jsonl("pref.jsonl", [
             {"prompt": f"{a}+1=", "chosen": str(a + 1), "rejected": str(a + 2)} for a in range(11)]),
+        "unpaired": write_jsonl("unpaired.jsonl", [  # right (label true) when a is even
+            {"prompt": f"{a}+2=", "completion": str(a + 2 + a % 2), "label": a % 2 == 0}
+            for a in range(9)]),
         "prompt": write_jsonl("prompt.jsonl", [
             {"messages": [{"role": "user", "content": f"{a}*3="}], "answer": str(3 * a)}
             for a in range(13)]),
@@ -43,6 +47,7 @@ CASES = {
                              {"seq_len": 24, "batch_size": 3}),
     "unpacked": lambda s: ([(s["chat"], "chat", 1.0)], {"pack": False, "batch_size": 4}),
     "preference": lambda s: ([(s["preference"], "preference", 1.0)], {"batch_size": 4}),
+    "unpaired": lambda s: ([(s["unpaired"], "unpaired", 1.0)], {"batch_size": 4}),
     "prompt": lambda s: ([(s["prompt"], "prompt", 1.0)], {"batch_size": 5}),
 }
 
@@ -109,6 +114,76 @@ def test_preference_batch(sources, tmp_path, arith_tokenizer):
             real = batch[f"{side}_attention_mask"][row].bool()
             assert arith_tokenizer.decode(ids[real]) == f"{a}+1={answer}<|end|>"
             assert arith_tokenizer.decode(ids[batch[f"{side}_loss_mask"][row]]) == f"{answer}<|end|>"
+
+
+def test_unpaired_batches_keep_each_completion_with_its_label(sources, tmp_path,
+                                                              arith_tokenizer):
+    cfg = config(tmp_path, [(sources["unpaired"], "unpaired", 1.0)], batch_size=4, seed=5)
+    loader = build_train_loader(cfg, arith_tokenizer)
+    assert loader.kind == "unpaired"
+    seen = []
+    for _ in range(5):  # shuffled, over more than two epochs
+        batch = next(loader)
+        assert sorted(batch) == ["attention_mask", "input_ids", "label", "loss_mask",
+                                 "position_ids"]
+        assert batch["label"].dtype == torch.bool and batch["label"].shape == (4,)
+        for row in range(4):
+            real = batch["attention_mask"][row].bool()
+            text = arith_tokenizer.decode(batch["input_ids"][row][real])
+            a = int(text.split("+")[0])
+            completion = str(a + 2 + a % 2)
+            assert text == f"{a}+2={completion}<|end|>"
+            target = arith_tokenizer.decode(batch["input_ids"][row][batch["loss_mask"][row]])
+            assert target == f"{completion}<|end|>"
+            assert batch["label"][row].item() == (a % 2 == 0)
+            seen.append(a)
+    assert sorted(set(seen)) == list(range(9))
+
+
+def test_unpaired_chat_rows_target_the_assistant_completion(write_jsonl, tmp_path,
+                                                            arith_tokenizer):
+    path = write_jsonl("chat_unpaired.jsonl", [
+        {"messages": [{"role": "user", "content": "3*3="}],
+         "completion": {"role": "assistant", "content": "9"}, "label": True},
+        {"prompt": "3*4=", "completion": [{"role": "assistant", "content": "13"}],
+         "label": False}])
+    cfg = config(tmp_path, [(path, "unpaired", 1.0)], batch_size=2, shuffle=False)
+    batch = next(build_train_loader(cfg, arith_tokenizer))
+    assert batch["label"].tolist() == [True, False]
+    for row, answer in enumerate(("9", "13")):
+        target = arith_tokenizer.decode(batch["input_ids"][row][batch["loss_mask"][row]])
+        assert target == f"{answer}<|end|>"
+        assert "<|assistant|>" in arith_tokenizer.decode(batch["input_ids"][row])
+
+
+def test_preference_margins_follow_their_pairs(write_jsonl, sources, tmp_path, arith_tokenizer):
+    """A `margin` column reaches batches as `margin` [B], 0 for pairs (or sources) without."""
+    rows = [{"prompt": f"{a}+2=", "chosen": str(a + 2), "rejected": str(a + 3)} for a in range(6)]
+    for a, row in enumerate(rows):
+        if a != 2:
+            row["margin"] = a / 4
+    with_margins = write_jsonl("margins.jsonl", rows)
+    cfg = config(tmp_path, [(with_margins, "preference", 1.0)], batch_size=6, shuffle=False)
+    batch = next(build_train_loader(cfg, arith_tokenizer))
+    assert batch["margin"].tolist() == [0.0, 0.25, 0.0, 0.75, 1.0, 1.25]
+    assert batch["margin"].dtype == torch.float32
+    # mixed with a source without margins ("a+1=" rows), shuffled: margins stay with pairs
+    cfg = config(tmp_path, [(with_margins, "preference", 1.0), (sources["preference"],
+                                                                 "preference", 1.0)],
+                 batch_size=16)
+    batch = next(build_train_loader(cfg, arith_tokenizer))
+    seen = set()
+    for row in range(16):
+        real = batch["chosen_attention_mask"][row].bool()
+        prompt = arith_tokenizer.decode(batch["chosen_input_ids"][row][real]).split("=")[0]
+        a, plus = (int(x) for x in prompt.split("+"))
+        expected = (0.0 if a == 2 else a / 4) if plus == 2 else 0.0
+        assert batch["margin"][row].item() == expected, prompt
+        seen.add(plus)
+    assert seen == {1, 2}
+    bad = write_jsonl("bad.jsonl", [{**rows[0], "margin": "wide"}])
+    with pytest.raises(DataError, match="line 1.*margin"):
+        build_train_loader(config(tmp_path, [(bad, "preference", 1.0)]), arith_tokenizer)
 
 
 def test_eval_loader_is_one_ordered_pass_each_time(sources, tmp_path, arith_tokenizer):

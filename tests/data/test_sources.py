@@ -39,6 +39,17 @@ def test_preference_rows_string_and_message_forms(write_jsonl):
                     "rejected": [ASSISTANT]}
 
 
+def test_unpaired_rows_string_and_message_forms(write_jsonl):
+    path = write_jsonl("u.jsonl", [
+        {"prompt": "q", "completion": "a", "label": True},
+        {"messages": [USER], "completion": ASSISTANT, "label": False},
+    ])
+    (_, plain), (_, conv) = rows_of(path, "unpaired")
+    assert plain == {"prompt": "q", "messages": None, "completion": "a", "label": True}
+    assert conv == {"prompt": None, "messages": [USER], "completion": [ASSISTANT],
+                    "label": False}
+
+
 def test_prompt_rows_keep_other_columns_verbatim(write_jsonl):
     columns = {"answer": "4", "meta": {"level": [1, 2]}, "score": 0.5}
     path = write_jsonl("r.jsonl", [{"messages": [USER], **columns}, {"prompt": "x", "id": 7}])
@@ -65,6 +76,11 @@ MALFORMED = [
      "exactly one of 'prompt'"),
     ("preference", '{"prompt": "q", "chosen": [{"role": "user", "content": "a"}], '
                    '"rejected": "b"}', "chosen[0]: role must be 'assistant'"),
+    ("unpaired", '{"prompt": "q", "completion": "a"}', "missing field 'label'"),
+    ("unpaired", '{"prompt": "q", "completion": "a", "label": 1}',
+     "field 'label' must be true or false, got integer"),
+    ("unpaired", '{"prompt": "q", "label": true}', "missing field 'completion'"),
+    ("unpaired", '{"completion": "a", "label": true}', "exactly one of 'prompt'"),
     ("prompt", '{"answer": "4"}', "exactly one of 'prompt'"),
     ("prompt", json.dumps({"messages": [USER, ASSISTANT]}), "must not be an assistant message"),
 ]
@@ -75,6 +91,8 @@ def test_malformed_row_names_file_line_and_problem(write_jsonl, fmt, line, probl
     good = {"text": "fine"} if fmt == "text" else {"messages": [USER, ASSISTANT]}
     if fmt == "preference":
         good = {"prompt": "q", "chosen": "a", "rejected": "b"}
+    elif fmt == "unpaired":
+        good = {"prompt": "q", "completion": "a", "label": False}
     elif fmt == "prompt":
         good = {"prompt": "q"}
     path = write_jsonl("bad.jsonl", [good, "", line])

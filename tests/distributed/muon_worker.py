@@ -10,6 +10,7 @@ step, the shapes Newton–Schulz ran on, and the result of a DCP save/load of th
 from __future__ import annotations
 
 import json
+import os
 import sys
 from pathlib import Path
 
@@ -125,3 +126,6 @@ def main(out_dir: Path) -> None:
 
 if __name__ == "__main__":
     main(Path(sys.argv[1]))
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(0)  # skip the interpreter's teardown, which gloo sometimes aborts (signal 6)

@@ -8,6 +8,7 @@ import pytest
 import torch
 
 from astrai_core.checkpoints.hf.base import HF_SOURCE_FILE
+from astrai_core.checkpoints.manifest import write_manifest
 from astrai_core.checkpoints.hf.llama import LlamaImporter
 from astrai_core.checkpoints.native import save_pretrained
 from astrai_core.testing.parity import (
@@ -83,6 +84,7 @@ def test_export_without_import_record_writes_a_fresh_loadable_config(tmp_path, m
     """A checkpoint without hf_source.json (e.g. trained from scratch) gets config_to_hf."""
     hf_model = round_trip(tmp_path, model_type)
     (tmp_path / "native" / HF_SOURCE_FILE).unlink()
+    write_manifest(tmp_path / "native")  # as a checkpoint written without one
     LlamaImporter().export_checkpoint(tmp_path / "native", tmp_path / "fresh")
     config = json.loads((tmp_path / "fresh" / "config.json").read_text())
     assert config["model_type"] == model_type

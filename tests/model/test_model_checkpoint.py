@@ -10,6 +10,7 @@ from safetensors import safe_open
 from safetensors.torch import load_file, save_file
 
 from astrai_core.checkpoints import native_files as checkpoint_module
+from astrai_core.checkpoints.manifest import write_manifest
 from astrai_core.checkpoints.native import load_pretrained, load_state_dict_strict, save_pretrained
 from astrai_core.errors import CheckpointError
 from astrai_core.model import CausalLM, ModelConfig
@@ -41,7 +42,7 @@ def test_round_trip_is_bit_identical(tmp_path):
     config = json.loads((tmp_path / "ckpt" / "config.json").read_text())
     assert config["format"] == "astrai" and "astrai_version" in config
     assert config["rope_scaling"] == {"rope_type": "linear", "factor": 2.0}
-    assert sorted(p.name for p in (tmp_path / "ckpt").iterdir()) == ["config.json", "model.safetensors"]
+    assert sorted(p.name for p in (tmp_path / "ckpt").iterdir()) == ["config.json", "manifest.json", "model.safetensors"]
     loaded = load_pretrained(tmp_path / "ckpt")
     assert_same_model(model, loaded)
     assert not loaded.training and all(p.requires_grad for p in loaded.parameters())
@@ -181,9 +182,12 @@ def test_missing_shard(tmp_path):
 
 
 def _rewrite(saved, edit):
+    """Rewrite the weights as a checkpoint writer would: manifest included, so what is
+    tested is the strict load of consistent files, not the manifest."""
     tensors = load_file(str(saved / "model.safetensors"))
     edit(tensors)
     save_file(tensors, str(saved / "model.safetensors"))
+    write_manifest(saved)
 
 
 def test_missing_and_unexpected_tensor_names(saved):

@@ -37,7 +37,8 @@ def test_make_dist_covers_every_distribution():
         p.parent for p in REPO.glob("contrib/*/pyproject.toml")}
     names = [_project(d)["name"] for d in dirs]
     assert len(set(names)) == len(names)
-    assert {f"astrai-plugin-{p}" for p in ("grpo", "ppo", "dpo", "gae", "vllm", "qwen3", "npu", "ray")} <= set(names)
+    assert {f"astrai-plugin-{p}" for p in ("grpo", "ppo", "dpo", "distill", "gae", "vllm", "qwen3", "npu",
+                                                   "ray")} <= set(names)
 
 
 @pytest.mark.parametrize("directory", _plugin_dirs(), ids=lambda d: d.name)

@@ -20,7 +20,7 @@ def test_list_plugins_json_contract_without_importing_torch():
     assert "TORCH_NOT_IMPORTED" in result.stderr
     plugins = json.loads(result.stdout)
     kinds = {"strategy", "advantage_estimator", "sampler", "model_importer", "device_backend",
-             "reward_function", "policy_loss", "environment"}
+             "reward_function", "policy_loss", "environment", "tracker"}
     for entry in plugins:
         assert {"name", "version", "status", "error", "provides"} <= set(entry)
         assert entry["status"] in {"ok", "error", "incompatible", "disabled"}
@@ -30,8 +30,10 @@ def test_list_plugins_json_contract_without_importing_torch():
     assert by_name["builtin"]["provides"]["policy_loss"] == ["cispo", "dual_clip", "gspo",
                                                              "ppo_clip"]
     assert by_name["builtin"]["provides"]["environment"] == ["single_turn", "tools"]
+    assert by_name["builtin"]["provides"]["tracker"] == ["mlflow", "tensorboard", "trackio",
+                                                         "wandb"]
     assert by_name["rloo"]["provides"] == {"advantage_estimator": ["rloo"]}
-    for name in ("grpo", "ppo", "dpo", "gae", "qwen3", "npu", "rloo", "ray"):
+    for name in ("grpo", "ppo", "dpo", "distill", "gae", "qwen3", "npu", "rloo", "ray"):
         assert by_name[name]["status"] == "ok", by_name[name]
     # vllm is ok only where vLLM is installed; elsewhere it says how to install it
     vllm = by_name["vllm"]

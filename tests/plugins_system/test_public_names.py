@@ -10,7 +10,7 @@ import pluggy
 
 SPEC_NAMES = ("AdvantageEstimatorSpec", "DeviceBackendSpec", "EnvironmentSpec",
               "ModelImporterSpec", "PolicyLossSpec", "RewardFunctionSpec", "SamplerSpec",
-              "Spec", "StrategySpec")
+              "Spec", "StrategySpec", "TrackerSpec")
 
 PUBLIC_IMPORTS = f"""
 import sys

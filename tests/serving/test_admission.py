@@ -163,11 +163,20 @@ def test_fifty_concurrent_streams_all_complete_with_their_solo_text(server):
         async with server.async_client() as aclient:
             return await asyncio.gather(*(stream(aclient, p) for p in prompts))
 
-    before = server.engine.stats()
+    before = _idle(server.engine)
     assert asyncio.run(run()) == solo
-    deadline = time.monotonic() + 30  # the engine counts a finish just after sending it
-    while server.engine.stats().finished - before.finished < 50 and time.monotonic() < deadline:
-        time.sleep(0.01)
-    after = server.engine.stats()
-    assert after.finished - before.finished == 50 and after.waiting == 0 and after.active == 0
+    after = _idle(server.engine)
+    assert after.finished - before.finished == 50
     assert after.max_active > 1  # the streams shared decode batches
+
+
+def _idle(engine, timeout: float = 30.0):
+    """The engine's stats once nothing runs or waits: it counts a finish just after
+    sending it, so a client can see its last token before the engine is idle."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        stats = engine.stats()
+        if stats.active == 0 and stats.waiting == 0:
+            return stats
+        time.sleep(0.01)
+    raise AssertionError(f"the engine did not go idle: {engine.stats()}")

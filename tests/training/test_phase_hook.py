@@ -7,7 +7,8 @@ import pytest
 
 from astrai_core.config.schema import RunConfig
 from astrai_core.testing.faults import kill_at
-from astrai_core.training.phases import CHECKPOINT_SAVED
+from astrai_core.training.phases import (CHECKPOINT_SAVED, DCP_WRITTEN, MANIFEST_WRITTEN, PHASES,
+                                         TRAINING_STATE_WRITTEN, WEIGHTS_WRITTEN)
 from astrai_core.training.run import train
 from tests.training.conftest import tiny_config
 
@@ -22,7 +23,12 @@ def test_the_hook_sees_every_checkpoint_once_it_is_in_place(tmp_path):
         calls.append((phase, step, (checkpoint / "model.safetensors").is_file()))
 
     train(config, phase_hook=hook)
-    assert calls == [(CHECKPOINT_SAVED, 2, True), (CHECKPOINT_SAVED, 4, True)]
+    # every phase of each save, in order; the checkpoint is in place only at the last
+    expected = [(phase, step, phase == CHECKPOINT_SAVED) for step in (2, 4)
+                for phase in (DCP_WRITTEN, WEIGHTS_WRITTEN, TRAINING_STATE_WRITTEN,
+                              MANIFEST_WRITTEN, CHECKPOINT_SAVED)]
+    assert calls == expected
+    assert PHASES == tuple(phase for phase, step, _ in expected if step == 2)
 
 
 def test_the_fault_driver_knows_only_named_phases():

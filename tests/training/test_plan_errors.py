@@ -177,3 +177,17 @@ def test_a_strategy_that_does_not_extend_the_base(tmp_path, capsys, monkeypatch)
             MISSING_ATTRIBUTE.replace("plan_test_targets", "plan_test_bare"))
     line, _ = _fails(tmp_path, _config(tmp_path, {"name": "plan_test_strategy"}), capsys, monkeypatch)
     assert "target 'plan_test_bare:Reinforce' lacks Config, needs, check_run" in line
+
+
+def test_a_logprob_limit_for_an_offline_strategy(tmp_path, capsys, monkeypatch):
+    config = _config(tmp_path, {"name": "sft"}, data_format="chat",
+                     rollout={"max_logprob_diff": 0.01})
+    line, number = _fails(tmp_path, config, capsys, monkeypatch)
+    assert "rollout.max_logprob_diff: strategy 'sft' trains offline" in line
+    assert number == _line_of((tmp_path / "run.yaml").read_text(), "max_logprob_diff")
+
+
+def test_a_logprob_limit_with_stale_rollouts(tmp_path, capsys, monkeypatch):
+    config = _config(tmp_path, rollout={"max_logprob_diff": 0.01, "max_staleness": 1})
+    line, _ = _fails(tmp_path, config, capsys, monkeypatch)
+    assert "rollout.max_logprob_diff: with rollout.max_staleness > 0" in line

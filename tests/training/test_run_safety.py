@@ -106,6 +106,9 @@ def test_a_second_sigterm_ends_the_process_at_once():
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert done.returncode == -signal.SIGTERM, done.stderr
     assert "first seen" in done.stdout and "survived" not in done.stdout
+    errors = [line for line in done.stderr.splitlines() if line.startswith("error:")]
+    assert errors == ["error: stopped at once by a second SIGTERM; a checkpoint being "
+                      "written is left unfinished (the next run removes it)"], done.stderr
 
 
 SECOND_SIGINT = """

@@ -198,6 +198,7 @@ class HFImporter:
     # ------------------------------------------------------------------ files
     def import_checkpoint(self, src_dir: str | os.PathLike, dst_dir: str | os.PathLike) -> Path:
         """HF directory -> native checkpoint directory (complete or absent)."""
+        from astrai_core.checkpoints.manifest import write_manifest
         from astrai_core.checkpoints.native import save_pretrained
         from astrai_core.checkpoints.native_files import TOKENIZER_FILES
 
@@ -215,6 +216,7 @@ class HFImporter:
         with staged_directory(dst) as stage:
             save_pretrained(model, stage, tokenizer_dir=src)
             write_json(stage / HF_SOURCE_FILE, record)
+            write_manifest(stage)  # again: it now holds hf_source.json too
         log.info("imported", source=str(src), destination=str(dst),
                  model_type=hf_config["model_type"], importer=self.name)
         return dst
@@ -238,11 +240,12 @@ class HFImporter:
     def export_checkpoint(self, src_dir: str | os.PathLike, dst_dir: str | os.PathLike, *,
                           model_type: str | None = None) -> Path:
         """Native checkpoint -> HF directory (complete or absent)."""
-        from astrai_core.checkpoints.native import load_pretrained
+        from astrai_core.checkpoints.native import load_pretrained, verify_checkpoint
         from astrai_core.checkpoints.native_files import copy_tokenizer_files, write_weights
 
         src, dst = Path(src_dir), Path(dst_dir)
         check_destination_free(dst)
+        verify_checkpoint(src, hashes=True)  # every byte: an export is what others will load
         model = load_pretrained(src)
         record = read_hf_source(src)
         model_type = self.check_model_type(model_type or record.get("model_type")

@@ -1,4 +1,5 @@
-"""Sequence log-probs of preference pairs, and pairs picked from an online rollout."""
+"""Response log-probs of sequence batches and preference pairs, and pairs picked from an
+online rollout."""
 
 from __future__ import annotations
 
@@ -15,32 +16,61 @@ from astrai_plugin_dpo.losses import sequence_logprobs
 SIDES = ("chosen", "rejected")
 
 
+TENSORS = ("input_ids", "attention_mask", "position_ids", "loss_mask")
+
+
+def _targets(batch: dict[str, Tensor]) -> Tensor:
+    """[B, S-1] response targets of a sequence batch: ``loss_mask[b, t]`` says token t is
+    a target predicted from position t - 1; padding is known from ``attention_mask``."""
+    return batch["loss_mask"][:, 1:].bool() & batch["attention_mask"][:, 1:].bool()
+
+
+def _both_sides(batch: dict[str, Tensor]) -> dict[str, Tensor]:
+    """A preference batch as one sequence batch: chosen rows, then rejected rows."""
+    return {name: torch.cat([batch[f"{side}_{name}"] for side in SIDES]) for name in TENSORS}
+
+
+def response_logprobs(model: torch.nn.Module, batch: dict[str, Tensor]
+                      ) -> tuple[Tensor, Any, Tensor]:
+    """(log-prob [B] of each row's response, MoE aux loss, response token count) of a
+    sequence batch (``input_ids``, ``attention_mask``, ``position_ids``, ``loss_mask``).
+
+    A response's log-prob is the sum of its target tokens' log-probs; the prompt attends
+    but carries no loss.
+    """
+    input_ids = batch["input_ids"]
+    # every token after the first, scored by the chunked head (no [B, S, V] logits)
+    out = target_logprobs(model, input_ids, input_ids[:, 1:],
+                          attention_mask=batch["attention_mask"],
+                          position_ids=batch["position_ids"])
+    targets = _targets(batch)
+    return sequence_logprobs(out["logprobs"], targets), out.get("aux_loss"), targets.sum()
+
+
 def dataset_pair_logprobs(model: torch.nn.Module, batch: dict[str, Tensor]
                           ) -> tuple[Tensor, Tensor, Any, Tensor]:
-    """(chosen [B], rejected [B], MoE aux loss, response token count) of a preference batch.
-
-    Both sides go through one forward. A sequence's log-prob is the sum of its response
-    tokens' log-probs (``loss_mask``); the prompt attends but carries no loss, and padding
-    is known from ``attention_mask`` alone.
-    """
-    def both(name: str) -> Tensor:
-        return torch.cat([batch[f"{side}_{name}"] for side in SIDES])
-
-    input_ids, attention_mask = both("input_ids"), both("attention_mask")
-    # every token after the first, scored by the chunked head (no [B, S, V] logits)
-    out = target_logprobs(model, input_ids, input_ids[:, 1:], attention_mask=attention_mask,
-                          position_ids=both("position_ids"))
-    # loss_mask[b, t]: token t is a target predicted from position t - 1.
-    targets = both("loss_mask")[:, 1:].bool() & attention_mask[:, 1:].bool()
-    logps = sequence_logprobs(out["logprobs"], targets)
+    """(chosen [B], rejected [B], MoE aux loss, response token count) of a preference batch,
+    both sides through one forward (see :func:`response_logprobs`)."""
+    logps, aux_loss, tokens = response_logprobs(model, _both_sides(batch))
     pairs = batch["chosen_input_ids"].shape[0]
-    return logps[:pairs], logps[pairs:], out.get("aux_loss"), targets.sum()
+    return logps[:pairs], logps[pairs:], aux_loss, tokens
+
+
+def response_lengths(batch: dict[str, Tensor] | RolloutBatch) -> tuple[Tensor, Tensor]:
+    """Response tokens of each pair's chosen and of its rejected side ([B] each), for
+    length-normalised log-probs; a preference batch or online pairs."""
+    if isinstance(batch, RolloutBatch):
+        lengths = batch.response_mask.sum(-1)
+    else:
+        lengths = _targets(_both_sides(batch)).sum(-1)
+    half = lengths.shape[0] // 2
+    return lengths[:half], lengths[half:]
 
 
 def rollout_pair_logprobs(model: torch.nn.Module, pairs: RolloutBatch
                           ) -> tuple[Tensor, Tensor, Any, Tensor]:
     """The same for online pairs: rows ``[:n]`` chosen, ``[n:]`` rejected (see
-    :func:`select_pairs`); log-probs at temperature 1 (the policy's own distribution)."""
+    :func:`pair_micro_batches`); log-probs at temperature 1 (the policy's own distribution)."""
     out = policy_forward(model, pairs, temperature=1.0)
     logps = sequence_logprobs(out["logprobs"], pairs.response_mask)
     half = len(pairs) // 2

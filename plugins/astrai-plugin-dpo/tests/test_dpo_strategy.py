@@ -33,16 +33,7 @@ def _offline(tmp_path, pairs_file, **strategy):
     return build_strategy(config, tmp_path)
 
 
-def _direct_response_logprob(model, ids, attention, loss_mask):
-    """Sum of log p(token) over loss-mask tokens, on the row with its padding cut off."""
-    keep = attention.bool()
-    ids, loss_mask = ids[keep], loss_mask[keep]
-    logits = model(ids[None])["logits"][0].double()
-    logps = torch.log_softmax(logits[:-1], -1).gather(-1, ids[1:, None])[:, 0]
-    return logps[loss_mask[1:]].sum()
-
-
-def test_sequence_logprobs_cover_response_tokens_only(tmp_path, pairs_file):
+def test_sequence_logprobs_cover_response_tokens_only(tmp_path, pairs_file, direct_logprob):
     strategy, ctx = _offline(tmp_path, pairs_file)
     batch = strategy.batch_source().next_step()[0]
     pairs = [json.loads(line) for line in pairs_file.read_text().splitlines()]
@@ -54,7 +45,7 @@ def test_sequence_logprobs_cover_response_tokens_only(tmp_path, pairs_file):
     assert tokens.item() == sum(len(r["chosen"]) + len(r["rejected"]) + 2 for r in pairs)
     for side, got in (("chosen", chosen), ("rejected", rejected)):
         for row in range(len(pairs)):
-            expected = _direct_response_logprob(ctx.model, batch[f"{side}_input_ids"][row],
+            expected = direct_logprob(ctx.model, batch[f"{side}_input_ids"][row],
                                                 batch[f"{side}_attention_mask"][row],
                                                 batch[f"{side}_loss_mask"][row])
             assert got[row].item() == pytest.approx(expected.item(), rel=1e-5)
@@ -70,7 +61,7 @@ def test_sequence_logprobs_cover_response_tokens_only(tmp_path, pairs_file):
 
 
 @pytest.mark.parametrize("loss_type", ["sigmoid", "ipo", "hinge"])
-def test_loss_equals_the_formula(tmp_path, pairs_file, loss_type):
+def test_loss_equals_the_formula(tmp_path, pairs_file, loss_type, direct_logprob):
     beta = 0.5
     strategy, ctx = _offline(tmp_path, pairs_file, beta=beta, loss_type=loss_type)
     with torch.no_grad():  # make the reference differ from the policy
@@ -80,7 +71,7 @@ def test_loss_equals_the_formula(tmp_path, pairs_file, loss_type):
     loss, metrics = strategy.compute_loss(batch)
 
     def logps(model, side):
-        return torch.stack([_direct_response_logprob(
+        return torch.stack([direct_logprob(
             model, batch[f"{side}_input_ids"][i], batch[f"{side}_attention_mask"][i],
             batch[f"{side}_loss_mask"][i]) for i in range(len(batch[f"{side}_input_ids"]))])
     with torch.no_grad():

@@ -13,7 +13,13 @@ def astrai_advantage_estimators() -> list[AdvantageEstimatorSpec]:
             target="astrai_plugin_grpo.advantage:GRPOAdvantage",
             summary="group-normalized rewards: (r - group mean) / group std "
             "(scale: none = Dr. GRPO)",
-        )
+        ),
+        AdvantageEstimatorSpec(
+            name="reinforce_pp",
+            target="astrai_plugin_grpo.reinforce_pp:ReinforcePlusPlusAdvantage",
+            summary="REINFORCE++: discounted token returns (KL shaping in the token rewards), "
+            "whitened over the whole batch",
+        ),
     ]
 
 

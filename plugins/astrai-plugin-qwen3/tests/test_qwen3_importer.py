@@ -14,6 +14,7 @@ from safetensors.torch import save_file
 
 from astrai_core.api import load_pretrained
 from astrai_core.checkpoints.hf.base import HF_SOURCE_FILE
+from astrai_core.checkpoints.manifest import write_manifest
 from astrai_core.checkpoints.hf.select import load_importer
 from astrai_core.testing.parity import (
     load_hf_model,
@@ -101,6 +102,7 @@ def test_fresh_config_export_loads_in_transformers(tmp_path, model_type):
     """Without the import record, config_to_hf writes the config from the native one."""
     hf_model, _ = import_tiny(tmp_path, model_type)
     (tmp_path / "native" / HF_SOURCE_FILE).unlink()
+    write_manifest(tmp_path / "native")  # as a checkpoint written without one
     importer_for(model_type).export_checkpoint(tmp_path / "native", tmp_path / "fresh")
     assert json.loads((tmp_path / "fresh" / "config.json").read_text())["model_type"] == model_type
     reloaded = load_hf_model(tmp_path / "fresh")

@@ -10,6 +10,13 @@ v, gate without up) would leave uninitialised memory that poisons the KV cache.
 vLLM 0.31-0.32 on CPU prepacks MoE expert weights only on the first load; after a
 reload they stay in checkpoint layout and the experts compute garbage without any
 error. :func:`repack_cpu_moe_experts` redoes that prepack.
+
+A tied LM head (``tie_word_embeddings``) shares its weight with the embedding and gets
+no tensor of its own in a push (checkpoints and vLLM's loaders skip ``lm_head.weight``),
+so the layerwise reload never processes it again. On CPU its logits come from a kernel
+over a copy of the weight packed at the first load (``cpu_linear``): the embedding takes
+the new weights, the head keeps multiplying by the old ones. :func:`refresh_tied_heads`
+processes such heads again after every reload.
 """
 
 from __future__ import annotations
@@ -51,7 +58,25 @@ class WeightSyncExtension:
 
             weights = load(bytes(weights))
         self.reload_weights(weights_iterator=iter(weights.items()), is_checkpoint_format=True)
+        refresh_tied_heads(self.get_model())
         return repack_cpu_moe_experts(self.get_model()) if repack_moe else 0
+
+
+def refresh_tied_heads(model: torch.nn.Module) -> int:
+    """Redo the post-load processing of vocabulary layers that share their weight with
+    another (a tied LM head and its embedding), so that kernels built from the weight
+    (CPU: the packed ``cpu_linear``) see the new values; returns how many layers."""
+    from vllm.model_executor.layers.vocab_parallel_embedding import VocabParallelEmbedding
+
+    sharing: dict[int, list[torch.nn.Module]] = {}
+    for module in model.modules():
+        weight = module._parameters.get("weight")
+        if isinstance(module, VocabParallelEmbedding) and weight is not None and weight.numel():
+            sharing.setdefault(weight.data_ptr(), []).append(module)
+    tied = [module for group in sharing.values() if len(group) > 1 for module in group]
+    for module in tied:
+        module.quant_method.process_weights_after_loading(module)
+    return len(tied)
 
 
 def repack_cpu_moe_experts(model: torch.nn.Module) -> int:

@@ -34,21 +34,23 @@ class TinyModel:
         return load_pretrained(self.native_dir)
 
 
-def _hf_config(kind: str):
+def _hf_config(kind: str, tie: bool = False):
     import transformers
 
     common = dict(vocab_size=VOCAB, hidden_size=64, num_hidden_layers=2, num_attention_heads=2,
                   num_key_value_heads=1, head_dim=32, max_position_embeddings=256,
                   # peaked next-token distributions (as in a trained model): greedy
                   # choices are not near-ties and top-k/top-p really remove tokens
-                  initializer_range=0.3, tie_word_embeddings=False)
+                  initializer_range=0.3, tie_word_embeddings=tie)
     if kind == "dense":
         return transformers.Qwen3Config(intermediate_size=128, **common)
     return transformers.Qwen3MoeConfig(intermediate_size=128, moe_intermediate_size=64, num_experts=4,
                                        num_experts_per_tok=2, norm_topk_prob=True, **common)
 
 
-def build_tiny_model(kind: str, seed: int, root: Path) -> TinyModel:
+def build_tiny_model(kind: str, seed: int, root: Path, tie: bool = False) -> TinyModel:
+    """``kind`` (dense, moe) with weights of ``seed`` under ``root``; ``tie``: the LM head is
+    the embedding (tie_word_embeddings)."""
     import torch
     import transformers
 
@@ -56,7 +58,7 @@ def build_tiny_model(kind: str, seed: int, root: Path) -> TinyModel:
     from astrai_core.plugins import load_plugins
 
     torch.manual_seed(seed)
-    hf = transformers.AutoModelForCausalLM.from_config(_hf_config(kind), attn_implementation="eager")
+    hf = transformers.AutoModelForCausalLM.from_config(_hf_config(kind, tie), attn_implementation="eager")
     hf = hf.float().eval()
     hf.save_pretrained(root / "hf")
     importer_for_hf_dir(load_plugins(), root / "hf").import_checkpoint(root / "hf", root / "native")
@@ -99,6 +101,7 @@ class Helpers:
     """The helpers above, for test modules (importlib mode cannot import this conftest)."""
 
     engine_options = ENGINE_OPTIONS
+    build_tiny_model = staticmethod(build_tiny_model)
     hf_greedy = staticmethod(hf_greedy)
     hf_logprobs = staticmethod(hf_logprobs)
     max_abs_diff = staticmethod(max_abs_diff)

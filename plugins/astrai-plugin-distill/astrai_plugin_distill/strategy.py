@@ -1,0 +1,162 @@
+"""The ``distill`` strategy: knowledge distillation from a frozen teacher checkpoint.
+
+Data: ``chat`` rows (a conversation ending with an assistant reply). Each step, a share
+``on_policy_fraction`` of the rows get the student's own completion of their prompt from
+the run's sampler (GKD's lambda; :mod:`astrai_plugin_distill.onpolicy`); the others keep
+the dataset's reply. 0 never samples (no sampler is built for it), 1 trains on student
+samples only. On every row, teacher and student score the same response tokens and the
+per-token divergence (:mod:`astrai_plugin_distill.losses`) is aggregated with
+``loss_aggregation``, as the other strategies aggregate their token losses.
+
+The teacher is frozen beside the policy (the trainer holds it like a reference and, in a
+distributed run, shards it). Both distributions go through the chunked head: the loss is
+the student's head (:mod:`astrai_plugin_distill.forward`), so no [B, S, V] logits exist.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, ClassVar, Literal
+
+import torch
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+from torch import Tensor
+
+from astrai_core.api import (
+    BatchSource,
+    FieldError,
+    RunComponents,
+    RunConfig,
+    Strategy,
+    StrategyNeeds,
+    aggregate_loss,
+    merged_state_dict,
+)
+from astrai_plugin_distill.forward import student_token_losses
+from astrai_plugin_distill.losses import token_loss
+from astrai_plugin_distill.onpolicy import OnPolicyMix
+from astrai_plugin_distill.teacher import check_teacher, load_teacher, teacher_head
+
+
+class DistillConfig(BaseModel):
+    """The ``strategy:`` section of a distill run."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    teacher: Path = Field(description="the teacher's checkpoint directory (shares the "
+                          "student's tokenizer)")
+    loss: Literal["reverse_kl", "forward_kl", "jsd"] = Field(
+        "jsd", description="reverse_kl: KL(student || teacher); forward_kl: "
+        "KL(teacher || student), on the teacher's top_k tokens when given; jsd: GKD's "
+        "generalized JSD with beta")
+    beta: float = Field(0.5, ge=0, le=1, description="jsd: the teacher's weight in the "
+                        "mixture (0 = forward KL, 1 = reverse KL)")
+    top_k: int | None = Field(None, ge=1, description="forward_kl: the teacher's most likely "
+                              "tokens the KL runs over, renormalised (default: the whole "
+                              "vocabulary)")
+    temperature: float = Field(1.0, gt=0, description="softens both distributions: "
+                               "softmax(logits / temperature)")
+    on_policy_fraction: float = Field(
+        0.5, ge=0, le=1, description="share of each batch's rows whose reply is the student's "
+        "own sample (0: dataset replies only, no sampling; 1: student samples only)")
+    estimator: Literal["exact", "sampled"] = Field(
+        "exact", description="reverse_kl: exact over the vocabulary, or the sampled-token "
+        "estimate log p_s - log p_t (needs on_policy_fraction: 1)")
+    loss_aggregation: Literal["token-mean", "seq-mean-token-mean", "seq-mean-token-sum",
+                              "seq-mean-token-sum-norm"] = Field(
+        "token-mean", description="how the per-token losses make the loss (a sequence is "
+        "a row)")
+    norm_length: int | None = Field(
+        None, ge=1, description="seq-mean-token-sum-norm's constant length "
+        "(default: the batch's width)")
+    aux_loss_coef: float | None = Field(
+        None, ge=0, description="MoE load-balancing weight (default: the model's config)")
+
+    @model_validator(mode="after")
+    def _consistent(self) -> DistillConfig:
+        given = self.model_fields_set
+        if "beta" in given and self.loss != "jsd":
+            raise ValueError(f"beta applies to loss: jsd, not {self.loss}")
+        if self.top_k is not None and self.loss != "forward_kl":
+            raise ValueError(f"top_k applies to loss: forward_kl, not {self.loss}")
+        if self.estimator == "sampled" and self.loss != "reverse_kl":
+            raise ValueError("estimator: sampled applies to loss: reverse_kl")
+        if self.estimator == "sampled" and self.on_policy_fraction != 1:
+            raise ValueError("estimator: sampled estimates the KL from the student's own "
+                             "samples, so it needs on_policy_fraction: 1")
+        if self.norm_length is not None and self.loss_aggregation != "seq-mean-token-sum-norm":
+            raise ValueError("norm_length applies only to loss_aggregation: "
+                             "seq-mean-token-sum-norm")
+        return self
+
+
+class Distill(Strategy):
+    """Distillation from a frozen teacher; see the module docstring."""
+
+    Config: ClassVar[type[BaseModel]] = DistillConfig
+    data_formats: ClassVar[tuple[str, ...]] = ("chat",)
+
+    @classmethod
+    def needs(cls, config: Any) -> StrategyNeeds:
+        return StrategyNeeds(data_formats=cls.data_formats,
+                             generates=config.on_policy_fraction > 0)
+
+    @classmethod
+    def check_run(cls, config: Any, run_config: RunConfig) -> None:
+        if config.on_policy_fraction > 0 and run_config.data.pack:
+            raise FieldError(("data", "pack"), "on_policy_fraction > 0 samples replies to each "
+                             "row's prompt, so rows must hold one conversation each: set "
+                             "data.pack: false")
+        check_teacher(config.teacher, run_config.model)
+
+    def __init__(self, config: DistillConfig, run: RunComponents) -> None:
+        super().__init__(config, run)
+        self.teacher = load_teacher(config.teacher, run.device)
+        self.token_loss = token_loss(config.loss, beta=config.beta, top_k=config.top_k,
+                                     temperature=config.temperature, estimator=config.estimator)
+
+    def frozen_modules(self) -> dict[str, torch.nn.Module]:
+        return {"teacher": self.teacher}
+
+    def batch_source(self) -> BatchSource:
+        source = super().batch_source()
+        if self.config.on_policy_fraction == 0:
+            return source
+        run = self.run
+        pad_id = getattr(run.tokenizer, "pad_token_id", None) or 0
+        rows = run.data.batch_size
+        return OnPolicyMix(source, run.sampler, run.sampling, self.config.on_policy_fraction,
+                           batch_rows=rows, first_row=run.dist.rank_slice(rows).start,
+                           pad_token_id=pad_id)
+
+    def after_optimizer_step(self, step: int) -> None:
+        """A sampler that does not generate with the live policy gets its new weights."""
+        sampler = self.run.sampler
+        if self.config.on_policy_fraction and sampler is not None \
+                and getattr(sampler, "model", None) is not self.run.model:
+            sampler.update_weights(merged_state_dict(self.run.model))
+
+    # -- the loss ---------------------------------------------------------------------
+    def compute_loss(self, batch: dict[str, Tensor]) -> tuple[Tensor, dict[str, Any]]:
+        batch = self.to_device(batch)
+        ids = batch["input_ids"]
+        mask = batch["loss_mask"][:, 1:].bool()  # response tokens, by predicting position
+        forward = {"attention_mask": batch.get("attention_mask"),
+                   "position_ids": batch.get("position_ids")}
+        teacher_side = teacher_head(self.teacher, ids, mask, **forward)
+        out = student_token_losses(self.run.model, ids, mask, teacher_side, self.token_loss,
+                                   **forward)
+        per_token = torch.zeros(mask.shape, dtype=out["token_loss"].dtype,
+                                device=mask.device).masked_scatter(mask, out["token_loss"])
+        cfg = self.config
+        loss = aggregate_loss(per_token, mask, cfg.loss_aggregation, cfg.norm_length)
+        metrics: dict[str, Any] = {"distill_loss": loss.detach(), "tokens": mask.sum(),
+                                   "loss_weight": self._loss_weight(mask)}
+        return self.add_aux_loss(loss, out.get("aux_loss"), metrics), metrics
+
+    def _loss_weight(self, mask: Tensor) -> Tensor:
+        """What the aggregated loss averages over (tokens or rows): the trainer weights
+        accumulated micro-batches and ranks by it."""
+        if self.config.loss_aggregation == "token-mean":
+            return mask.sum()
+        return torch.tensor(float(mask.shape[0]))

@@ -1,0 +1,219 @@
+"""The distill strategy: registry and CLI, config checks, the data paths of
+on_policy_fraction, training from YAML, a LoRA student."""
+
+from __future__ import annotations
+
+import json
+import math
+
+import pytest
+import torch
+import yaml
+
+from astrai_core.config.loader import load_config
+from astrai_core.errors import ConfigError
+from astrai_core.plugins import load_plugins
+from astrai_core.testing import (ARITH_TOKENIZER, build_strategy, read_metrics, run_astrai)
+from astrai_core.training.run import train
+from astrai_plugin_distill.onpolicy import on_policy_rows, reply_start
+
+
+def test_strategy_loads_by_name_and_cli_shows_it():
+    from astrai_plugin_distill.strategy import Distill
+
+    assert load_plugins().get("strategy", "distill").load() is Distill
+    listed = run_astrai("list-plugins", "--json")
+    assert listed.returncode == 0, listed.stderr
+    entry = next(p for p in json.loads(listed.stdout) if p["name"] == "distill")
+    assert entry["status"] == "ok" and entry["provides"]["strategy"] == ["distill"]
+    described = run_astrai("describe", "strategy", "distill")
+    assert described.returncode == 0, described.stderr
+    for key in ("teacher", "loss", "beta", "top_k", "temperature", "on_policy_fraction"):
+        assert key in described.stdout
+
+
+def test_unknown_name_suggests_the_pip_install():
+    from astrai_core.plugins.registry import Registry
+
+    message = Registry().unknown_message("strategy", "distill")
+    assert "pip install astrai-plugin-distill" in message
+
+
+def _plan_error(tmp_path, config):
+    with pytest.raises(ConfigError) as error:
+        build_strategy(config, tmp_path)
+    return str(error.value)
+
+
+def test_teacher_with_another_vocabulary_is_refused(tmp_path, chats, teacher_factory,
+                                                  distill_config):
+    other = teacher_factory(tmp_path / "big_vocab", vocab_size=60)
+    message = _plan_error(tmp_path, distill_config(tmp_path, chats, other,
+                                                          on_policy_fraction=0.0))
+    assert "strategy.teacher" in message and "shared tokenizer" in message
+    assert str(tmp_path / "big_vocab") in message and "60" in message
+
+
+def test_teacher_with_other_tokenizer_files_is_refused(tmp_path, chats, teacher_factory,
+                                                      distill_config):
+    import shutil
+
+    tokenizer = tmp_path / "tok"
+    shutil.copytree(ARITH_TOKENIZER, tokenizer)
+    data = json.loads((tokenizer / "tokenizer.json").read_text())
+    vocab = data["model"]["vocab"]
+    first, second = sorted(vocab, key=vocab.get)[10:12]  # swap two ids: same size
+    vocab[first], vocab[second] = vocab[second], vocab[first]
+    (tokenizer / "tokenizer.json").write_text(json.dumps(data))
+    other = teacher_factory(tmp_path / "other_tok", tokenizer_dir=tokenizer)
+    message = _plan_error(tmp_path, distill_config(tmp_path, chats, other,
+                                                          on_policy_fraction=0.0))
+    assert "tokenizer" in message and str(tmp_path / "other_tok") in message
+    assert str(ARITH_TOKENIZER) in message
+
+
+def test_config_mistakes_name_their_field(tmp_path, chats, teacher, distill_config):
+    def error(teacher, **strategy):
+        return _plan_error(tmp_path, distill_config(tmp_path, chats, teacher, **strategy))
+
+    assert "strategy.teacher" in error(tmp_path / "nowhere")
+    config = distill_config(tmp_path, chats, teacher, on_policy_fraction=0.5)
+    config["data"]["pack"] = True
+    with pytest.raises(ConfigError, match="data.pack"):
+        build_strategy(config, tmp_path)
+    assert "top_k" in error(teacher, loss="jsd", top_k=3)
+    assert "beta" in error(teacher, loss="reverse_kl", beta=0.2)
+    assert "on_policy_fraction" in error(teacher, loss="reverse_kl", estimator="sampled",
+                                         on_policy_fraction=0.5)
+
+
+def test_on_policy_rows_spread_evenly_and_split_over_ranks():
+    assert on_policy_rows(0, 8, 0.0) == []
+    assert on_policy_rows(0, 8, 1.0) == list(range(8))
+    assert on_policy_rows(0, 8, 0.5) == [1, 3, 5, 7]
+    assert len(on_policy_rows(0, 16, 0.25)) == 4
+    # two ranks of 4 rows pick the rows the one-process run picks
+    assert on_policy_rows(0, 4, 0.3) + [4 + i for i in on_policy_rows(4, 4, 0.3)] == \
+        on_policy_rows(0, 8, 0.3)
+    assert reply_start(torch.tensor([0, 1, 1, 0, 0, 1, 1, 1])) == 5
+    assert reply_start(torch.tensor([0, 0])) is None
+
+
+def test_fraction_zero_reads_dataset_replies_and_builds_no_sampler(tmp_path, chats, teacher, distill_config):
+    from astrai_core.api import LoaderSource
+
+    distill, run = build_strategy(distill_config(tmp_path, chats, teacher,
+                                                 on_policy_fraction=0.0), tmp_path)
+    assert run.sampler is None  # nothing samples: no sampler at all
+    source = distill.batch_source()
+    assert isinstance(source, LoaderSource)
+    batch = source.next_step()[0]
+    # the rows are the dataset's conversations: each reply is the sum, then <|end|>
+    rows = [json.loads(line) for line in chats.read_text().splitlines()][:8]
+    replies = [run.tokenizer.decode(ids[mask].tolist(), skip_special_tokens=True)
+               for ids, mask in zip(batch["input_ids"], batch["loss_mask"])]
+    assert replies == [r["messages"][1]["content"] for r in rows]
+
+
+class _Recorder:
+    """The run's sampler, recording each call."""
+
+    def __init__(self, sampler):
+        self.sampler, self.calls = sampler, []
+        self.model = sampler.model
+
+    def generate(self, prompts, params):
+        outs = self.sampler.generate(prompts, params)
+        self.calls.append((prompts, params, outs))
+        return outs
+
+
+@pytest.mark.parametrize("fraction,sampled", [(1.0, list(range(8))), (0.5, [1, 3, 5, 7])])
+def test_on_policy_rows_carry_the_students_samples(tmp_path, chats, teacher, fraction, sampled, distill_config):
+    distill, run = build_strategy(distill_config(tmp_path, chats, teacher,
+                                                 on_policy_fraction=fraction), tmp_path)
+    source = distill.batch_source()
+    rows = [json.loads(line) for line in chats.read_text().splitlines()]
+    recorder = _Recorder(run.sampler)
+    source.sampler = recorder
+    batch = source.next_step()[0]
+    assert batch["on_policy"].nonzero().flatten().tolist() == sampled
+    (prompts, params, outs), = recorder.calls
+    assert len(prompts) == len(sampled) and [p.seed for p in params] == sampled
+    for k, row in enumerate(sampled):
+        out = next(o for o in outs if o.prompt_index == k)
+        length = int(batch["attention_mask"][row].sum())
+        ids = batch["input_ids"][row, :length].tolist()
+        assert ids == prompts[k] + list(out.token_ids)          # prompt, then the sample
+        targets = batch["loss_mask"][row, :length].tolist()
+        assert targets == [False] * len(prompts[k]) + [True] * len(out.token_ids)
+        # the prompt is the conversation up to the reply, as generation renders it
+        question = rows[row]["messages"][0]["content"]
+        assert run.tokenizer.decode(prompts[k]) == f"<|user|>{question}<|end|><|assistant|>"
+    kept = [r for r in range(8) if r not in sampled]
+    for row in kept:  # dataset rows: a reply that ends with <|end|>
+        length = int(batch["attention_mask"][row].sum())
+        assert batch["input_ids"][row, length - 1].item() == 5
+    assert source.stats["distill/on_policy_rows"] == len(sampled)
+    loss, metrics = distill.compute_loss(batch)
+    assert math.isfinite(loss.item()) and metrics["tokens"].item() > 0
+
+
+def _write_yaml(tmp_path, config):
+    path = tmp_path / "distill.yaml"
+    path.write_text(yaml.safe_dump(config))
+    return path
+
+
+@pytest.mark.parametrize("strategy", [
+    {"loss": "forward_kl", "on_policy_fraction": 0.0},
+    {"loss": "reverse_kl", "on_policy_fraction": 1.0},
+    {"loss": "jsd", "beta": 0.5, "on_policy_fraction": 0.5},
+])
+def test_trains_from_yaml_and_the_loss_falls(tmp_path, chats, teacher, strategy, distill_config):
+    config = distill_config(tmp_path, chats, teacher, **strategy)
+    config["trainer"].update(max_steps=30, lr=1e-2)
+    path = _write_yaml(tmp_path, config)
+    train(load_config(path))
+    losses = [r["distill_loss"] for r in read_metrics(tmp_path / "run")]
+    assert len(losses) == 30
+    assert sum(losses[-5:]) < 0.8 * sum(losses[:5]), losses
+
+
+def test_lora_student_trains_only_its_adapter(tmp_path, chats, teacher, distill_config):
+    config = distill_config(tmp_path, chats, teacher, loss="forward_kl", on_policy_fraction=0.5)
+    config["model"]["lora"] = {"r": 4, "alpha": 8}
+    config["trainer"].update(max_steps=6, lr=1e-2, save_every=6)
+    distill, run = build_strategy(config, tmp_path)
+    before = {n: p.detach().clone() for n, p in run.model.named_parameters()}
+    from astrai_core.training.trainer import Trainer
+
+    Trainer(run, distill).fit()
+    changed = {n for n, p in run.model.named_parameters() if not torch.equal(p, before[n])}
+    assert changed and all("lora_" in n for n in changed)
+    losses = [r["distill_loss"] for r in read_metrics(tmp_path / "run")]
+    assert losses[-1] < losses[0]
+    assert (tmp_path / "run" / "checkpoints" / "step_6" / "adapter").is_dir()
+
+
+def test_resume_continues_the_samples_and_data_exactly(tmp_path, chats, teacher,
+                                                       distill_config):
+    """A run resumed from its step-2 checkpoint samples and trains like the uninterrupted
+    run: the loader position and the draw count (which seeds the samples) are restored."""
+    import shutil
+
+    config = distill_config(tmp_path, chats, teacher, loss="jsd", on_policy_fraction=0.5)
+    config["trainer"].update(max_steps=4, save_every=2)
+    path = _write_yaml(tmp_path, config)
+    train(load_config(path))
+    whole = read_metrics(tmp_path / "run")
+    resumed = tmp_path / "resumed"
+    shutil.copytree(tmp_path / "run" / "checkpoints" / "step_2",
+                    resumed / "checkpoints" / "step_2")
+    config["output_dir"] = str(resumed)
+    train(load_config(_write_yaml(tmp_path, config)), resume=True)
+    again = read_metrics(resumed)
+    assert [r["step"] for r in again] == [3, 4]
+    for mine, ref in zip(again, whole[2:]):
+        assert mine["distill_loss"] == pytest.approx(ref["distill_loss"], rel=1e-6)
+        assert mine["tokens"] == ref["tokens"]

@@ -1,0 +1,62 @@
+"""SIGTERM to `astrai train --nproc-per-node 2`: the launcher forwards it to every rank,
+which checkpoint at the end of their step; it exits 143 without a traceback. A
+one-machine launch reaches its peers over loopback."""
+
+from __future__ import annotations
+
+import argparse
+import os
+import signal
+import subprocess
+import sys
+import time
+
+from astrai_core.checkpoints.manifest import verify_manifest
+from astrai_core.checkpoints.training_state import list_checkpoints
+from astrai_core.cli.launch import _failure, culprit, torchrun_argv
+from tests.training.conftest import tiny_config, write_config
+
+
+def test_one_machine_binds_the_rendezvous_to_loopback():
+    args = argparse.Namespace(nproc_per_node=2, nnodes=1, node_rank=0, master_addr=None,
+                              master_port=None, config="run.yaml", overrides=[], resume=False,
+                              overwrite=False)
+    argv = torchrun_argv(args)
+    assert "--standalone" in argv and "--local-addr=127.0.0.1" in argv
+
+
+def test_sigterm_to_the_launcher_checkpoints_every_rank_and_exits_143(tmp_path):
+    config = tiny_config(tmp_path, max_steps=10_000, save_every=0, progress=False)
+    path = write_config(tmp_path, config)
+    run = subprocess.Popen([sys.executable, "-m", "astrai_core.cli.main", "--log-format",
+                            "json", "train", str(path), "--nproc-per-node", "2"],
+                           stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                           env={**os.environ, "OMP_NUM_THREADS": "1"})
+    metrics = tmp_path / "run" / "metrics.jsonl"
+    deadline = time.monotonic() + 400
+    while not (metrics.is_file() and metrics.read_text().count("\n") >= 2):
+        assert run.poll() is None and time.monotonic() < deadline, run.communicate()[1][-3000:]
+        time.sleep(0.5)
+    run.send_signal(signal.SIGTERM)
+    _, stderr = run.communicate(timeout=300)
+    assert run.returncode == 143, stderr[-3000:]
+    assert "Traceback" not in stderr, stderr[-3000:]
+    assert "error: stopped by SIGTERM: every rank was sent it" in stderr
+    kept = list_checkpoints(tmp_path / "run")
+    assert kept, stderr[-3000:]
+    verify_manifest(kept[-1][1], hashes=True)
+
+
+def test_the_rank_killed_by_a_signal_is_named_not_its_peers():
+    # rank 1 SIGKILLed; rank 0 then failed on a lost collective in the same second
+    assert culprit({0: (1, 100), 1: (-9, 100)}) == (1, -9)
+    assert culprit({0: (1, 101), 1: (2, 100)}) == (1, 2)  # otherwise the earliest
+    assert culprit({0: (1, 100), 1: (1, 100)}) == (0, 1)
+    # a peer's abort (gloo losing the failed rank) or torchrun's SIGTERM to the survivors
+    # is a consequence: the rank that raised is named, even when it stopped later
+    assert culprit({0: (-6, 100), 1: (1, 100)}) == (1, 1)
+    assert culprit({0: (-15, 100), 1: (-6, 100)}) == (1, -6)
+    assert culprit({0: (-15, 100), 1: (1, 101)}) == (1, 1)
+    assert "rank 1 was killed by SIGKILL (signal 9) and could print no error" in \
+        _failure(1, -9)
+    assert "rank 0 exited with status 1 (its error is printed above)" in _failure(0, 1)
