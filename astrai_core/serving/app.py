@@ -23,7 +23,7 @@ from pydantic import BaseModel, ValidationError
 from astrai_core.serving.choices import ChatChoice, TextChoice
 from astrai_core.serving.engine_base import QueueFull
 from astrai_core.serving.prompts import (
-    check_tools, chat_prompt, completion_prompts, engine_requests, forced_prefix, prompt_count,
+    check_tools, chat_prompt, completion_prompts, engine_requests, forced_prefix, prompt_items,
 )
 from astrai_core.serving.protocol import APIError, ChatCompletionRequest, CompletionRequest
 from astrai_core.serving.sequence import Engine, FinishEvent, Handle
@@ -193,8 +193,9 @@ def create_app(engine: Engine, *, model_name: str, tool_call_parser: str | None 
         body: CompletionRequest = await _parse(request, CompletionRequest)
         check_model(body.model)
         check_engine_supports(body)
-        check_sequences(prompt_count(body.prompt) * body.n)
-        prompts = completion_prompts(tokenizer, body.prompt)
+        items = prompt_items(body.prompt)
+        check_sequences(len(items) * body.n)
+        prompts = completion_prompts(tokenizer, items)
         requests = []
         for prompt in prompts:
             requests += engine_requests(tokenizer, engine.max_context, vocab_size, body, prompt,

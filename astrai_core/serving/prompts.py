@@ -70,23 +70,23 @@ def chat_prompt(tokenizer: Any, request: ChatCompletionRequest, use_tools: bool)
     return tokenizer(text, add_special_tokens=False)["input_ids"]
 
 
-def prompt_count(prompt: str | list) -> int:
-    """How many prompts a ``/v1/completions`` prompt holds, before any tokenization."""
-    if isinstance(prompt, list) and prompt and not all(isinstance(p, int) for p in prompt):
-        return len(prompt)
-    return 1
-
-
-def completion_prompts(tokenizer: Any, prompt: str | list) -> list[list[int]]:
+def prompt_items(prompt: str | list) -> list[str | list[int]]:
+    """The prompts a ``/v1/completions`` prompt holds, untokenized: texts or token-id lists
+    (so a request's size is known before any tokenization)."""
     if isinstance(prompt, str):
-        return [tokenizer(prompt)["input_ids"]]
+        return [prompt]
     if prompt and all(isinstance(p, int) for p in prompt):
         return [list(prompt)]
     if prompt and all(isinstance(p, str) for p in prompt):
-        return [tokenizer(p)["input_ids"] for p in prompt]
+        return list(prompt)
     if prompt and all(isinstance(p, list) for p in prompt):
         return [list(p) for p in prompt]
     raise APIError(400, "prompt must be a string, a list of strings, or token ids", param="prompt")
+
+
+def completion_prompts(tokenizer: Any, items: list[str | list[int]]) -> list[list[int]]:
+    """Token ids of each of :func:`prompt_items`' prompts."""
+    return [tokenizer(p)["input_ids"] if isinstance(p, str) else p for p in items]
 
 
 def engine_requests(tokenizer: Any, max_context: int, vocab_size: int, request: SamplingFields,
