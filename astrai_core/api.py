@@ -77,11 +77,17 @@ from astrai_core.rl.objective import ObjectiveSettings, PolicyObjective
 from astrai_core.rl.policy_losses import apply_rollout_weights
 from astrai_core.rl.rollout_correction import RolloutCorrectionConfig, correction_weights
 from astrai_core.rollout.batch import RolloutBatch, pad_rows
+from astrai_core.rollout.env_render import MessageRenderer
 from astrai_core.rollout.forward import policy_forward
 from astrai_core.rollout.metrics import rollout_metrics
 from astrai_core.rollout.runner import RolloutRunner
 from astrai_core.sampling.params import Completion, SamplingParams
 from astrai_core.sampling.requests import Request, expand_requests
+from astrai_core.serving.hermes import END_TAG, parse_hermes
+from astrai_core.serving.prompts import chat_prompt
+from astrai_core.serving.protocol import ChatCompletionRequest
+from astrai_core.serving.sampler_engine import SamplerEngine
+from astrai_core.serving.sequence import EngineRequest, FinishEvent
 from astrai_core.trackers.base import TrackedRun, Tracker, TrackerOptions
 from astrai_core.training.batch_sources import BatchSource, LoaderSource, RolloutSource
 from astrai_core.training.modules import TrainedModule, frozen_copy, frozen_reference
@@ -105,7 +111,11 @@ __all__ = [
     "ObjectiveSettings", "PolicyObjective", "RolloutCorrectionConfig", "apply_rollout_weights",
     "correction_weights",
     # environments of multi-turn rollouts
-    "AssistantTurn", "EnvMessage", "EnvStep", "EnvironmentProtocol", "ToolCall", "error_message",
+    "AssistantTurn", "EnvMessage", "EnvStep", "EnvironmentProtocol", "MessageRenderer", "ToolCall",
+    "error_message",
+    # the serving engine in process: chat prompts, engine requests and events, tool calls
+    "ChatCompletionRequest", "END_TAG", "EngineRequest", "FinishEvent", "SamplerEngine",
+    "chat_prompt", "parse_hermes",
     # tokenizers and data rendering (how a preference pair becomes tokens)
     "load_tokenizer", "render_preference",
     # sampling

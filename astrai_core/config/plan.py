@@ -201,7 +201,7 @@ def plan_run(config: RunConfig, source: YamlSource | None = None,
             needs.policy_loss.path))
         rewards = tuple(resolve.reward(entry.name, entry.weight, entry.params, ("rewards", i))
                         for i, entry in enumerate(config.rewards))
-        _check_rewards(config, needs, rewards)
+        _check_rewards(config, needs, rewards, _environment_rewards(resolve, config))
         strategy.target.check_run(strategy.config, config)
         check_parallel(config, launched_world_size())
     except FieldError as exc:
@@ -357,10 +357,20 @@ def _advantage(resolve: Resolver, config: RunConfig, strategy: Component,
     return advantage
 
 
-def _check_rewards(config: RunConfig, needs: StrategyNeeds,
-                   rewards: tuple[RewardChoice, ...]) -> None:
-    if needs.rollouts and not rewards:
-        raise FieldError(("rewards",), "an online strategy needs at least one reward function")
+def _environment_rewards(resolve: Resolver, config: RunConfig) -> bool:
+    """Whether the environment scores every episode itself (``rewards_episodes``), so that an
+    online run needs no reward function."""
+    if config.environment is None or not resolve.registry.has("environment", config.environment.name):
+        return False
+    spec = resolve.registry.get("environment", config.environment.name)
+    return bool(getattr(spec.load(), "rewards_episodes", False))
+
+
+def _check_rewards(config: RunConfig, needs: StrategyNeeds, rewards: tuple[RewardChoice, ...],
+                   environment_rewards: bool = False) -> None:
+    if needs.rollouts and not rewards and not environment_rewards:
+        raise FieldError(("rewards",), "an online strategy needs at least one reward function "
+                         "(or an environment that scores its episodes)")
     for index, reward in enumerate(rewards):
         required = reward.required_columns
         for number, source in enumerate(config.data.sources):

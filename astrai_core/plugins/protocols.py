@@ -66,7 +66,13 @@ class EnvironmentProtocol(Protocol):
     different episodes may run at once on worker threads: keep per-episode data in the
     state. Optional: a ``prompt_tools`` attribute, a list of OpenAI tool schemas the run
     gives the chat template of every prompt (``apply_chat_template(tools=...)``) when it
-    tokenizes the prompts; absent or None, the prompts are rendered without tools."""
+    tokenizes the prompts; absent or None, the prompts are rendered without tools.
+
+    Optional: ``episode_runner(sampler=, tokenizer=, rewards=, config=, pad_token_id=)``, for
+    an environment that drives the conversation itself (a ``verifiers`` environment, whose
+    harness asks the model for each turn): it returns the runner that replaces astrai's
+    episode runner, with the same ``run(records, params, group_size, policy_version,
+    seed_offset=, first_prompt=) -> RolloutBatch``; ``reset`` and ``step`` are then unused."""
 
     def reset(self, row: Any) -> Any: ...
 

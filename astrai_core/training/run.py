@@ -154,9 +154,15 @@ def wire_components(plan: RunPlan, *, backend: Any, device: torch.device, model:
 
 def build_episodes(plan: RunPlan, environment: Any, sampler: Any, tokenizer: Any, rewards: Any,
                    pad_token_id: int) -> Any:
-    """The episode runner of a multi-turn ``environment``; None for none or ``single_turn``."""
+    """The episode runner of a multi-turn ``environment``; None for none or ``single_turn``.
+    An environment that plays its episodes itself (``episode_runner``, see
+    :class:`~astrai_core.plugins.protocols.EnvironmentProtocol`) builds its own runner."""
     if environment is None or getattr(environment, "single_turn", False):
         return None
+    own = getattr(environment, "episode_runner", None)
+    if own is not None:
+        return own(sampler=sampler, tokenizer=tokenizer, rewards=rewards, config=plan.episode,
+                   pad_token_id=pad_token_id)
     from astrai_core.rollout.episodes import EpisodeRunner
 
     return EpisodeRunner(environment, sampler, tokenizer, rewards, plan.episode,
