@@ -66,6 +66,7 @@ class VerifiersEpisodes:
             episodes = asyncio.run(self._play(tasks, group_size, client))
         finally:
             engine.close()
+        self.last_episodes = episodes
         return self._build(tasks, episodes, group_size, client, policy_version)
 
     async def _play(self, tasks: list[Any], group_size: int, client: EngineClient) -> list[Any]:
