@@ -9,7 +9,7 @@ CONSTRAINTS := -c constraints.txt
 # Plugins installed with their dependencies, and those installed with --no-deps:
 # vllm gets its own venv (make test-vllm) and torch_npu breaks `import torch`
 # on a machine without Ascend hardware.
-PLUGINS := grpo gae ppo dpo rm distill qwen3 ray
+PLUGINS := grpo gae ppo dpo rm distill qwen3 ray verifiers
 NODEPS_PLUGINS := vllm npu
 CONTRIB := $(wildcard contrib/*/pyproject.toml)
 

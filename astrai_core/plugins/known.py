@@ -21,6 +21,7 @@ SHIPPED: dict[tuple[str, str], str] = {
     ("sampler", "ray"): "astrai-plugin-ray",
     ("model_importer", "qwen3"): "astrai-plugin-qwen3",
     ("device_backend", "npu"): "astrai-plugin-npu",
+    ("environment", "verifiers"): "astrai-plugin-verifiers",
 }
 
 # Hugging Face model_type -> distribution whose importer handles it.

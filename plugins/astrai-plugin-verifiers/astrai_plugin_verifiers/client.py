@@ -48,7 +48,7 @@ class Sample:
 class _Stream:
     """A session's conversation so far: messages rendered, and the tokens of its last turn."""
 
-    messages: int                     # how many messages the last prompt held
+    messages: list[dict]              # the last prompt's messages (OpenAI wire format)
     prompt_ids: list[int]
     completion_ids: list[int]
     samples: list[Sample] = field(default_factory=list)
@@ -73,36 +73,41 @@ class EngineClient(Client):
     async def get_response(self, dialect: Any, body: dict, sampling: Any,
                            session_id: str | None = None, turn: Any = None,
                            headers: Any = None) -> Response:
+        """One turn of the session ``session_id`` (verifiers' trace id)."""
         request = dialect.parse_request(body)
         messages = [message_to_wire(m) for m in request.messages]
         tools = [tool_to_wire(t) for t in request.tools] if request.tools else None
+        model = body.get("model", "astrai")
         stream = self.streams.get(session_id or "")
-        prompt_ids = self._bridge(stream, messages, turn) if stream else None
+        prompt_ids = self._bridge(stream, messages) if stream else None
         if prompt_ids is None:
-            prompt_ids = self._render(messages, tools, body.get("model", "astrai"))
+            prompt_ids = self._render(messages, tools, model)
         first = stream.samples[0].prompt_ids if stream else prompt_ids
         room = self.max_tokens - (len(prompt_ids) - len(first))  # the budget after the first prompt
         if room < 1:
             raise ProviderError("the episode's token budget is spent", status_code=400)
         sample = await self._generate(prompt_ids, min(room, self.params.max_new_tokens), bool(tools))
         if stream is None:
-            stream = self.streams[session_id or ""] = _Stream(len(messages), prompt_ids, [])
-        stream.messages, stream.prompt_ids = len(messages), prompt_ids
+            stream = self.streams[session_id or ""] = _Stream(messages, prompt_ids, [])
+        stream.messages, stream.prompt_ids = messages, prompt_ids
         stream.completion_ids = sample.completion_ids
         stream.samples.append(sample)
-        return self._response(sample, bool(tools), body.get("model", "astrai"))
+        return self._response(sample, bool(tools), model)
 
     # ---------------------------------------------------------------- prompts
     def _render(self, messages: list[dict], tools: list[dict] | None, model: str) -> list[int]:
+        """The prompt as ``astrai serve`` renders a chat request."""
         request = ChatCompletionRequest(model=model, messages=messages, tools=tools)
         return list(chat_prompt(self.tokenizer, request, bool(tools)))
 
-    def _bridge(self, stream: _Stream, messages: list[dict], turn: Any) -> list[int] | None:
-        """The stream continued by ``messages``' new tail; None when they do not extend it."""
-        tail = messages[stream.messages + 1:]
-        if len(messages) <= stream.messages + 1 or messages[stream.messages]["role"] != "assistant":
-            return None
-        if any(m["role"] not in ("tool", "user") for m in tail):
+    def _bridge(self, stream: _Stream, messages: list[dict]) -> list[int] | None:
+        """The stream continued by ``messages``: the previous prompt's messages, the reply,
+        then tool results or user turns. None when ``messages`` do not extend the stream."""
+        known = len(stream.messages)
+        tail = messages[known + 1:]
+        if (not tail or messages[:known] != stream.messages
+                or messages[known]["role"] != "assistant"
+                or any(m["role"] not in ("tool", "user") for m in tail)):
             return None
         last = stream.completion_ids[-1] if stream.completion_ids else None
         suffix = self.renderer.tokens(tail, last, self.params.stop_token_ids)
