@@ -146,3 +146,22 @@ def pad_rows(rows: Sequence[Sequence[Any]], *, left: bool, pad_value: Any, dtype
         values[i, span] = torch.tensor(list(row), dtype=dtype)
         mask[i, span] = True
     return values, mask
+
+
+def episode_tensors(prompts: Sequence[Sequence[int]], responses: Sequence[Sequence[int]],
+                    model: Sequence[Sequence[bool]], logprobs: Sequence[Sequence[float]] | None,
+                    pad_token_id: int = 0) -> dict[str, Tensor | None]:
+    """The token fields of a :class:`RolloutBatch` of multi-turn episodes: per row its prompt
+    ids, its response (the model's tokens and the environment's, in order), which response
+    tokens the model wrote (``response_mask``; ``context_mask`` marks them all) and the
+    behaviour log-probs (0 on the environment's tokens; None when any row has none)."""
+    prompt_ids, prompt_mask = pad_rows(prompts, left=True, pad_value=pad_token_id, dtype=torch.long)
+    response_ids, context_mask = pad_rows(responses, left=False, pad_value=pad_token_id,
+                                          dtype=torch.long)
+    response_mask, _ = pad_rows(model, left=False, pad_value=False, dtype=torch.bool)
+    old_logprobs = None
+    if logprobs is not None:
+        old_logprobs, _ = pad_rows(logprobs, left=False, pad_value=0.0, dtype=torch.float32)
+    return {"prompt_ids": prompt_ids, "prompt_mask": prompt_mask, "response_ids": response_ids,
+            "response_mask": response_mask, "context_mask": context_mask,
+            "old_logprobs": old_logprobs}

@@ -48,7 +48,7 @@ from astrai_core.environments.base import AssistantTurn, EnvMessage, EnvStep, To
 from astrai_core.environments.episode_config import EpisodeConfig
 from astrai_core.environments.timeouts import CallTimeout, start_call
 from astrai_core.rewards.reward_set import RewardSet
-from astrai_core.rollout.batch import RolloutBatch, pad_rows
+from astrai_core.rollout.batch import RolloutBatch, episode_tensors
 from astrai_core.rollout.env_render import MessageRenderer
 from astrai_core.rollout.records import PromptRecord
 from astrai_core.sampling.params import Completion, SamplingParams
@@ -226,19 +226,12 @@ class EpisodeRunner:
             env_rewards = [float(e.reward or 0.0) for e in episodes]
             totals = [t + r for t, r in zip(totals, env_rewards)]
             components[ENV_REWARD] = env_rewards
-        prompt_ids, prompt_mask = pad_rows([r.prompt_ids for r in rows], left=True,
-                                           pad_value=self.pad_token_id, dtype=torch.long)
-        response_ids, context_mask = pad_rows([e.tokens for e in episodes], left=False,
-                                               pad_value=self.pad_token_id, dtype=torch.long)
-        response_mask, _ = pad_rows([e.model for e in episodes], left=False, pad_value=False,
-                                    dtype=torch.bool)
-        old_logprobs = None
-        if all(e.logprobs is not None for e in episodes):
-            old_logprobs, _ = pad_rows([e.logprobs for e in episodes], left=False, pad_value=0.0,
-                                       dtype=torch.float32)
+        logprobs = ([e.logprobs for e in episodes] if all(e.logprobs is not None for e in episodes)
+                    else None)
+        tokens = episode_tensors([r.prompt_ids for r in rows], [e.tokens for e in episodes],
+                                 [e.model for e in episodes], logprobs, self.pad_token_id)
         return RolloutBatch(
-            prompt_ids=prompt_ids, prompt_mask=prompt_mask, response_ids=response_ids,
-            response_mask=response_mask, context_mask=context_mask, old_logprobs=old_logprobs,
+            **tokens,
             rewards=torch.tensor(totals, dtype=torch.float32),
             reward_components={k: torch.tensor(v, dtype=torch.float32) for k, v in components.items()},
             group_ids=torch.tensor([e.prompt_index for e in episodes], dtype=torch.long),

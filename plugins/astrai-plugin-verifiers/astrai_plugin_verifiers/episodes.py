@@ -25,7 +25,7 @@ import torch
 import verifiers.v1 as vf
 from verifiers.v1.interception import server as interception_server
 
-from astrai_core.api import AstraiError, RolloutBatch, SamplerEngine, pad_rows
+from astrai_core.api import AstraiError, RolloutBatch, SamplerEngine, episode_tensors
 from astrai_plugin_verifiers.client import EngineClient
 
 REWARD = "verifiers"  # the reward component of the rubric's score
@@ -93,17 +93,11 @@ class VerifiersEpisodes:
         components[REWARD] = rubric
         for name in sorted({n for r in rows for n in r["rewards"]}):
             components[f"{REWARD}/{name}"] = [r["rewards"].get(name, 0.0) for r in rows]
-        prompt_ids, prompt_mask = pad_rows([r["prompt"] for r in rows], left=True,
-                                           pad_value=self.pad_token_id, dtype=torch.long)
-        response_ids, context_mask = pad_rows([r["response"] for r in rows], left=False,
-                                              pad_value=self.pad_token_id, dtype=torch.long)
-        response_mask, _ = pad_rows([r["mask"] for r in rows], left=False, pad_value=False,
-                                    dtype=torch.bool)
-        old_logprobs, _ = pad_rows([r["logprobs"] for r in rows], left=False, pad_value=0.0,
-                                   dtype=torch.float32)
+        tokens = episode_tensors([r["prompt"] for r in rows], [r["response"] for r in rows],
+                                 [r["mask"] for r in rows], [r["logprobs"] for r in rows],
+                                 self.pad_token_id)
         return RolloutBatch(
-            prompt_ids=prompt_ids, prompt_mask=prompt_mask, response_ids=response_ids,
-            response_mask=response_mask, context_mask=context_mask, old_logprobs=old_logprobs,
+            **tokens,
             rewards=torch.tensor(totals, dtype=torch.float32),
             reward_components={k: torch.tensor(v, dtype=torch.float32) for k, v in components.items()},
             group_ids=torch.tensor([i // group_size for i in range(len(rows))], dtype=torch.long),
