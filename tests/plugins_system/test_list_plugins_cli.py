@@ -33,7 +33,7 @@ def test_list_plugins_json_contract_without_importing_torch():
     assert by_name["builtin"]["provides"]["tracker"] == ["mlflow", "tensorboard", "trackio",
                                                          "wandb"]
     assert by_name["rloo"]["provides"] == {"advantage_estimator": ["rloo"]}
-    for name in ("grpo", "ppo", "dpo", "distill", "gae", "qwen3", "npu", "rloo", "ray"):
+    for name in ("grpo", "ppo", "dpo", "distill", "gae", "qwen3", "npu", "rloo", "ray", "verifiers"):
         assert by_name[name]["status"] == "ok", by_name[name]
     # vllm is ok only where vLLM is installed; elsewhere it says how to install it
     vllm = by_name["vllm"]

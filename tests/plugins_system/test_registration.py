@@ -84,7 +84,8 @@ def test_spec_load_imports_target_lazily():
     assert spec.load() is json.decoder.JSONDecoder
 
 
-SHIPPED = {"grpo", "ppo", "dpo", "rm", "distill", "gae", "vllm", "qwen3", "npu", "rloo", "ray"}
+SHIPPED = {"grpo", "ppo", "dpo", "rm", "distill", "gae", "vllm", "qwen3", "npu", "rloo", "ray",
+           "verifiers"}
 
 
 def test_shipped_plugins_are_installed_and_ok():

@@ -107,7 +107,47 @@ class RaisingEnv:
         return EnvStep(done=True)
 
 
+class OwnEpisodes:
+    """Plays its episodes itself (``episode_runner``) and scores them (``rewards_episodes``):
+    each episode is the prompt followed by ``[7, 8]`` (the model's), the environment's
+    ``[9]`` and the model's ``[7]``, with reward 0.25 per episode index in its group."""
+
+    rewards_episodes = True
+
+    def reset(self, row):
+        raise AssertionError("an environment with its own runner is never reset")
+
+    step = reset
+
+    def episode_runner(self, *, sampler, tokenizer, rewards, config, pad_token_id=0):
+        return OwnRunner(pad_token_id)
+
+
+class OwnRunner:
+    def __init__(self, pad_token_id):
+        self.pad_token_id, self.calls = pad_token_id, []
+
+    def run(self, records, params, group_size=1, policy_version=0, seed_offset=0, first_prompt=0):
+        import torch
+
+        from astrai_core.api import RolloutBatch, episode_tensors
+
+        self.calls.append((len(records), group_size))
+        rows = [r for r in records for _ in range(group_size)]
+        count = len(rows)
+        tokens = episode_tensors([r.prompt_ids for r in rows], [[7, 8, 9, 7]] * count,
+                                 [[True, True, False, True]] * count,
+                                 [[-1.0, -1.0, 0.0, -1.0]] * count, self.pad_token_id)
+        return RolloutBatch(
+            **tokens, rewards=torch.tensor([0.25 * (i % group_size) for i in range(count)]),
+            reward_components={}, group_ids=torch.tensor([i // group_size for i in range(count)]),
+            policy_version=policy_version, prompts=[""] * count, completions=[""] * count,
+            columns=[{} for _ in range(count)], finish_reasons=["stop"] * count)
+
+
 @hookimpl
 def astrai_environments():
     return [EnvironmentSpec(name="echo_turns", target="tests.rollout.episode_kit:EchoTurns",
-                            summary="test: answers each turn, ends after `rounds`")]
+                            summary="test: answers each turn, ends after `rounds`"),
+            EnvironmentSpec(name="own_episodes", target="tests.rollout.episode_kit:OwnEpisodes",
+                            summary="test: plays and scores its episodes itself")]

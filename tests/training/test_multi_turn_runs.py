@@ -121,3 +121,19 @@ def test_a_multi_turn_run_resumed_equals_the_uninterrupted_run(tmp_path, outside
     have = [strip(r) for r in read_metrics(tmp_path / "interrupted")]
     assert [r["step"] for r in have] == list(range(1, STEPS + 1))
     assert have == want
+
+
+def test_an_environment_may_play_and_score_its_episodes_itself(tmp_path, outside_plugin):
+    config = _config(tmp_path, STRATEGIES["grpo"], environment={"name": "own_episodes"})
+    config["rewards"] = []  # the environment scores its episodes (rewards_episodes)
+    strategy, run = build_strategy(config, tmp_path)
+    batch = strategy.batch_source().next_step()[0]
+    assert run.episodes.calls == [(4, 4)]  # its runner replaced astrai's episode runner
+    assert sorted(batch.rewards.tolist()) == [0.0] * 4 + [0.25] * 4 + [0.5] * 4 + [0.75] * 4
+    assert batch.response_mask.tolist() == [[True, True, False, True]] * 16
+    assert not batch.advantages[~batch.response_mask].any()
+    loss, _ = strategy.compute_loss(batch)
+    assert torch.isfinite(loss)
+    config["environment"] = dict(ENVIRONMENT)  # an environment that does not score: rewards needed
+    with pytest.raises(ConfigError, match="rewards: an online strategy needs at least one"):
+        build_strategy(config, tmp_path)

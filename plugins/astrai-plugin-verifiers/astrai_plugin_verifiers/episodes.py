@@ -40,7 +40,8 @@ class VerifiersEpisodes:
         self.env, self.sampler, self.tokenizer, self.rewards = env, sampler, tokenizer, rewards
         self.config, self.pad_token_id, self.timeout = config, pad_token_id, timeout
         self._tasks = self._cycle()
-        self.last_client: EngineClient | None = None  # the latest rollout's (tests read it)
+        self.last_client: EngineClient | None = None  # the latest rollout's (tests read them)
+        self.last_episodes: list[Any] = []
 
     def _cycle(self) -> Iterator[Any]:
         while True:
@@ -53,10 +54,14 @@ class VerifiersEpisodes:
 
     def run(self, records: Sequence[Any], params: Any, group_size: int = 1,
             policy_version: int = 0, seed_offset: int = 0, first_prompt: int = 0) -> RolloutBatch:
+        if first_prompt:  # another rank's share: each rank would replay the same tasks
+            raise AstraiError("the verifiers environment trains in one process (no "
+                              "--nproc-per-node)")
         tasks = list(itertools.islice(self._tasks, len(records)))
         if params.seed is not None:  # each rollout's turns draw seeds of their own
             params = params.model_copy(update={"seed": params.seed + _SEED_STRIDE * seed_offset})
         budget = self.config.max_tokens or params.max_new_tokens * self.config.max_turns
+        # max_context only bounds what the HTTP app admits; the budget bounds an episode here
         engine = SamplerEngine(self.sampler, self.tokenizer, max_context=1 << 30,
                                vocab_size=len(self.tokenizer))
         client = EngineClient(engine, self.tokenizer, params, max_tokens=budget,
