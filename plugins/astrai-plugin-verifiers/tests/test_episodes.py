@@ -31,6 +31,7 @@ def _unpadded(ids, mask):
     return ids[mask.bool()].tolist()
 
 
+@pytest.mark.slow
 def test_rewards_are_the_rubrics_and_the_trained_tokens_are_the_sampled_ones(tmp_path):
     strategy, run = build_strategy(_config(tmp_path), tmp_path)
     batch = run.episodes.run([None, None], run.sampling, group_size=GROUP)
@@ -60,6 +61,7 @@ def test_rewards_are_the_rubrics_and_the_trained_tokens_are_the_sampled_ones(tmp
         assert torch.allclose(logps, sampled, atol=1e-4), i
 
 
+@pytest.mark.slow
 def test_grpo_trains_two_steps_from_yaml(tmp_path):
     config = _config(tmp_path)
     path = tmp_path / "grpo.yaml"

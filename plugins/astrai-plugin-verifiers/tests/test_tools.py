@@ -3,6 +3,7 @@ result comes back as context, the model answers; only the model's tokens are tra
 
 from __future__ import annotations
 
+import pytest
 import torch
 
 from astrai_core.api import Completion, SamplingParams, load_tokenizer
@@ -43,6 +44,7 @@ class NoRewardFunctions:
         return [0.0] * len(completions), {}
 
 
+@pytest.mark.slow
 def test_a_tool_episode_trains_on_the_model_turns_and_sees_the_tool_result():
     tokenizer = load_tokenizer(CALC_TOKENIZER)
     environment = VerifiersEnvironment(env="verifiers_tool_env:sums")
