@@ -40,7 +40,7 @@ class Sample:
 
     prompt_ids: list[int]
     completion_ids: list[int]
-    logprobs: list[float]
+    logprobs: list[float] | None      # None: the sampler reports none (the trainer computes them)
     finish_reason: str
 
 
@@ -124,21 +124,22 @@ class EngineClient(Client):
         loop = asyncio.get_running_loop()
         done: asyncio.Future = loop.create_future()
         ids: list[int] = []
-        logprobs: list[float] = []
+        logprobs: list[float | None] = []
 
         def sink(event: Any) -> None:  # on the engine's thread
             if isinstance(event, FinishEvent):
                 loop.call_soon_threadsafe(_settle, done, event)
                 return
             ids.append(event.token_id)
-            logprobs.append(float("nan") if event.logprob is None else event.logprob)
+            logprobs.append(event.logprob)
 
         self.engine.submit(EngineRequest(list(prompt_ids), params), sink)
         finish = await done
         if finish.reason not in ("stop", "length"):
             raise ProviderError(f"the engine ended the turn: {finish.error or finish.reason}",
                                 status_code=500)
-        return Sample(list(prompt_ids), ids, logprobs, finish.reason)
+        reported = None if None in logprobs else [float(x) for x in logprobs]
+        return Sample(list(prompt_ids), ids, reported, finish.reason)
 
     def _response(self, sample: Sample, tools: bool, model: str) -> Response:
         text = self.tokenizer.decode(sample.completion_ids, skip_special_tokens=True)
@@ -154,7 +155,7 @@ class EngineClient(Client):
             usage=Usage(prompt_tokens=len(sample.prompt_ids),
                         completion_tokens=len(sample.completion_ids)),
             tokens=TurnTokens(prompt_ids=sample.prompt_ids, completion_ids=sample.completion_ids,
-                              completion_logprobs=sample.logprobs))
+                              completion_logprobs=sample.logprobs or []))
         response.raw = serialize_completion(response, model)
         return response
 

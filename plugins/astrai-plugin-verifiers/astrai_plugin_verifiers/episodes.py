@@ -98,9 +98,10 @@ class VerifiersEpisodes:
         components[REWARD] = rubric
         for name in sorted({n for r in rows for n in r["rewards"]}):
             components[f"{REWARD}/{name}"] = [r["rewards"].get(name, 0.0) for r in rows]
+        logprobs = [r["logprobs"] for r in rows]
         tokens = episode_tensors([r["prompt"] for r in rows], [r["response"] for r in rows],
-                                 [r["mask"] for r in rows], [r["logprobs"] for r in rows],
-                                 self.pad_token_id)
+                                 [r["mask"] for r in rows],
+                                 None if None in logprobs else logprobs, self.pad_token_id)
         return RolloutBatch(
             **tokens,
             rewards=torch.tensor(totals, dtype=torch.float32),
@@ -124,7 +125,8 @@ def _row(episode: Any, client: EngineClient) -> dict[str, Any]:
     calls = sum(len(m.tool_calls or []) for m in branch.messages if m.role == "assistant")
     return {
         "prompt": ids[:first], "response": ids[first:], "mask": mask[first:],
-        "logprobs": logprobs[first:], "reward": float(trace.reward),
+        "logprobs": None if any(s.logprobs is None for s in samples) else logprobs[first:],
+        "reward": float(trace.reward),
         "rewards": {n: r.score for n, r in trace.rewards.items() if r is not None},
         "finish": "length" if samples[-1].finish_reason == "length" else "stop",
         "stats": {"turns": float(len(samples)), "tool_calls": float(calls), "tool_errors": 0.0,
