@@ -4,7 +4,6 @@ server as ``python -m MODULE``, so this directory goes on ``sys.path`` and ``PYT
 
 from __future__ import annotations
 
-import json
 import os
 import sys
 from pathlib import Path
@@ -22,9 +21,3 @@ def _importable_environments(monkeypatch):
         [str(HERE), *filter(None, [os.environ.get("PYTHONPATH")])]))
     monkeypatch.setenv("OMP_NUM_THREADS", "1")
 
-
-def write_tasks(path: Path) -> Path:
-    """The local dataset: four sums as question/answer rows."""
-    rows = [{"question": f"{a}+{b}=", "answer": str(a + b)} for a, b in [(1, 2), (3, 4), (5, 1), (2, 2)]]
-    path.write_text("".join(json.dumps(row) + "\n" for row in rows))
-    return path

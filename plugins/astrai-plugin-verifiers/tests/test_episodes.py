@@ -6,8 +6,7 @@ from __future__ import annotations
 import pytest
 import torch
 import yaml
-from conftest import write_tasks
-from verifiers_test_envs import exact, has_digit
+from verifiers_test_envs import exact, has_digit, write_tasks
 
 from astrai_core.api import ConfigError
 from astrai_core.testing import (build_strategy, read_metrics, reference_token_logprobs,

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 import verifiers.v1 as vf
-from conftest import write_tasks
+from verifiers_test_envs import write_tasks
 
 from astrai_core.api import ConfigError, process_registry
 from astrai_plugin_verifiers.environment import VerifiersEnvironment

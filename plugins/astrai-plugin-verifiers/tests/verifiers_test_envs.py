@@ -44,6 +44,13 @@ class ArithTaskset(vf.Taskset[ArithTask, ArithConfig]):
                           self.config.task) for i, row in enumerate(rows)]
 
 
+def write_tasks(path: Path) -> Path:
+    """The local dataset: four sums as question/answer rows."""
+    rows = [{"question": f"{a}+{b}=", "answer": str(a + b)} for a, b in [(1, 2), (3, 4), (5, 1), (2, 2)]]
+    path.write_text("".join(json.dumps(row) + "\n" for row in rows))
+    return path
+
+
 def arith(path: str) -> ArithTaskset:
     """``module:function`` loading: the taskset over the JSONL file at ``path``."""
     return ArithTaskset(ArithConfig(id=__name__, path=path))
