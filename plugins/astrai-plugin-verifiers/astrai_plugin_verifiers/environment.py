@@ -17,8 +17,9 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 
 class VerifiersEnvironment:
-    """The ``verifiers`` environment; see the module docstring. The episodes are played
-    by :class:`~astrai_plugin_verifiers.episodes.VerifiersEpisodes` (``episode_runner``)."""
+    """A verifiers environment whose taskset gives the prompts and whose rubric scores the
+    episodes; verifiers plays them (``episode_runner``: VerifiersEpisodes) and astrai
+    samples every turn and trains on the sampled tokens."""
 
     rewards_episodes = True  # the rubric scores every episode: no reward function is needed
 
@@ -30,7 +31,8 @@ class VerifiersEnvironment:
                                      "the function, or the installed taskset's options")
         harness: str | None = Field(None, description="verifiers harness id of the agent "
                                     "(default: verifiers' chat loop run with this Python)")
-        timeout: float = Field(600.0, gt=0, description="seconds one episode may take")
+        timeout: float = Field(600.0, gt=0, description="seconds the episodes of one rollout "
+                               "may take together")
 
         @field_validator("env")
         @classmethod
