@@ -37,14 +37,14 @@ def digit_reward(prompts, completions, **columns):
     return [sum(c.isdigit() for c in text) / max(len(text), 1) for text in completions]
 
 
-def make_model(directory: Path, size: str) -> None:
+def make_model(directory: Path, size: str, max_positions: int = 256) -> None:
     from transformers import AutoTokenizer, LlamaConfig, LlamaForCausalLM
 
     tokenizer = AutoTokenizer.from_pretrained(str(TOKENIZER))
     dims = {"small": (256, 4, 688), "tiny": (128, 2, 344)}[size]
     config = LlamaConfig(vocab_size=len(tokenizer), hidden_size=dims[0], num_hidden_layers=dims[1],
                          intermediate_size=dims[2], num_attention_heads=8, num_key_value_heads=4,
-                         max_position_embeddings=256, tie_word_embeddings=True,
+                         max_position_embeddings=max_positions, tie_word_embeddings=True,
                          bos_token_id=None, eos_token_id=tokenizer.eos_token_id,
                          pad_token_id=tokenizer.pad_token_id)
     torch.manual_seed(0)
