@@ -26,8 +26,9 @@ Reported per trainer (medians over steps, the first step of every run left out):
     .venv/bin/python bench/bench_rl_longtail.py [--steps 4] [--prompts 4] [--group 8]
         [--max-tokens 512] [--rounds 1]
 
-The astrai variants: ``astrai`` (every throughput option off) and ``astrai+pack``
-(``trainer.micro_batch_tokens``).
+The astrai variants: ``astrai`` (every throughput option off: one decode batch of all the
+completions, padded micro-batches), ``astrai+pack`` (``trainer.micro_batch_tokens``) and
+``astrai+pack+cb8`` (also a decode batch of 8 rows, continuously refilled).
 """
 
 from __future__ import annotations
@@ -35,7 +36,6 @@ from __future__ import annotations
 import argparse
 import json
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
@@ -45,7 +45,8 @@ import numpy as np
 import torch
 
 sys.path.insert(0, str(Path(__file__).parent))
-from bench_grpo_trl import digit_reward, make_model, prompts  # noqa: E402,F401
+from bench_grpo_trl import (add_run_arguments, child_json, digit_reward,  # noqa: E402,F401
+                            make_model, prompts, train_astrai, train_trl)
 
 EOS_FORCED = 0.0
 
@@ -105,16 +106,8 @@ def slot_idle(lengths: list[int]) -> float:
 # ---------------------------------------------------------------------- TRL
 def time_trl(model_dir: Path, work: Path, args: argparse.Namespace, schedule: Schedule
              ) -> list[float]:
-    from datasets import Dataset
     from transformers import (AutoModelForCausalLM, AutoTokenizer, LogitsProcessor,
-                              LogitsProcessorList, TrainerCallback)
-    from trl import GRPOConfig, GRPOTrainer
-
-    stamps: list[float] = []
-
-    class Stamp(TrainerCallback):
-        def on_step_end(self, *unused, **kwargs):
-            stamps.append(time.perf_counter())
+                              LogitsProcessorList)
 
     tokenizer = AutoTokenizer.from_pretrained(str(model_dir))
     eos = tokenizer.eos_token_id
@@ -140,51 +133,35 @@ def time_trl(model_dir: Path, work: Path, args: argparse.Namespace, schedule: Sc
         return out
 
     model.generate = generate
-    config = GRPOConfig(
-        output_dir=str(work / "trl"), use_cpu=True, report_to="none", logging_steps=1,
-        max_steps=args.steps, learning_rate=args.lr, lr_scheduler_type="constant",
-        warmup_steps=0, per_device_train_batch_size=args.prompts * args.group,
-        num_generations=args.group, max_completion_length=args.max_tokens, temperature=1.0,
-        beta=0.0, loss_type="dapo", epsilon=0.2, save_strategy="no", seed=0,
-        max_grad_norm=1.0, dataloader_num_workers=0, bf16=False, gradient_checkpointing=False,
-    )
-    dataset = Dataset.from_list([{"prompt": p} for p in prompts(args.prompts * args.steps)])
-    trainer = GRPOTrainer(model=model, reward_funcs=digit_reward, args=config,
-                          train_dataset=dataset, processing_class=tokenizer, callbacks=[Stamp()])
-    start = time.perf_counter()
-    trainer.train()
+    trainer, steps = train_trl(model, tokenizer, work, args, args.max_tokens)
     schedule.mean_lengths = [r["completions/mean_length"] for r in trainer.state.log_history
                              if "completions/mean_length" in r]
-    return [b - a for a, b in zip([start] + stamps[:-1], stamps)]
+    return steps
 
 
 # ---------------------------------------------------------------------- astrai
 VARIANTS = {
     "astrai": {},
     "astrai+pack": {"trainer": {"micro_batch_tokens": 4096}},
+    # continuous batching: fewer decode rows than completions, slots refilled
+    "astrai+pack+cb8": {"trainer": {"micro_batch_tokens": 4096},
+                        "sampler": {"max_batch_size": 8}},
 }
 
 
 def time_astrai(model_dir: Path, work: Path, args: argparse.Namespace, schedule: Schedule
                 ) -> list[float]:
-    import yaml
-
-    from astrai_core.checkpoints.hf.select import importer_for_hf_dir
-    from astrai_core.config import load_config
-    from astrai_core.plugins import load_plugins
     from astrai_core.sampling import torch_sampler
-    from astrai_core.training.run import train
     from transformers import AutoTokenizer
 
     eos = AutoTokenizer.from_pretrained(str(model_dir)).eos_token_id
-    plain_choose, plain_generate = torch_sampler._DecodeBatch._choose, \
-        torch_sampler.TorchSampler.generate
+    plain_choose, plain_generate = torch_sampler.choose, torch_sampler.TorchSampler.generate
     targets: list[int] = []
 
-    def choose(self, logits):
-        forced = force_lengths(logits, [len(r.token_ids) for r in self.rows],
-                               [targets[r.index] for r in self.rows], eos)
-        return plain_choose(self, forced)
+    def choose(rows, sampling, logits):  # both decoders (one batch, continuous) call it
+        forced = force_lengths(logits, [len(r.token_ids) for r in rows],
+                               [targets[r.index] for r in rows], eos)
+        return plain_choose(rows, sampling, forced)
 
     def generate(self, *positional, **kwargs):
         targets[:] = schedule.start_call()
@@ -193,36 +170,11 @@ def time_astrai(model_dir: Path, work: Path, args: argparse.Namespace, schedule:
         schedule.generate_seconds += time.perf_counter() - start
         return out
 
-    torch_sampler._DecodeBatch._choose = choose
+    torch_sampler.choose = choose
     torch_sampler.TorchSampler.generate = generate
 
-    data = work / "prompts.jsonl"
-    data.write_text("".join(json.dumps({"prompt": p}) + "\n"
-                            for p in prompts(args.prompts * args.steps)))
-    native = work / "native"
-    importer_for_hf_dir(load_plugins(), model_dir).import_checkpoint(model_dir, native)
-    config = {
-        "output_dir": str(work / "astrai"),
-        "model": {"path": str(native)},
-        "data": {"sources": [{"path": str(data), "format": "prompt"}], "batch_size": args.prompts,
-                 "shuffle": False, "cache_dir": str(work / "cache")},
-        "strategy": {"name": "grpo", "group_size": args.group, "eps_low": 0.2, "eps_high": 0.2,
-                     "loss_aggregation": "token-mean"},
-        "rewards": [{"name": "bench_grpo_trl:digit_reward"}],
-        "sampler": {"name": "torch", "temperature": 1.0, "max_new_tokens": args.max_tokens,
-                    "max_batch_size": args.prompts * args.group},
-        "device": {"name": "cpu"},
-        "trainer": {"max_steps": args.steps, "lr": args.lr, "schedule": "constant",
-                    "max_grad_norm": 1.0, "eval_at_start": False, "save_every": 0,
-                    "progress": False},
-    }
-    for section, options in VARIANTS[args.only].items():
-        config[section].update(options)
-    path = work / "astrai.yaml"
-    path.write_text(yaml.safe_dump(config))
-    train(load_config(path))
-    records = [json.loads(line) for line in (work / "astrai" / "metrics.jsonl").read_text()
-               .splitlines()]
+    records = train_astrai(model_dir, work, args, {"max_new_tokens": args.max_tokens},
+                           VARIANTS[args.only])
     schedule.mean_lengths = [r["rollout/response_length_mean"] for r in records
                              if "rollout/response_length_mean" in r]
     return [r["time/step_seconds"] for r in records if "time/step_seconds" in r]
@@ -242,23 +194,13 @@ def run_one(args: argparse.Namespace) -> None:
 
 
 def child(who: str, model_dir: Path, argv: list[str]) -> dict:
-    command = [sys.executable, __file__, *argv, "--only", who, "--model-dir", str(model_dir)]
-    out = subprocess.run(command, capture_output=True, text=True)
-    if out.returncode != 0:
-        raise SystemExit(f"the {who} run failed:\n{out.stderr[-3000:]}")
-    line = next(line for line in out.stdout.splitlines() if line.startswith("RESULT "))
-    return json.loads(line[len("RESULT "):])
+    return child_json(__file__, "RESULT", who, model_dir, argv)
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--steps", type=int, default=4)
-    parser.add_argument("--prompts", type=int, default=4, help="prompts per step")
-    parser.add_argument("--group", type=int, default=8, help="completions per prompt")
+    add_run_arguments(parser, steps=4, prompts=4, size="tiny")
     parser.add_argument("--max-tokens", type=int, default=512, help="longest completion")
-    parser.add_argument("--size", choices=("tiny", "small"), default="tiny")
-    parser.add_argument("--lr", type=float, default=1e-5)
-    parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--rounds", type=int, default=1,
                         help="each trainer once per round, each run in a fresh process")
     parser.add_argument("--variants", default=",".join(VARIANTS),
@@ -295,7 +237,7 @@ def main() -> None:
           f"{max(every)} (of {args.max_tokens}), mean {completion_tokens:.0f} completion tokens "
           f"per step, {args.threads} thread(s), CPU, {args.rounds} round(s)")
     trl_median = statistics.median(steps["trl"])
-    print(f"  {'trainer':<12} {'s/step':>7} {'tok/s':>7} {'padding':>8} {'sampler idle':>13} "
+    print(f"  {'trainer':<16} {'s/step':>7} {'tok/s':>7} {'padding':>8} {'sampler idle':>13} "
           f"{'decode-slot idle':>17} {'/ TRL time':>11}")
     for who in who_runs:
         median = statistics.median(steps[who])
@@ -304,8 +246,14 @@ def main() -> None:
             padding_fractions(row, [p for p in prompts_row for _ in range(args.group)], packed)
             for row, prompts_row in zip(lengths, per_step))
         slots = statistics.mean(slot_idle(row) for row in lengths) if who == "trl" else 0.0
-        print(f"  {who:<12} {median:7.3f} {completion_tokens / median:7.0f} {padding:8.1%} "
+        print(f"  {who:<16} {median:7.3f} {completion_tokens / median:7.0f} {padding:8.1%} "
               f"{statistics.mean(idle[who]):13.1%} {slots:17.1%} {median / trl_median:11.2f}")
+    # What computing each group's shared prompt once in the training forward could save:
+    # at most (G - 1) / G of the prompt tokens of a packed step.
+    prompt_share = statistics.mean(
+        args.group * sum(p) / (args.group * sum(p) + sum(row)) for row, p in zip(lengths, per_step))
+    print(f"  prompt tokens: {prompt_share:.1%} of a packed step's tokens; computing each "
+          f"group's prompt once would remove at most {prompt_share * (args.group - 1) / args.group:.1%}")
     scheduled = [statistics.mean(row) for row in lengths]
     print(f"  mean completion length per step, scheduled: {_fmt(scheduled)}; "
           + "; ".join(f"{who}: {_fmt(values)}" for who, values in measured.items()))
