@@ -14,7 +14,7 @@ from astrai_core.errors import ConfigError
 from astrai_core.rollout.packing import padding_fraction, token_micro_batches
 from astrai_core.testing import build_strategy, read_metrics, tiny_run_config, write_arith_prompts
 from astrai_core.training.trainer import Trainer
-from tests.training.reference import save_start_model
+from tests.training.reference import save_start_model, text_run_config, write_texts
 
 BUDGET = 40  # tokens: a rollout of 8 rows of 5-14 tokens makes several micro-batches
 TOL = 1e-5
@@ -51,8 +51,17 @@ STRATEGIES = {
 }
 
 
-def _assert_packed_equals_padded(strategy, run):
-    parts = strategy.batch_source().next_step()
+def _with_environment_tokens(batch):
+    """Multi-turn rows: the second response token of every row becomes an environment
+    token (attended to, not trained on)."""
+    context = batch.response_mask.clone()
+    response = batch.response_mask.clone()
+    response[:, 1] = False
+    return replace(batch, context_mask=context, response_mask=response)
+
+
+def _assert_packed_equals_padded(strategy, run, change=lambda batch: batch):
+    parts = [change(part) for part in strategy.batch_source().next_step()]
     assert len(parts) >= 2 and all(p.packed for p in parts)
     assert all(int(p.attention_mask().sum()) <= BUDGET or len(p) == 1 for p in parts)
     for part in parts:
@@ -73,6 +82,12 @@ def test_packed_micro_batch_equals_padded(tmp_path, name):
     config = _config(tmp_path, STRATEGIES[name], micro_batch_tokens=BUDGET)
     strategy, run = build_strategy(config, tmp_path)
     _assert_packed_equals_padded(strategy, run)
+
+
+def test_packed_environment_tokens_equal_padded(tmp_path):
+    config = _config(tmp_path, STRATEGIES["ppo token-mean"], micro_batch_tokens=BUDGET)
+    strategy, run = build_strategy(config, tmp_path)
+    _assert_packed_equals_padded(strategy, run, _with_environment_tokens)
 
 
 def test_packed_lora_equals_padded(tmp_path):
@@ -134,5 +149,14 @@ def test_a_packed_run_equals_the_padded_run(tmp_path, name):
 def test_options_are_checked(tmp_path):
     config = _config(tmp_path, STRATEGIES["grpo token-mean"], micro_batch_tokens=64,
                      grad_accum_steps=2)
-    with pytest.raises(ConfigError, match="trainer.micro_batch_tokens"):
+    with pytest.raises(ConfigError, match="trainer.micro_batch_tokens.*grad_accum_steps"):
         build_strategy(config, tmp_path)
+    config = _config(tmp_path, {**STRATEGIES["grpo token-mean"], "router_replay": "R2"},
+                     micro_batch_tokens=64)
+    with pytest.raises(ConfigError, match="trainer.micro_batch_tokens.*router_replay"):
+        build_strategy(config, tmp_path)
+    start = save_start_model(tmp_path / "start")
+    offline = text_run_config(tmp_path, write_texts(tmp_path / "docs.jsonl"), start,
+                              micro_batch_tokens=64)
+    with pytest.raises(ConfigError, match="trainer.micro_batch_tokens.*draws no rollouts"):
+        build_strategy(offline, tmp_path)
