@@ -24,6 +24,7 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+from typing import Any
 
 import torch
 import yaml
@@ -37,14 +38,14 @@ def digit_reward(prompts, completions, **columns):
     return [sum(c.isdigit() for c in text) / max(len(text), 1) for text in completions]
 
 
-def make_model(directory: Path, size: str) -> None:
+def make_model(directory: Path, size: str, max_positions: int = 256) -> None:
     from transformers import AutoTokenizer, LlamaConfig, LlamaForCausalLM
 
     tokenizer = AutoTokenizer.from_pretrained(str(TOKENIZER))
     dims = {"small": (256, 4, 688), "tiny": (128, 2, 344)}[size]
     config = LlamaConfig(vocab_size=len(tokenizer), hidden_size=dims[0], num_hidden_layers=dims[1],
                          intermediate_size=dims[2], num_attention_heads=8, num_key_value_heads=4,
-                         max_position_embeddings=256, tie_word_embeddings=True,
+                         max_position_embeddings=max_positions, tie_word_embeddings=True,
                          bos_token_id=None, eos_token_id=tokenizer.eos_token_id,
                          pad_token_id=tokenizer.pad_token_id)
     torch.manual_seed(0)
@@ -60,9 +61,12 @@ def prompts(count: int) -> list[str]:
             for _ in range(count)]
 
 
-def time_trl(model_dir: Path, work: Path, args: argparse.Namespace) -> list[float]:
+def train_trl(model: Any, tokenizer: Any, work: Path, args: argparse.Namespace,
+              completion_length: int, **options: Any) -> tuple[Any, list[float]]:
+    """TRL's GRPO run of ``model``: (the trainer, its step times). ``options``: more
+    GRPOConfig fields."""
     from datasets import Dataset
-    from transformers import AutoModelForCausalLM, AutoTokenizer, TrainerCallback
+    from transformers import TrainerCallback
     from trl import GRPOConfig, GRPOTrainer
 
     stamps: list[float] = []
@@ -71,39 +75,47 @@ def time_trl(model_dir: Path, work: Path, args: argparse.Namespace) -> list[floa
         def on_step_end(self, *unused, **kwargs):
             stamps.append(time.perf_counter())
 
-    tokenizer = AutoTokenizer.from_pretrained(str(model_dir))
     config = GRPOConfig(
         output_dir=str(work / "trl"), use_cpu=True, report_to="none", logging_steps=1,
         max_steps=args.steps, learning_rate=args.lr, lr_scheduler_type="constant",
         warmup_steps=0, per_device_train_batch_size=args.prompts * args.group,
-        num_generations=args.group, max_completion_length=args.tokens, temperature=1.0,
+        num_generations=args.group, max_completion_length=completion_length, temperature=1.0,
         beta=0.0, loss_type="dapo", epsilon=0.2, save_strategy="no", seed=0,
-        generation_kwargs={"min_new_tokens": args.tokens}, max_grad_norm=1.0,
-        dataloader_num_workers=0,
+        max_grad_norm=1.0, dataloader_num_workers=0,
         # TRL 1.x defaults to bf16 autocast and gradient checkpointing; astrai trains this
         # model in float32 without checkpointing, so compare like with like.
-        bf16=False, gradient_checkpointing=False,
+        bf16=False, gradient_checkpointing=False, **options,
     )
     dataset = Dataset.from_list([{"prompt": p} for p in prompts(args.prompts * args.steps)])
-    trainer = GRPOTrainer(model=AutoModelForCausalLM.from_pretrained(str(model_dir)),
-                          reward_funcs=digit_reward, args=config, train_dataset=dataset,
-                          processing_class=tokenizer, callbacks=[Stamp()])
+    trainer = GRPOTrainer(model=model, reward_funcs=digit_reward, args=config,
+                          train_dataset=dataset, processing_class=tokenizer, callbacks=[Stamp()])
     start = time.perf_counter()
     trainer.train()
-    return [b - a for a, b in zip([start] + stamps[:-1], stamps)]
+    return trainer, [b - a for a, b in zip([start] + stamps[:-1], stamps)]
 
 
-def time_astrai(model_dir: Path, work: Path, args: argparse.Namespace) -> list[float]:
+def time_trl(model_dir: Path, work: Path, args: argparse.Namespace) -> list[float]:
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    model = AutoModelForCausalLM.from_pretrained(str(model_dir))
+    _, steps = train_trl(model, AutoTokenizer.from_pretrained(str(model_dir)), work, args,
+                         args.tokens, generation_kwargs={"min_new_tokens": args.tokens})
+    return steps
+
+
+def train_astrai(model_dir: Path, work: Path, args: argparse.Namespace, sampler: dict,
+                 overrides: dict | None = None) -> list[dict]:
+    """astrai's GRPO run on the model in ``model_dir`` (imported), with these ``sampler``
+    options and section ``overrides``: its metrics records."""
+    from astrai_core.checkpoints.hf.select import importer_for_hf_dir
     from astrai_core.config import load_config
+    from astrai_core.plugins import load_plugins
     from astrai_core.training.run import train
 
     data = work / "prompts.jsonl"
     data.write_text("".join(json.dumps({"prompt": p}) + "\n"
                             for p in prompts(args.prompts * args.steps)))
     native = work / "native"
-    from astrai_core.checkpoints.hf.select import importer_for_hf_dir
-    from astrai_core.plugins import load_plugins
-
     importer_for_hf_dir(load_plugins(), model_dir).import_checkpoint(model_dir, native)
     config = {
         "output_dir": str(work / "astrai"),
@@ -113,20 +125,27 @@ def time_astrai(model_dir: Path, work: Path, args: argparse.Namespace) -> list[f
         "strategy": {"name": "grpo", "group_size": args.group, "eps_low": 0.2, "eps_high": 0.2,
                      "loss_aggregation": "token-mean"},
         "rewards": [{"name": f"{Path(__file__).stem}:digit_reward"}],
-        # No stop token (the default is the EOS): every completion is args.tokens long, as TRL's.
-        "sampler": {"name": "torch", "temperature": 1.0, "max_new_tokens": args.tokens,
-                    "stop_token_ids": [], "max_batch_size": args.prompts * args.group},
+        "sampler": {"name": "torch", "temperature": 1.0,
+                    "max_batch_size": args.prompts * args.group, **sampler},
         "device": {"name": "cpu"},
         "trainer": {"max_steps": args.steps, "lr": args.lr, "schedule": "constant",
                     "max_grad_norm": 1.0, "eval_at_start": False, "save_every": 0,
                     "progress": False},
     }
+    for section, options in (overrides or {}).items():
+        config[section].update(options)
     path = work / "astrai.yaml"
     path.write_text(yaml.safe_dump(config))
     sys.path.insert(0, str(Path(__file__).parent))  # the reward is `bench_grpo_trl:digit_reward`
     train(load_config(path))
-    records = [json.loads(line) for line in (work / "astrai" / "metrics.jsonl").read_text()
-               .splitlines()]
+    return [json.loads(line) for line in (work / "astrai" / "metrics.jsonl").read_text()
+            .splitlines()]
+
+
+def time_astrai(model_dir: Path, work: Path, args: argparse.Namespace) -> list[float]:
+    # No stop token (the default is the EOS): every completion is args.tokens long, as TRL's.
+    records = train_astrai(model_dir, work, args,
+                           {"max_new_tokens": args.tokens, "stop_token_ids": []})
     return [r["time/step_seconds"] for r in records if "time/step_seconds" in r]
 
 
@@ -140,24 +159,35 @@ def run_one(args: argparse.Namespace) -> None:
     print("STEPS " + json.dumps(steps), flush=True)
 
 
-def child_steps(who: str, model_dir: Path, argv: list[str]) -> list[float]:
-    command = [sys.executable, __file__, *argv, "--only", who, "--model-dir", str(model_dir)]
+def child_json(script: str, tag: str, who: str, model_dir: Path, argv: list[str]) -> Any:
+    """``script`` run as the child measuring ``who``: the JSON it printed after ``tag``."""
+    command = [sys.executable, script, *argv, "--only", who, "--model-dir", str(model_dir)]
     out = subprocess.run(command, capture_output=True, text=True)
     if out.returncode != 0:
         raise SystemExit(f"the {who} run failed:\n{out.stderr[-3000:]}")
-    line = next(line for line in out.stdout.splitlines() if line.startswith("STEPS "))
-    return json.loads(line[len("STEPS "):])
+    line = next(line for line in out.stdout.splitlines() if line.startswith(tag + " "))
+    return json.loads(line[len(tag) + 1:])
+
+
+def child_steps(who: str, model_dir: Path, argv: list[str]) -> list[float]:
+    return child_json(__file__, "STEPS", who, model_dir, argv)
+
+
+def add_run_arguments(parser: argparse.ArgumentParser, *, steps: int, prompts: int,
+                      size: str) -> None:
+    """The options both GRPO benchmarks share (with their own defaults)."""
+    parser.add_argument("--steps", type=int, default=steps)
+    parser.add_argument("--prompts", type=int, default=prompts, help="prompts per step")
+    parser.add_argument("--group", type=int, default=8, help="completions per prompt")
+    parser.add_argument("--size", choices=("tiny", "small"), default=size)
+    parser.add_argument("--lr", type=float, default=1e-5)
+    parser.add_argument("--threads", type=int, default=1)
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--steps", type=int, default=6)
-    parser.add_argument("--prompts", type=int, default=8, help="prompts per step")
-    parser.add_argument("--group", type=int, default=8, help="completions per prompt")
+    add_run_arguments(parser, steps=6, prompts=8, size="small")
     parser.add_argument("--tokens", type=int, default=16, help="completion length")
-    parser.add_argument("--size", choices=("tiny", "small"), default="small")
-    parser.add_argument("--lr", type=float, default=1e-5)
-    parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--rounds", type=int, default=2,
                         help="astrai, TRL, astrai, TRL, ...: each run in a fresh process")
     parser.add_argument("--only", choices=("astrai", "trl"), help=argparse.SUPPRESS)

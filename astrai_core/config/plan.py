@@ -210,6 +210,7 @@ def plan_run(config: RunConfig, source: YamlSource | None = None,
     sampler = resolve.section("sampler", sampler_section, ("sampler",))
     try:
         _check_logprob_limit(config, needs)
+        _check_packing(config, needs)
         _check_staleness(config, needs, registry, sampler)
     except FieldError as exc:
         raise resolve.error(exc.path, exc.message) from None
@@ -417,6 +418,15 @@ def _check_logprob_limit(config: RunConfig, needs: StrategyNeeds) -> None:
         raise FieldError(path, "with rollout.max_staleness > 0 the sampler's weights lag the "
                          "trainer's by design, so the mismatch measures the policy's change, "
                          "not the weight push; remove one of the two")
+
+
+def _check_packing(config: RunConfig, needs: StrategyNeeds) -> None:
+    """``trainer.micro_batch_tokens`` packs the rows of online steps."""
+    if config.trainer.micro_batch_tokens is not None and not needs.rollouts:
+        raise FieldError(("trainer", "micro_batch_tokens"),
+                         f"packs the rollout rows of online strategies, and strategy "
+                         f"{config.strategy.name!r} draws no rollouts (offline data is packed "
+                         "by data.packing)")
 
 
 def _keywords(target: Any) -> list[str]:

@@ -29,6 +29,10 @@ class TrainerConfig(BaseModel):
         False, description="with muon, also orthogonalize each MoE expert's matrices "
         "(off: the fused 3-D expert tensors train with AdamW)")
     grad_accum_steps: int = Field(1, ge=1)
+    micro_batch_tokens: int | None = Field(
+        None, ge=1, description="online strategies: pack each optimizer step's rollout rows "
+        "without padding into micro-batches of at most this many tokens per process (in "
+        "place of grad_accum_steps); null = padded micro-batches")
     max_grad_norm: float | None = Field(1.0, gt=0, description="None disables clipping")
     mixed_precision: Literal["no", "bf16"] = Field(
         "no", description="autocast compute dtype (bf16); fp16 is not offered: it needs loss "

@@ -53,6 +53,9 @@ class RolloutBatch:
     # (turns, tool_calls, tool_errors, env_seconds).
     context_mask: Tensor | None = None
     episode_stats: list[dict[str, float]] = field(default_factory=list)
+    # Trained without padding (trainer.micro_batch_tokens): policy_forward runs the rows
+    # as one packed sequence (rollout/packing.py); the tensors above keep their layout.
+    packed: bool = False
 
     def __len__(self) -> int:
         return self.response_ids.shape[0]

@@ -9,6 +9,7 @@ import torch
 
 from astrai_core.model.head import predicting_positions, target_logprobs
 from astrai_core.rollout.batch import RolloutBatch
+from astrai_core.rollout.packing import packed_forward
 
 
 def policy_forward(model: torch.nn.Module, batch: RolloutBatch, temperature: float = 1.0,
@@ -20,8 +21,11 @@ def policy_forward(model: torch.nn.Module, batch: RolloutBatch, temperature: flo
     ``hidden_states`` [N, R, H] at those same positions when asked (a value head on them
     gives V(s_t), the value before action t, with no extra shift) and ``aux_loss`` (MoE).
     Padding positions hold finite numbers that callers mask with ``response_mask``.
-    A native model computes the log-probs with its chunked head (model/head.py).
+    A native model computes the log-probs with its chunked head (model/head.py). A
+    ``packed`` batch runs as one sequence of its real tokens (rollout/packing.py).
     """
+    if batch.packed:
+        return packed_forward(model, batch, temperature, return_hidden_states, return_entropy)
     out = target_logprobs(model, batch.input_ids(), batch.response_ids, temperature,
                           with_entropy=return_entropy, attention_mask=batch.attention_mask(),
                           position_ids=batch.position_ids(),

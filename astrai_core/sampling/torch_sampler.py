@@ -3,7 +3,11 @@
 Prompts of different lengths are left-padded into one batch; each request keeps its own
 temperature, filters, seed, stops and length (``sampling.rows.RowSampling``, which the
 server's continuous-batching engine shares). Finished rows leave the batch (and the KV
-cache) at once, so they stop costing compute. The reported log-probabilities are
+cache) at once, so they stop costing compute. With more requests than
+``max_batch_size``, batching is continuous: a finished row's slot goes to the next
+waiting request at the next step (``sampling.running_batch``, the server engine's
+machinery), so a long completion never holds back the requests behind it. Each request
+samples from its own random stream, so its tokens do not depend on what shares its batch. The reported log-probabilities are
 log_softmax(logits / T) of the chosen token before filtering: exactly what the trainer's
 ``policy_forward`` computes for the same tokens. With ``record_routing=True`` each
 completion also reports the MoE experts of every position (``sampling/routing.py``).
@@ -11,7 +15,7 @@ completion also reports the MoE experts of every position (``sampling/routing.py
 
 from __future__ import annotations
 
-import inspect
+from collections import deque
 from collections.abc import Callable, Sequence
 from contextlib import nullcontext
 from typing import Any
@@ -26,6 +30,7 @@ from astrai_core.sampling.params import Completion, SamplingParams
 from astrai_core.sampling.requests import Request, expand_requests
 from astrai_core.sampling.routing import BatchRouting
 from astrai_core.sampling.rows import RowSampling
+from astrai_core.sampling.running_batch import RunningBatch, decode, last_logits_only, prefill
 
 TokenCallback = Callable[[int, int], None]  # (completion index, token id)
 
@@ -80,9 +85,12 @@ class TorchSampler:
         try:
             with torch.inference_mode(), (routing_recorder(self.model) if record_routing
                                           else nullcontext()) as tape:
-                for start in range(0, len(ordered), self.max_batch_size):
-                    _DecodeBatch(self, ordered[start:start + self.max_batch_size], on_token,
-                                 tape).run()
+                if len(ordered) > self.max_batch_size and not record_routing:
+                    _ContinuousDecode(self, ordered, on_token).run()
+                else:  # one batch (routing is recorded batch by batch)
+                    for start in range(0, len(ordered), self.max_batch_size):
+                        _DecodeBatch(self, ordered[start:start + self.max_batch_size],
+                                     on_token, tape).run()
         finally:
             self.model.train(was_training)
         return [r.completion(self.tokenizer) for r in requests]
@@ -162,9 +170,7 @@ class _DecodeBatch:
         return as_tensor(first), as_tensor(copies)
 
     def _last_logits_only(self) -> dict[str, int]:
-        """Prefill needs only the last position's logits: ask for just those when the model can."""
-        parameters = inspect.signature(self.model.forward).parameters
-        return {"logits_to_keep": 1} if "logits_to_keep" in parameters else {}
+        return last_logits_only(self.model)
 
     def _left_pad(self, length: int) -> tuple[Tensor, Tensor]:
         input_ids = torch.zeros(len(self.rows), length, dtype=torch.long)
@@ -183,35 +189,10 @@ class _DecodeBatch:
 
     # ---------------------------------------------------------------- one step
     def _choose(self, logits: Tensor) -> Tensor:
-        """Next token of every row, and its log-prob appended to each request."""
-        tokens, logprobs, _ = self.sampling.choose(logits)
-        for request, logprob in zip(self.rows, logprobs.tolist(), strict=True):
-            request.logprobs.append(logprob)
-        return tokens
+        return choose(self.rows, self.sampling, logits)
 
     def _record(self, tokens: list[int]) -> list[int]:
-        """Append each row's token, mark finished requests; returns the rows still active."""
-        keep = []
-        for row, (request, token) in enumerate(zip(self.rows, tokens, strict=True)):
-            request.token_ids.append(token)
-            if self.on_token is not None:
-                self.on_token(request.index, token)
-            if token in request.params.stop_token_ids or self._hit_stop_string(request):
-                request.finish_reason = "stop"
-            elif len(request.token_ids) >= request.params.max_new_tokens:
-                request.finish_reason = "length"
-            else:
-                keep.append(row)
-        return keep
-
-    def _hit_stop_string(self, request: Request) -> bool:
-        if not request.params.stop:
-            return False
-        text = self.tokenizer.decode(request.token_ids, skip_special_tokens=True)
-        found = [at for at in (text.find(stop) for stop in request.params.stop) if at >= 0]
-        if found:
-            request.stop_text_at = min(found)
-        return bool(found)
+        return record(self.rows, tokens, self.on_token, self.tokenizer)
 
     def _drop_finished(self, keep: list[int], cache, full_mask: Tensor, next_position: Tensor,
                        tokens: Tensor) -> tuple[Tensor, Tensor, Tensor]:
@@ -222,3 +203,86 @@ class _DecodeBatch:
         self.rows = [self.rows[i] for i in keep]
         self.sampling.select(keep)
         return full_mask.index_select(0, rows), next_position.index_select(0, rows), tokens.index_select(0, rows)
+
+
+class _ContinuousDecode:
+    """More requests than batch rows: each finished row's slot is refilled at the next step
+    by the next waiting request (prefilled with the others of its prompt length, then
+    merged into the running batch)."""
+
+    def __init__(self, sampler: TorchSampler, requests: list[Request],
+                 on_token: TokenCallback | None) -> None:
+        self.model, self.tokenizer, self.on_token = sampler.model, sampler.tokenizer, on_token
+        self.max_batch_size = sampler.max_batch_size
+        self.device = next(self.model.parameters()).device
+        self.waiting = deque(requests)
+        self.batch: RunningBatch | None = None
+
+    def run(self) -> None:
+        while self.waiting or self.batch is not None:
+            self._admit()
+            if self.batch is not None:
+                self.batch = self._step(self.batch, decode(self.model, self.batch))
+
+    def _admit(self) -> None:
+        free = self.max_batch_size - (len(self.batch.rows) if self.batch is not None else 0)
+        groups: dict[int, list[Request]] = {}
+        for _ in range(min(free, len(self.waiting))):
+            request = self.waiting.popleft()
+            groups.setdefault(len(request.prompt_ids), []).append(request)
+        for group in groups.values():
+            sampling = RowSampling([r.params for r in group], [r.rng for r in group], self.device)
+            joined, logits = prefill(self.model, group, [r.prompt_ids for r in group], sampling)
+            joined = self._step(joined, logits)
+            if joined is None:
+                continue
+            if self.batch is None:
+                self.batch = joined
+            else:
+                self.batch.extend(joined)
+
+    def _step(self, batch: RunningBatch, logits: Tensor) -> RunningBatch | None:
+        """Sample every row's next token; the batch without its finished rows (None: empty)."""
+        batch.tokens = choose(batch.rows, batch.sampling, logits)
+        keep = record(batch.rows, batch.tokens.tolist(), self.on_token, self.tokenizer)
+        if not keep:
+            return None
+        if len(keep) < len(batch.rows):
+            batch.keep(keep)
+        return batch
+
+
+# ---------------------------------------------------------------- one step, both decoders
+def choose(rows: list[Request], sampling: RowSampling, logits: Tensor) -> Tensor:
+    """Next token of every row, and its log-prob appended to each request."""
+    tokens, logprobs, _ = sampling.choose(logits)
+    for request, logprob in zip(rows, logprobs.tolist(), strict=True):
+        request.logprobs.append(logprob)
+    return tokens
+
+
+def record(rows: list[Request], tokens: list[int], on_token: TokenCallback | None,
+           tokenizer: Any) -> list[int]:
+    """Append each row's token, mark finished requests; returns the rows still active."""
+    keep = []
+    for row, (request, token) in enumerate(zip(rows, tokens, strict=True)):
+        request.token_ids.append(token)
+        if on_token is not None:
+            on_token(request.index, token)
+        if token in request.params.stop_token_ids or _hit_stop_string(request, tokenizer):
+            request.finish_reason = "stop"
+        elif len(request.token_ids) >= request.params.max_new_tokens:
+            request.finish_reason = "length"
+        else:
+            keep.append(row)
+    return keep
+
+
+def _hit_stop_string(request: Request, tokenizer: Any) -> bool:
+    if not request.params.stop:
+        return False
+    text = tokenizer.decode(request.token_ids, skip_special_tokens=True)
+    found = [at for at in (text.find(stop) for stop in request.params.stop) if at >= 0]
+    if found:
+        request.stop_text_at = min(found)
+    return bool(found)

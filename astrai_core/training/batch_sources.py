@@ -8,7 +8,9 @@ at a time (``next_step()``: a list of ``trainer.grad_accum_steps`` of them) and 
 * :class:`RolloutSource`: the whole online schedule. It draws a rollout, processes it
   once (behaviour log-probs, reference log-probs, values, advantages), shuffles it afresh
   for each of ``epochs`` passes, cuts each pass into ``mini_batches`` optimizer steps and
-  each step into micro-batches. Its checkpoint state holds the processed rollout itself
+  each step into micro-batches (``trainer.grad_accum_steps`` padded ones, or packed ones
+  of at most ``trainer.micro_batch_tokens`` tokens; ``throughput/padding_fraction`` says
+  how much of them is padding). Its checkpoint state holds the processed rollout itself
   (as tensors, saved through safetensors), its order and the position in it, so a run
   killed in the middle of a rollout resumes exactly there. With ``max_staleness: k > 0``
   it requests rollouts ahead from an asynchronous sampler (``drawer.submit()``) so that
@@ -26,6 +28,7 @@ from typing import Any, Protocol
 import torch
 
 from astrai_core.rollout.batch import RolloutBatch
+from astrai_core.rollout.packing import padding_fraction, token_micro_batches
 
 TENSORS = "tensors"  # the key of a source state whose tensors go to safetensors
 
@@ -87,7 +90,8 @@ class RolloutSource:
     def __init__(self, drawer: Drawer, process: ProcessFn, *, epochs: int, mini_batches: int,
                  micro_batches: int, seed: int, device: torch.device | str = "cpu",
                  shuffle: bool = True, max_staleness: int = 0,
-                 shard: Callable[[RolloutBatch], RolloutBatch] | None = None) -> None:
+                 shard: Callable[[RolloutBatch], RolloutBatch] | None = None,
+                 micro_batch_tokens: int | None = None, world: int = 1) -> None:
         self.drawer = drawer
         self.process = process
         self.epochs, self.mini_batches, self.micro_batches = epochs, mini_batches, micro_batches
@@ -95,6 +99,9 @@ class RolloutSource:
         # Distributed: the rollout is the global one; each rank trains its share of rows
         # of every micro-batch (DistContext.shard_rows).
         self.shard = shard or (lambda batch: batch)
+        # trainer.micro_batch_tokens: packed micro-batches of at most this many tokens per
+        # rank, in place of `micro_batches` padded ones (rollout/packing.py)
+        self.micro_batch_tokens, self.world = micro_batch_tokens, world
         self.stats: dict[str, float] = {}
         self.drawn = 0
         self._rollout: RolloutBatch | None = None
@@ -115,8 +122,13 @@ class RolloutSource:
         self._request_ahead()
         rows = self._order[self._position]
         self._position += 1
-        return [self.shard(part) for part in
-                split_micro_batches(self._rollout.select(rows), self.micro_batches)]
+        step = self._rollout.select(rows)
+        if self.micro_batch_tokens is None:
+            parts = split_micro_batches(step, self.micro_batches)
+        else:
+            parts = token_micro_batches(step, self.micro_batch_tokens, self.world)
+        self.stats["throughput/padding_fraction"] = padding_fraction(parts)
+        return [self.shard(part) for part in parts]
 
     # -- bounded staleness (rollout.max_staleness) ------------------------------------
     def _request_ahead(self) -> None:

@@ -39,6 +39,7 @@ from astrai_core.config.schema import ComponentSection, RunConfig
 from astrai_core.distributed.world import launched_world_size
 from astrai_core.rollout.gather import gather_rollout
 from astrai_core.errors import ConfigError, FieldError
+from astrai_core.model.head import has_chunked_head
 from astrai_core.model.router_replay import ROUTED_EXPERTS, has_moe, record_routing
 from astrai_core.rl.functional import token_rewards_from_scores
 from astrai_core.rl.objective import ObjectiveSettings, PolicyObjective
@@ -165,6 +166,8 @@ class OnlineStrategy(Strategy):
                              "with rollout.max_staleness > 0 the trainer's log-probs are not "
                              "the sampling policy's: keep the sampler's (false), or add "
                              "rollout_correction to weigh the two")
+        if run_config.trainer.micro_batch_tokens is not None:
+            cls._check_packing(config, run_config)
         world = launched_world_size()
         if rows // (config.mini_batches * accum) % world:
             raise FieldError(("trainer", "grad_accum_steps"),
@@ -174,7 +177,23 @@ class OnlineStrategy(Strategy):
                              "(strategy.mini_batches x trainer.grad_accum_steps) a multiple "
                              f"of {world}")
 
+    @staticmethod
+    def _check_packing(config: Any, run_config: RunConfig) -> None:
+        """trainer.micro_batch_tokens sizes the micro-batches itself, by tokens."""
+        if run_config.trainer.grad_accum_steps != 1:
+            raise FieldError(("trainer", "micro_batch_tokens"),
+                             "sizes the micro-batches by tokens; leave "
+                             "trainer.grad_accum_steps at 1 with it")
+        if config.router_replay != "disabled":
+            raise FieldError(("trainer", "micro_batch_tokens"),
+                             "packed micro-batches cannot replay MoE routing yet; use "
+                             "strategy.router_replay: disabled with them")
+
     def batch_source(self) -> RolloutSource:
+        packing = self.run.trainer.micro_batch_tokens
+        if packing is not None and not has_chunked_head(self.run.model):
+            raise ConfigError("trainer.micro_batch_tokens packs rows into one sequence, "
+                              "which needs a native model (model.backend: native)")
         if self.config.router_replay != "disabled" and not has_moe(self.run.model):
             raise ConfigError(f"strategy.router_replay: {self.config.router_replay} replays MoE "
                               "routing, and the model has no MoE layer")
@@ -188,7 +207,8 @@ class OnlineStrategy(Strategy):
                              micro_batches=self.run.trainer.grad_accum_steps,
                              seed=self.run.trainer.seed, device=self.run.device,
                              max_staleness=self.run.plan.config.rollout.max_staleness,
-                             shard=self.run.dist.shard_rows)
+                             shard=self.run.dist.shard_rows, micro_batch_tokens=packing,
+                             world=self.run.dist.world_size)
 
     def policy_objective(self, settings: ObjectiveSettings) -> PolicyObjective:
         """The shared objective around the run's policy loss (built by the wiring)."""

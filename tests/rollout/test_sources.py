@@ -58,7 +58,10 @@ def test_each_rollout_serves_epochs_times_mini_batches_steps(fake_sampler, make_
     source, processed = _source(fake_sampler, make_records)
     steps = [source.next_step() for _ in range(8)]
     assert len(processed) == 2 and len(fake_sampler.calls) == 2   # 2 x 2 steps per rollout
+    padding = source.stats.pop("throughput/padding_fraction")  # of the step's micro-batches
     assert source.stats == {"rollout/marker": 2.0, "rollout/staleness": 0.0}
+    step = steps[-1][0]
+    assert padding == 1 - step.attention_mask().sum().item() / step.attention_mask().numel()
     # each epoch (2 mini-batch steps) covers the whole rollout once: prompts 0 and 1 twice each
     first_epoch = _rows(steps[0] + steps[1])
     assert first_epoch == [0, 0, 1, 1]

@@ -1,0 +1,108 @@
+"""Rollout rows trained without padding (``trainer.micro_batch_tokens``).
+
+:func:`token_micro_batches` cuts an optimizer step's rows into micro-batches of at most N
+real tokens; each is marked ``packed``, and :func:`packed_forward` runs such a batch as
+ONE sequence of its real tokens: each row's [prompt | response] one after the other,
+positions restarting at 0 for every row, so the model's block-diagonal mask (the one SFT
+packing uses, ``model/masks.py``) keeps the rows apart. Its outputs are scattered back to
+the batch's padded [N, R] layout, so the loss, the advantages and every metric are
+computed exactly as on the padded batch; only the padding's compute is gone.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from torch import Tensor
+
+from astrai_core.model.head import chunked_logprobs
+from astrai_core.rollout.batch import RolloutBatch
+
+
+def packed_forward(model: torch.nn.Module, batch: RolloutBatch, temperature: float,
+                   return_hidden_states: bool, return_entropy: bool) -> dict[str, Any]:
+    """:func:`~astrai_core.rollout.forward.policy_forward`'s outputs for a packed batch.
+
+    The model must compute log-probs inside its forward (a native model: its ``head=``
+    argument); values at the response's padding are 0.
+    """
+    mask = batch.attention_mask().bool()  # [N, P + R]: real tokens, contiguous per row
+    flat_ids = batch.input_ids()[mask][None]  # [1, T]
+    positions = batch.position_ids()[mask][None]  # 0 at each row's first token
+    # Flat index of every real column; a response token is scored at the index before it.
+    flat_index = (mask.long().cumsum(-1) - 1 + _row_offsets(mask)[:, None])
+    width = batch.prompt_ids.shape[1]
+    scored = mask[:, width:]  # [N, R] real response tokens (environment tokens included)
+    predicting = flat_index[:, width:][scored] - 1
+    targets = batch.response_ids[scored]
+
+    def head(hidden: Tensor, weight: Tensor) -> dict[str, Tensor]:
+        logprobs, entropy = chunked_logprobs(hidden[0, predicting], weight, targets,
+                                             temperature, with_entropy=return_entropy)
+        out = {"logprobs": logprobs}
+        if entropy is not None:
+            out["entropy"] = entropy
+        return out
+
+    out = model(flat_ids, position_ids=positions, head=head,
+                return_hidden_states=return_hidden_states)
+    result: dict[str, Any] = {"logprobs": _unpack(out["logprobs"], scored),
+                              "aux_loss": out.get("aux_loss")}
+    if return_entropy:
+        result["entropy"] = _unpack(out["entropy"], scored)
+    if return_hidden_states:
+        result["hidden_states"] = _unpack(out["hidden_states"][0, predicting], scored)
+    return result
+
+
+def _row_offsets(mask: Tensor) -> Tensor:
+    """[N] flat index of each row's first real token."""
+    lengths = mask.sum(-1)
+    return lengths.cumsum(0) - lengths
+
+
+def _unpack(values: Tensor, scored: Tensor) -> Tensor:
+    """[M, ...] values of the scored positions -> [N, R, ...], 0 elsewhere (differentiable)."""
+    out = values.new_zeros((*scored.shape, *values.shape[1:]))
+    return out.index_put((*scored.nonzero(as_tuple=True),), values)
+
+
+def token_micro_batches(batch: RolloutBatch, max_tokens: int, world: int = 1
+                        ) -> list[RolloutBatch]:
+    """``batch``'s rows, in order, cut into packed micro-batches of at most ``max_tokens``
+    real tokens per process. Rows go in whole steps of ``world`` (so that each micro-batch
+    splits evenly over the data-parallel ranks, rank r taking the r-th contiguous share);
+    a step longer than the budget on its own makes a micro-batch by itself."""
+    lengths = batch.attention_mask().sum(-1).tolist()
+    if len(lengths) % world:
+        raise ValueError(f"{len(lengths)} rows cannot be split evenly over {world} ranks")
+    parts: list[list[int]] = []
+    current: list[int] = []
+    for start in range(0, len(lengths), world):
+        candidate = current + list(range(start, start + world))
+        if current and _largest_share(candidate, lengths, world) > max_tokens:
+            parts.append(current)
+            candidate = list(range(start, start + world))
+        current = candidate
+    if current:
+        parts.append(current)
+    return [_packed(batch.select(rows)) for rows in parts]
+
+
+def _largest_share(rows: list[int], lengths: list[int], world: int) -> int:
+    """The most tokens any rank gets when ``rows`` are split in ``world`` contiguous shares."""
+    share = len(rows) // world
+    return max(sum(lengths[i] for i in rows[r * share:(r + 1) * share]) for r in range(world))
+
+
+def _packed(batch: RolloutBatch) -> RolloutBatch:
+    batch.packed = True
+    return batch
+
+
+def padding_fraction(batches: list[RolloutBatch]) -> float:
+    """The share of the training forwards' token slots that are padding (0 when packed)."""
+    real = [int(b.attention_mask().sum()) for b in batches]
+    slots = sum(n if b.packed else b.attention_mask().numel() for b, n in zip(batches, real))
+    return 1.0 - sum(real) / slots if slots else 0.0
