@@ -305,6 +305,9 @@ class Trainer:
         for trained in self.modules:
             trained.step()
             sums[trained.metric("lr")] = trained.scheduler.get_last_lr()[0]
+        skipped = getattr(self.run.train_loader, "skipped", 0)  # prompts too long to fit
+        if skipped:
+            sums["data/prompts_skipped"] = skipped
         return {**sums, **self.source.stats, **self.strategy.step_metrics()}
 
     def _unweight(self, total: float) -> None:
