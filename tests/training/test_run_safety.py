@@ -96,40 +96,30 @@ def test_signal_without_checkpoint_on_signal(tmp_path):
     assert not (tmp_path / "run" / "checkpoints").exists()
 
 
-def test_a_second_sigterm_ends_the_process_at_once():
+@pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGINT])
+def test_a_second_signal_ends_the_process_at_once(signum):
     # The default action of the second signal, in the thread that handles it: nothing
-    # after it runs (os.kill could deliver it to another thread, too late).
-    code = ("import signal\nfrom astrai_core.training.signals import StopOnSignal\n"
-            "with StopOnSignal():\n"
-            "    signal.raise_signal(signal.SIGTERM)\n"
-            "    print('first seen', flush=True)\n"
-            "    signal.raise_signal(signal.SIGTERM)\n"
-            "    print('survived', flush=True)\n")
-    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
-    assert done.returncode == -signal.SIGTERM, done.stderr
-    assert "first seen" in done.stdout and "survived" not in done.stdout
-    errors = [line for line in done.stderr.splitlines() if line.startswith("error:")]
-    assert errors == ["error: stopped at once by a second SIGTERM; a checkpoint being "
-                      "written is left unfinished (the next run removes it)"], done.stderr
-
-
-def test_a_second_sigint_cannot_be_caught_by_the_code_it_interrupts():
-    # DCP's writer catches BaseException and re-raises it as a CheckpointException: a
-    # second Ctrl-C must end the process, not raise something such code can catch
+    # after it runs (os.kill could deliver it to another thread, too late), and it is no
+    # exception that the code it interrupts could catch (DCP's writer catches
+    # BaseException and re-raises it as a CheckpointException: a traceback, status 1).
+    name = signal.Signals(signum).name
     code = ("import signal\nfrom astrai_core.training.signals import StopOnSignal\n"
             "with StopOnSignal():\n"
             "    try:\n"
-            "        signal.raise_signal(signal.SIGINT)\n"
+            f"        signal.raise_signal(signal.{name})\n"
             "        print('first seen', flush=True)\n"
-            "        signal.raise_signal(signal.SIGINT)\n"
+            f"        signal.raise_signal(signal.{name})\n"
             "    except BaseException as error:\n"
             "        print('caught', type(error).__name__, flush=True)\n"
             "    print('survived', flush=True)\n")
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
-    assert done.returncode == -signal.SIGINT, done.stderr
+    assert done.returncode == -signum, done.stderr
     assert "first seen" in done.stdout, done.stdout
     assert "caught" not in done.stdout and "survived" not in done.stdout, done.stdout
     assert "Traceback" not in done.stderr, done.stderr
+    errors = [line for line in done.stderr.splitlines() if line.startswith("error:")]
+    assert errors == [f"error: stopped at once by a second {name}; a checkpoint being "
+                      "written is left unfinished (the next run removes it)"], done.stderr
 
 
 def test_a_second_sigint_during_a_save_ends_the_run_at_once_in_one_line(tmp_path):
