@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import pytest
 
-from astrai_core.cli.launch import blame
+from astrai_core.cli.failed_rank import blame
 from astrai_core.distributed.worker_report import Ending
 from astrai_core.testing.faults import failed_command, hung_command, killed_command
 from astrai_core.training.phases import CHECKPOINT_SAVED, DCP_WRITTEN

@@ -14,7 +14,8 @@ import time
 
 from astrai_core.checkpoints.manifest import verify_manifest
 from astrai_core.checkpoints.training_state import list_checkpoints
-from astrai_core.cli.launch import _failure, culprit, torchrun_argv
+from astrai_core.cli.failed_rank import _failure, culprit
+from astrai_core.cli.launch import torchrun_argv
 from astrai_core.testing.faults import hung_command
 from astrai_core.training.phases import DCP_WRITTEN
 from tests.training.conftest import Watched, tiny_config, write_config
