@@ -201,7 +201,7 @@ class Trainer:
                         status = "interrupted"
                         self._stop(stop)
             status = "finished"
-        except KeyboardInterrupt:  # a second Ctrl-C
+        except KeyboardInterrupt:  # Ctrl-C outside StopOnSignal (the first evaluation)
             status = "interrupted"
             raise
         finally:
