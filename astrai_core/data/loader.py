@@ -31,9 +31,6 @@ from astrai_core.data.mixing import ExampleStream
 from astrai_core.data.packing import (SequenceExamples, collate_rows, take_packed_row,
                                       take_rows)
 from astrai_core.errors import DataError
-from astrai_core.log import get_logger
-
-log = get_logger(__name__)
 
 
 @dataclass
