@@ -119,6 +119,13 @@ def verify_manifest(directory: str | os.PathLike, *, hashes: bool = False) -> No
     _verified[str(directory.resolve())] = stats
 
 
+def note_written(directory: Path) -> None:
+    """Record that ``directory``'s files are the ones its manifest was just computed from
+    (its writer hashed them a moment ago), so that a later hashing verification in this
+    process (``keep_last``) need not read them back until one of them changes."""
+    _verified[str(directory.resolve())] = _stat_key(directory)
+
+
 def _stat_key(directory: Path) -> tuple:
     """What changes when any file of ``directory`` is written: names, sizes, mtimes."""
     try:

@@ -40,7 +40,7 @@ from torch import nn
 
 from astrai_core.checkpoints import lora_files
 from astrai_core.checkpoints.hf.source import HF_SOURCE_FILE
-from astrai_core.checkpoints.manifest import verify_manifest, write_manifest
+from astrai_core.checkpoints.manifest import note_written, verify_manifest, write_manifest
 from astrai_core.checkpoints.native_files import (
     atomic_directory,
     copy_tokenizer_files,
@@ -162,6 +162,7 @@ def _staging(target: Path, dist: DistContext, manifest_written: Any) -> Iterator
             dist.barrier()  # every rank's shards are written
             write_manifest(staging)
             manifest_written()
+        note_written(target)  # renamed; its manifest was just computed from these files
     else:
         yield Path(dist.broadcast_object(None))
         dist.barrier()
@@ -281,8 +282,14 @@ def load_extra_modules(directory: Path, modules: dict[str, nn.Module]) -> None:
 
 
 def prune_checkpoints(output_dir: Path, keep_last: int | None) -> None:
-    """Delete all but the newest ``keep_last`` checkpoints."""
+    """Delete all but the newest ``keep_last`` checkpoints that verify (sizes and sha256;
+    a file is hashed once per process unless it changes). One that does not verify is
+    neither counted nor deleted: a corrupt newer checkpoint never costs an older good one,
+    and the broken one stays for a look (``--resume`` sets it aside)."""
     if keep_last is None:
         return
-    for _, path in list_checkpoints(output_dir)[:-keep_last]:
+    good, failed = verified_checkpoints(output_dir)
+    for _, path, why in failed:
+        log.warning(f"trainer.keep_last does not count checkpoint {path.name}: {why}")
+    for _, path in good[keep_last:]:
         shutil.rmtree(path, ignore_errors=True)

@@ -2,12 +2,14 @@
 
 The launcher checks the config once, for the world size it is about to start, then hands
 torchrun's own launcher (``torch.distributed.run``) the same ``astrai train`` command for
-every process. When a process fails, torchrun stops the others and this names it and
-returns a non-zero status (a failed rank printed its own error; one killed by a signal
-could not, and the line says so). SIGINT and SIGTERM reach every rank through torchrun,
-which checkpoint at the end of their step; the launcher then ends with one line. Inside each process,
-:func:`worker_errors` keeps the ranks that merely lost a peer to one line, so a failure's
-message appears once.
+every process. When a process fails, torchrun stops the others and this names the one
+whose failure caused the others' and returns a non-zero status, with that rank's own
+error line when it reported one (:mod:`astrai_core.distributed.worker_report`), or the
+signal that killed it, or, for a rank that froze (its peers timed out waiting for it),
+the progress it had made. SIGINT and SIGTERM reach every rank through torchrun, which
+checkpoint at the end of their step; a second one stops them at once. The launcher ends
+with one line. Inside each process, :func:`worker_errors` keeps the ranks that merely lost
+a peer to one line, so a failure's message appears once.
 """
 
 from __future__ import annotations
@@ -15,11 +17,15 @@ from __future__ import annotations
 import argparse
 import contextlib
 import os
+import shutil
 import signal
 import sys
+import tempfile
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
+from astrai_core.distributed.worker_report import record_error
 from astrai_core.distributed.world import launched_world_size
 
 DEFAULT_PORT = 29500
@@ -39,10 +45,13 @@ def world_size_env(world_size: int) -> Iterator[None]:
             os.environ["WORLD_SIZE"] = saved
 
 
-def torchrun_argv(args: argparse.Namespace) -> list[str]:
-    """torchrun's arguments for ``args`` (the `astrai train` namespace)."""
+def torchrun_argv(args: argparse.Namespace, log_dir: Path | None = None) -> list[str]:
+    """torchrun's arguments for ``args`` (the `astrai train` namespace); ``log_dir``:
+    where torchrun puts each process's error file."""
     argv = [f"--nproc-per-node={args.nproc_per_node}", f"--nnodes={args.nnodes}",
             f"--node-rank={args.node_rank}", "--max-restarts=0"]
+    if log_dir is not None:
+        argv.append(f"--log-dir={log_dir}")
     if args.master_addr or args.master_port or args.nnodes > 1:
         argv += [f"--master-addr={args.master_addr or '127.0.0.1'}",
                  f"--master-port={args.master_port or DEFAULT_PORT}"]
@@ -69,59 +78,60 @@ def launch(args: argparse.Namespace, loaded: Any) -> int:
     with world_size_env(args.nproc_per_node * args.nnodes):
         plan_run(loaded.config, loaded.source)  # a bad config fails here, once
     os.environ.setdefault("OMP_NUM_THREADS", "1")  # torchrun's default, without its warning
+    from torch.distributed.elastic.multiprocessing.api import SignalException
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
     from torch.distributed.run import get_args_parser, run
 
-    from torch.distributed.elastic.multiprocessing.api import SignalException
+    from astrai_core.cli.failed_rank import blame
+    from astrai_core.distributed.worker_report import ending_of
 
+    # torchrun's log directory: each process's error file and progress (worker_report)
+    log_dir = Path(tempfile.mkdtemp(prefix="astrai-launch-"))
+    handlers = {signum: signal.getsignal(signum) for signum in STOP_SIGNALS}
     try:
-        run(get_args_parser().parse_args(torchrun_argv(args)))
+        run(get_args_parser().parse_args(torchrun_argv(args, log_dir)))
     except (SignalException, KeyboardInterrupt) as stopped:
-        # torchrun's agent has already sent the signal on to every rank, which checkpoints
-        # at the end of its step (it is killed if that takes over torchrun's 30 s)
+        for signum in STOP_SIGNALS:  # torchrun's handlers would raise again mid-message
+            signal.signal(signum, signal.SIG_IGN)
         signum = int(getattr(stopped, "sigval", signal.SIGINT))
-        print(f"error: stopped by {signal.Signals(signum).name}: every rank was sent it and "
-              "saves a checkpoint at the end of its step; continue with --resume",
+        print(f"error: {_stopped(signal.Signals(signum).name, _second_signal(stopped))}",
               file=sys.stderr)
         return 128 + signum
     except ChildFailedError as failed:
-        rank, code = culprit({r: (f.exitcode, f.timestamp) for r, f in failed.failures.items()})
-        print(f"error: the distributed run failed: {_failure(rank, code)}", file=sys.stderr)
+        endings = {rank: ending_of(f, log_dir) for rank, f in failed.failures.items()}
+        rank, what = blame(endings)
+        print(f"error: the distributed run failed: {what}", file=sys.stderr)
+        code = endings[rank].code
         return code if code > 0 else 1
+    finally:
+        for signum, handler in handlers.items():
+            if signal.getsignal(signum) is not signal.SIG_IGN and handler is not None:
+                signal.signal(signum, handler)
+        shutil.rmtree(log_dir, ignore_errors=True)
     return 0
 
 
-# How a process ended, most likely the cause first: killed by a signal from outside (or a
-# crash); an error it raised and printed; an abort (gloo's threads abort a process whose
-# peer went away); SIGTERM, which torchrun sends the survivors once one process failed.
-_CONSEQUENCES = {-signal.SIGABRT: 2, -signal.SIGTERM: 3}
+STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM)
 
 
-def culprit(failures: dict[int, tuple[int, int]]) -> tuple[int, int]:
-    """(rank, exit code) of the process whose failure caused the others', from ``{rank:
-    (exit code, timestamp)}``: by how it ended (see ``_CONSEQUENCES``), then the earliest
-    (torchrun's timestamps are whole seconds, so a cause and its consequences often tie),
-    then the lowest rank."""
-    def order(rank: int) -> tuple[int, int, int]:
-        code, stamp = failures[rank]
-        kind = _CONSEQUENCES.get(code, 0 if code < 0 else 1)
-        return kind, stamp, rank
+def _second_signal(stopped: BaseException) -> bool:
+    """Whether a second signal came while torchrun was stopping the ranks after the first
+    (it then raises again from inside its shutdown, which sends every rank SIGTERM: as
+    their second signal, it stops them at once)."""
+    from torch.distributed.elastic.multiprocessing.api import SignalException
 
-    rank = min(failures, key=order)
-    return rank, failures[rank][0]
+    return isinstance(stopped.__context__, (SignalException, KeyboardInterrupt))
 
 
-def _failure(rank: int, code: int) -> str:
-    """What happened to the failed ``rank``: an error it printed, or a signal it could not
-    report (SIGKILL: out of memory, or killed from outside)."""
-    if code >= 0:
-        return f"rank {rank} exited with status {code} (its error is printed above)"
-    try:
-        name = signal.Signals(-code).name
-    except ValueError:
-        name = f"signal {-code}"
-    return (f"rank {rank} was killed by {name} (signal {-code}) and could print no error "
-            "of its own (out of memory, or killed from outside?)")
+def _stopped(name: str, at_once: bool) -> str:
+    if at_once:
+        return (f"stopped at once by a second {name}: every rank was stopped without "
+                "finishing the checkpoint it was writing (the next run removes it); "
+                "continue with --resume from the previous one")
+    # torchrun's agent has already sent the signal on to every rank, which checkpoints
+    # at the end of its step (it is killed if that takes over torchrun's 30 s)
+    return (f"stopped by {name}: every rank was sent it and saves a checkpoint at the end "
+            "of its step; continue with --resume")
 
 
 def _lost_peer(error: BaseException) -> bool:
@@ -146,6 +156,8 @@ def worker_errors() -> Iterator[None]:
         if launched_world_size() == 1 or not _lost_peer(error):
             raise
         first = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
-        print(f"[rank {os.environ.get('RANK', '?')}] stopped: a collective failed, most likely because another "
-              f"rank failed (its error is printed above): {first[:200]}", file=sys.stderr)
+        line = ("stopped: a collective failed, most likely because another rank failed or "
+                f"froze (the launcher names it): {first[:200]}")
+        print(f"[rank {os.environ.get('RANK', '?')}] {line}", file=sys.stderr)
+        record_error(line, lost_peer=True)
         raise SystemExit(1) from None

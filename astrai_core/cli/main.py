@@ -14,6 +14,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from astrai_core.version import __version__
+from astrai_core.distributed.worker_report import launched_worker, record_error
 from astrai_core.errors import AstraiError
 from astrai_core.log import configure_logging
 
@@ -67,6 +68,7 @@ def main(argv: Sequence[str] | None = None, *,
         sys.stdout.flush()  # inside the try: a closed pipe is reported here, not at exit
     except AstraiError as error:
         print(f"error: {_rank_prefix()}{error}", file=sys.stderr)
+        record_error(_first_line(error))  # a distributed launcher repeats it in its last line
         raise SystemExit(error.exit_code) from None
     except KeyboardInterrupt:
         print("interrupted", file=sys.stderr)
@@ -74,8 +76,16 @@ def main(argv: Sequence[str] | None = None, *,
     except BrokenPipeError:  # `astrai ... | head`: the reader left; stop quietly
         _silence_stdout()
         raise SystemExit(141) from None
+    except Exception as error:  # a bug: its traceback follows, its last line to the launcher
+        record_error(f"{type(error).__name__}: {_first_line(error)}")
+        raise
     _exit_worker(result or 0)
     raise SystemExit(result or 0)
+
+
+def _first_line(error: BaseException) -> str:
+    text = str(error).strip()
+    return text.splitlines()[0][:300] if text else ""
 
 
 def _exit_worker(code: int) -> None:
@@ -86,7 +96,7 @@ def _exit_worker(code: int) -> None:
     run owns (checkpoints, metrics, trackers, samplers) is closed by then."""
     import os
 
-    if int(os.environ.get("WORLD_SIZE", "1")) <= 1 or "TORCHELASTIC_RUN_ID" not in os.environ:
+    if not launched_worker():
         return
     import logging
 

@@ -2,7 +2,8 @@
 
 :func:`plan_run` resolves every pluggable section (strategy, advantage, sampler, rewards,
 device) into its loaded target and validated options through one :class:`Resolver`, then
-runs every cross-section check: the policy loss an online strategy composes, the data formats the strategy reads, the evaluation
+runs every cross-section check (and sets ``data.max_prompt_len``'s default from the
+model's context): the policy loss an online strategy composes, the data formats the strategy reads, the evaluation
 format, the advantage estimator an online strategy needs and whether it wants values, the
 reward functions and the columns they need, and the strategy's own checks (batch splits).
 
@@ -21,6 +22,7 @@ from typing import Any
 from pydantic import BaseModel, ValidationError
 
 from astrai_core.config.loader import field_message, format_validation_error
+from astrai_core.config.prompt_budget import resolve_max_prompt_len
 from astrai_core.config.schema import ComponentSection, RunConfig
 from astrai_core.config.strategy_needs import StrategyNeeds
 from astrai_core.config.yaml_source import FieldPath, YamlSource
@@ -212,6 +214,7 @@ def plan_run(config: RunConfig, source: YamlSource | None = None,
         _check_logprob_limit(config, needs)
         _check_packing(config, needs)
         _check_staleness(config, needs, registry, sampler)
+        config = resolve_max_prompt_len(config, needs, sampler.options)
     except FieldError as exc:
         raise resolve.error(exc.path, exc.message) from None
     if needs.sampler_routing and not registry.get("sampler", sampler.name).reports_routing:

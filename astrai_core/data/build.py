@@ -13,6 +13,9 @@ from astrai_core.data.mixing import ExampleStream
 from astrai_core.data.packing import SequenceExamples
 from astrai_core.data.tokenize import TokenizedSource, tokenize_source
 from astrai_core.errors import DataError
+from astrai_core.log import get_logger
+
+log = get_logger(__name__)
 
 
 def _pad_id(tokenizer: Any) -> int:
@@ -99,8 +102,19 @@ def build_train_loader(cfg: DataConfig, tokenizer: Any, *, base_dir: str | Path 
                for s, f in zip(cfg.sources, fields)]
     for source, field in zip(sources, fields):
         check_required_columns(source, required_columns, field)
-    return _loader(cfg, tokenizer, cfg.sources[0].format, sources, [s.weight for s in cfg.sources],
-                   fields, batch_size=cfg.batch_size, shuffle=cfg.shuffle, finite=False)
+    loader = _loader(cfg, tokenizer, cfg.sources[0].format, sources,
+                     [s.weight for s in cfg.sources], fields, batch_size=cfg.batch_size,
+                     shuffle=cfg.shuffle, finite=False)
+    _report_skipped(loader, "data.sources", cfg.max_prompt_len)
+    return loader
+
+
+def _report_skipped(loader: Any, field: str, max_prompt_len: int | None) -> None:
+    """One warning, once per loader built, counting the prompts it skips as too long."""
+    skipped = getattr(loader, "skipped", 0)
+    if skipped:
+        log.warning(f"{field}: skipped {skipped} prompt(s) longer than "
+                    f"data.max_prompt_len={max_prompt_len} tokens", skipped=skipped)
 
 
 def build_eval_loader(cfg: DataConfig, tokenizer: Any, *, base_dir: str | Path | None = None,
@@ -125,5 +139,5 @@ def build_eval_loader(cfg: DataConfig, tokenizer: Any, *, base_dir: str | Path |
         return _loader(cfg, tokenizer, cfg.eval.format, [source], [1.0], [field],
                        batch_size=batch_size, shuffle=False, finite=True)
 
-    make()  # fail now, not at the first evaluation, if the source is unusable
+    _report_skipped(make(), field, cfg.max_prompt_len)  # fail now if the source is unusable
     return EvalLoader(make, BATCH_KIND[cfg.eval.format])

@@ -107,8 +107,11 @@ class DataConfig(BaseModel):
     cache_dir: Path | None = None
     """Where tokenized sources are cached; default ``.cache/astrai/data`` under the
     current directory. A relative path given here is relative to the current directory."""
-    max_prompt_len: int = Field(256, ge=1)
-    """Prompt format: prompts with more tokens are skipped (with a warning)."""
+    max_prompt_len: int | None = Field(None, ge=1)
+    """Prompt format: prompts with more tokens are skipped (one warning with their count,
+    and the ``data/prompts_skipped`` metric). Default: what the model's context
+    (``max_position_embeddings``) leaves after the generation (``sampler.max_new_tokens``
+    for rollouts, ``trainer.eval_max_new_tokens`` for evaluation)."""
 
     @model_validator(mode="after")
     def _one_batch_kind(self) -> DataConfig:

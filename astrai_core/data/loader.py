@@ -31,9 +31,6 @@ from astrai_core.data.mixing import ExampleStream
 from astrai_core.data.packing import (SequenceExamples, collate_rows, take_packed_row,
                                       take_rows)
 from astrai_core.errors import DataError
-from astrai_core.log import get_logger
-
-log = get_logger(__name__)
 
 
 @dataclass
@@ -176,19 +173,19 @@ class UnpairedLoader(_StreamLoader):
 
 
 class PromptExamples:
-    """The prompts of one source not longer than ``max_prompt_len`` tokens."""
+    """The prompts of one source not longer than ``max_prompt_len`` tokens (None: all);
+    ``skipped`` counts the others."""
 
-    def __init__(self, source: Any, max_prompt_len: int, field_name: str = "data"):
+    def __init__(self, source: Any, max_prompt_len: int | None, field_name: str = "data"):
         self.source = source
         ragged = source.fields["prompt"]
-        self.keep = np.flatnonzero(ragged.lengths() <= max_prompt_len)
-        skipped = len(ragged) - len(self.keep)
+        lengths = ragged.lengths()
+        self.keep = np.flatnonzero(lengths <= (max_prompt_len or np.inf))
+        self.skipped = len(ragged) - len(self.keep)
         if not len(self.keep):
             raise DataError(f"{field_name}: every prompt in {source.path} is longer than "
-                            f"data.max_prompt_len={max_prompt_len} tokens")
-        if skipped:
-            log.warning("skipped prompts longer than data.max_prompt_len", source=str(source.path),
-                        skipped=skipped, max_prompt_len=max_prompt_len)
+                            f"data.max_prompt_len={max_prompt_len} tokens (the shortest has "
+                            f"{int(lengths.min()) if len(lengths) else 0})")
 
     def __len__(self) -> int:
         return len(self.keep)
@@ -209,6 +206,7 @@ class PromptLoader(_StreamLoader):
     def __init__(self, prompts: list[PromptExamples], stream: ExampleStream, *, batch_size: int):
         super().__init__(stream, batch_size)
         self.prompts = prompts
+        self.skipped = sum(p.skipped for p in prompts)  # longer than data.max_prompt_len
 
     def _next_batch(self) -> list[PromptRecord] | None:
         records = [self.prompts[s].get(k) for s, k in self._take_examples()]

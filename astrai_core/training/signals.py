@@ -4,7 +4,7 @@ The first signal only sets a flag; the trainer looks at it at each step boundary
 the model, optimizers and batch source are consistent, saves a checkpoint there (unless
 ``trainer.checkpoint_on_signal`` is off) and raises :class:`TrainingInterrupted`, whose
 exit code is the shell's 128 + signal number (130 for Ctrl-C, 143 for SIGTERM). A second
-signal stops at once, as without this handler.
+signal ends the process at once, by the signal's default action.
 """
 
 from __future__ import annotations
@@ -14,6 +14,7 @@ import sys
 import threading
 from types import FrameType, TracebackType
 
+from astrai_core.distributed.worker_report import launched_worker
 from astrai_core.errors import AstraiError
 from astrai_core.log import get_logger
 
@@ -49,18 +50,19 @@ class StopOnSignal:
         self._previous.clear()
 
     def _handle(self, signum: int, frame: FrameType | None) -> None:
-        if self.received is not None:  # the second one: stop now, the usual way
-            previous = self._previous.get(signum)
+        if self.received is not None:  # the second one: stop now
             self.__exit__(None, None, None)
-            if callable(previous):  # Python's own (SIGINT: raises KeyboardInterrupt here)
-                previous(signum, frame)
-                return
-            # The default action (SIGTERM: the process ends), sent to this very thread:
-            # os.kill could hand it to another thread while this one finished the step.
-            # It leaves no room for an error message, so the one line goes first.
-            print(f"error: stopped at once by a second {signal.Signals(signum).name}; a "
-                  "checkpoint being written is left unfinished (the next run removes it)",
-                  file=sys.stderr, flush=True)
+            # By the signal's default action (the process ends; 130 or 143 for the shell),
+            # not by an exception: library code would catch KeyboardInterrupt (DCP wraps
+            # it into a CheckpointException) and end in a traceback, mid-save. Sent to
+            # this very thread: os.kill could hand it to another thread while this one
+            # went on. It leaves no room for an error message, so the one line goes first
+            # (in a distributed run the launcher says it, once for every rank).
+            if not launched_worker():
+                print(f"error: stopped at once by a second {signal.Signals(signum).name}; a "
+                      "checkpoint being written is left unfinished (the next run removes it)",
+                      file=sys.stderr, flush=True)
+            signal.signal(signum, signal.SIG_DFL)
             signal.raise_signal(signum)
             return
         self.received = signum

@@ -24,6 +24,7 @@ from astrai_core.checkpoints import training_state as ckpt
 from astrai_core.checkpoints.sharded import has_sharded, load_sharded
 from astrai_core.config.trainer import TrainerConfig
 from astrai_core.distributed.fsdp import full_tensor
+from astrai_core.distributed.worker_report import RankProgress
 from astrai_core.distributed.metrics import MicroBatchRecord, NullMetricsLog, reduce_micro_batches
 from astrai_core.errors import AstraiError
 from astrai_core.log import get_logger
@@ -104,6 +105,8 @@ class Trainer:
         self.source = strategy.batch_source()
         self.step = 0
         self.reporter: RunReporter | None = None
+        # each step begun and finished, for a distributed launcher to name a frozen rank
+        self.progress = RankProgress.of_this_process()
 
     # -- resume ---------------------------------------------------------------------
     def resume(self) -> int:
@@ -198,7 +201,7 @@ class Trainer:
                         status = "interrupted"
                         self._stop(stop)
             status = "finished"
-        except KeyboardInterrupt:  # a second Ctrl-C
+        except KeyboardInterrupt:  # Ctrl-C outside StopOnSignal (the first evaluation)
             status = "interrupted"
             raise
         finally:
@@ -211,6 +214,7 @@ class Trainer:
         return last
 
     def _one_step(self, metrics_log: MetricsLog | RunReport) -> dict[str, Any]:
+        self.progress.began(self.step + 1)
         throughput = Throughput()
         metrics = self._train_step()
         self.step += 1
@@ -234,6 +238,7 @@ class Trainer:
             metrics_log.write(self.step, metrics)
         if self._due(self.cfg.save_every):
             self.save()
+        self.progress.finished(self.step)
         return metrics
 
     def _stop(self, stop: StopOnSignal) -> None:
@@ -305,6 +310,9 @@ class Trainer:
         for trained in self.modules:
             trained.step()
             sums[trained.metric("lr")] = trained.scheduler.get_last_lr()[0]
+        skipped = getattr(self.run.train_loader, "skipped", 0)  # prompts too long to fit
+        if skipped:
+            sums["data/prompts_skipped"] = skipped
         return {**sums, **self.source.stats, **self.strategy.step_metrics()}
 
     def _unweight(self, total: float) -> None:

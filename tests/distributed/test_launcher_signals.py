@@ -1,6 +1,7 @@
 """SIGTERM to `astrai train --nproc-per-node 2`: the launcher forwards it to every rank,
-which checkpoint at the end of their step; it exits 143 without a traceback. A
-one-machine launch reaches its peers over loopback."""
+which checkpoint at the end of their step; it exits 143 without a traceback. A second
+Ctrl-C during that save stops every rank at once: 130, one line. A one-machine launch
+reaches its peers over loopback."""
 
 from __future__ import annotations
 
@@ -13,8 +14,11 @@ import time
 
 from astrai_core.checkpoints.manifest import verify_manifest
 from astrai_core.checkpoints.training_state import list_checkpoints
-from astrai_core.cli.launch import _failure, culprit, torchrun_argv
-from tests.training.conftest import tiny_config, write_config
+from astrai_core.cli.failed_rank import _failure, culprit
+from astrai_core.cli.launch import torchrun_argv
+from astrai_core.testing.faults import hung_command
+from astrai_core.training.phases import DCP_WRITTEN
+from tests.training.conftest import Watched, tiny_config, write_config
 
 
 def test_one_machine_binds_the_rendezvous_to_loopback():
@@ -59,4 +63,31 @@ def test_the_rank_killed_by_a_signal_is_named_not_its_peers():
     assert culprit({0: (-15, 100), 1: (1, 101)}) == (1, 1)
     assert "rank 1 was killed by SIGKILL (signal 9) and could print no error" in \
         _failure(1, -9)
-    assert "rank 0 exited with status 1 (its error is printed above)" in _failure(0, 1)
+    # a rank that exited with an error but reported none: nothing is claimed about it
+    assert _failure(0, 1) == ("rank 0 exited with status 1 without reporting an error (any "
+                              "output of its own is above)")
+
+
+def test_a_second_ctrl_c_during_the_save_stops_every_rank_at_once_in_one_line(tmp_path):
+    # Ctrl-C, as a terminal sends it, to the launcher's process group, twice: the first
+    # reaches every rank (torchrun forwards it), which saves at the end of its step and
+    # is held inside that save by the fault driver's hook; the second stops them at once
+    config = tiny_config(tmp_path, max_steps=10_000, save_every=0, progress=False)
+    path = write_config(tmp_path, config)
+    run = Watched([*hung_command(DCP_WRITTEN), "--log-format", "json", "train", str(path),
+                   "--nproc-per-node", "2"])
+    metrics = tmp_path / "run" / "metrics.jsonl"
+    while not (metrics.is_file() and metrics.read_text().count("\n") >= 2):
+        run.running()
+        time.sleep(0.5)
+    run.signal_group(signal.SIGINT)
+    run.wait_for(f"hangs at {DCP_WRITTEN}", count=2)  # both ranks are inside the save
+    run.signal_group(signal.SIGINT)
+    assert run.finish() == 130, run.stderr[-4000:]
+    assert "Traceback" not in run.stderr, run.stderr[-4000:]
+    errors = [line for line in run.lines if line.startswith("error:")]
+    assert errors == ["error: stopped at once by a second SIGINT: every rank was stopped "
+                      "without finishing the checkpoint it was writing (the next run removes "
+                      "it); continue with --resume from the previous one"], run.stderr[-4000:]
+    left = [p.name for p in (tmp_path / "run" / "checkpoints").iterdir()]
+    assert len(left) == 1 and left[0].startswith(".step_"), left

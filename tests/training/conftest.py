@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -57,3 +59,47 @@ def install_plugin(tmp_path: Path, monkeypatch, plugin: str, modules: dict[str, 
         (plugin_dir / f"{name}.py").write_text(source)
     monkeypatch.syspath_prepend(str(plugin_dir))
     monkeypatch.setenv("ASTRAI_PLUGINS", plugin)
+
+
+class Watched:
+    """A command run in its own session (as a terminal's foreground job: a signal to its
+    process group is what Ctrl-C sends), its stderr collected line by line as it comes."""
+
+    def __init__(self, command: list[str], timeout: float = 420) -> None:
+        import threading
+
+        self.deadline = time.monotonic() + timeout
+        self.process = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+                                        text=True, start_new_session=True,
+                                        env={**os.environ, "OMP_NUM_THREADS": "1"})
+        self.lines: list[str] = []
+        self.reader = threading.Thread(target=self._read, daemon=True)
+        self.reader.start()
+
+    def _read(self) -> None:
+        for line in self.process.stderr:
+            self.lines.append(line.rstrip("\n"))
+
+    @property
+    def stderr(self) -> str:
+        return "\n".join(self.lines)
+
+    def running(self) -> None:
+        """Assert that the process is still going, within its time."""
+        assert self.process.poll() is None, self.stderr[-4000:]
+        assert time.monotonic() < self.deadline, self.stderr[-4000:]
+
+    def wait_for(self, text: str, count: int = 1) -> None:
+        """Until ``count`` stderr lines contain ``text`` (the run must still be going)."""
+        while sum(text in line for line in self.lines) < count:
+            self.running()
+            time.sleep(0.2)
+
+    def signal_group(self, signum: int) -> None:
+        os.killpg(self.process.pid, signum)
+
+    def finish(self) -> int:
+        """The exit status, once the process and its stderr are done."""
+        code = self.process.wait(timeout=max(self.deadline - time.monotonic(), 1))
+        self.reader.join(timeout=30)
+        return code

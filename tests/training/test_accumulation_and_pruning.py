@@ -1,11 +1,17 @@
 """grad_accum_steps 2 with batch b equals grad_accum_steps 1 with batch 2b (real runs,
-equal up to reduction order), and keep_last prunes to the newest checkpoints."""
+equal up to reduction order), and keep_last prunes to the newest checkpoints that verify."""
 
 from __future__ import annotations
 
 import pytest
 import torch
 
+from astrai_core.checkpoints.manifest import verify_manifest
+from astrai_core.config.schema import RunConfig
+from astrai_core.errors import CheckpointError
+from astrai_core.training.phases import CHECKPOINT_SAVED
+from astrai_core.training.run import train
+from tests.training.conftest import tiny_config
 from tests.training.reference import (checkpoint_weights, run, save_start_model,
                                       text_run_config, write_texts)
 
@@ -79,3 +85,31 @@ def test_keep_last_keeps_only_the_newest_checkpoints(tmp_path):
     for name in checkpoints:
         files = {p.name for p in (tmp_path / "run" / "checkpoints" / name).iterdir()}
         assert {"model.safetensors", "config.json", "tokenizer.json"} <= files, files
+
+
+def test_keep_last_counts_only_checkpoints_that_verify(tmp_path):
+    # step_2 is corrupted (same size, other bytes) once step_3 is saved: keep_last 2 keeps
+    # step_1 then, rather than deleting the last good one before step_3
+    config = RunConfig.model_validate(tiny_config(tmp_path, max_steps=4, save_every=1,
+                                                  keep_last=2, progress=False))
+    root = tmp_path / "run" / "checkpoints"
+    seen = {}
+
+    def hook(phase: str, step: int) -> None:
+        if phase != CHECKPOINT_SAVED:
+            return
+        if step == 3:
+            weights = root / "step_2" / "model.safetensors"
+            data = bytearray(weights.read_bytes())
+            data[-64:] = bytes(64)
+            weights.write_bytes(bytes(data))
+        seen[step] = sorted(p.name for p in root.iterdir())
+
+    train(config, phase_hook=hook)
+    # step 3's pruning counted step_3 and step_1; step 4's, step_4 and step_3
+    assert seen[4] == ["step_1", "step_2", "step_3", "step_4"]
+    assert sorted(p.name for p in root.iterdir()) == ["step_2", "step_3", "step_4"]
+    with pytest.raises(CheckpointError, match="step_2/model.safetensors is corrupt"):
+        verify_manifest(root / "step_2", hashes=True)
+    for name in ("step_3", "step_4"):
+        verify_manifest(root / name, hashes=True)

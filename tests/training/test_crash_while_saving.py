@@ -75,3 +75,40 @@ def test_resume_skips_a_corrupt_newest_checkpoint_and_names_it(reference, tmp_pa
     got = _weights(run_dir)  # resumed from step_4: the same as never corrupted
     for name in expected:
         assert torch.equal(expected[name], got[name]), f"{name} differs after resume"
+
+
+def _overwrite_middle(path):
+    data = bytearray(path.read_bytes())
+    middle = len(data) // 2
+    data[middle:middle + 4096] = b"\xff" * 4096  # same size: only the sha256 tells
+    path.write_bytes(bytes(data))
+
+
+def _truncate(path):
+    path.write_bytes(path.read_bytes()[:-100])
+
+
+@pytest.mark.parametrize("where,damage,why", [
+    ("dcp/__0_0.distcp", _overwrite_middle, "sha256 differs from the manifest's"),
+    ("dcp/__0_0.distcp", _truncate, "is truncated or corrupt"),
+    ("model.safetensors", _truncate, "is truncated or corrupt"),
+])
+def test_resume_skips_a_damaged_shard_or_weight_file_and_names_it(reference, tmp_path,
+                                                                    where, damage, why):
+    config, expected = reference
+    run_dir = tmp_path / "run"
+    config_path = write_config(tmp_path, dict(config, output_dir=str(run_dir)))
+    assert astrai("train", str(config_path)).returncode == 0
+    damaged = run_dir / "checkpoints" / f"step_{STEPS}" / where
+    assert damaged.stat().st_size > 8192, damaged.stat().st_size
+    damage(damaged)
+
+    resumed = astrai("train", str(config_path), "--resume")
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    assert "Traceback" not in resumed.stderr
+    skipped = [line for line in resumed.stderr.splitlines()
+               if f"--resume skips checkpoint step_{STEPS}" in line]
+    assert len(skipped) == 1 and where in skipped[0] and why in skipped[0], resumed.stderr[-3000:]
+    got = _weights(run_dir)  # resumed from step_4: the same as never damaged
+    for name in expected:
+        assert torch.equal(expected[name], got[name]), f"{name} differs after resume"

@@ -17,6 +17,8 @@ def _context(tmp_path, stop_token_ids, sampler_section: bool = True):
     config = tiny_run_config(tmp_path, prompts, {"name": "grpo", "group_size": 2})
     if not sampler_section:
         del config["sampler"]
+        # room for a prompt beside the default 64 new tokens (else a plan-time error)
+        config["model"]["config"]["max_position_embeddings"] = 128
     elif stop_token_ids is DEFAULT:
         del config["sampler"]["stop_token_ids"]
     else:

@@ -1,0 +1,81 @@
+"""How long a prompt may be: what the model's context leaves after the generation.
+
+A prompt and its completion share the model's context (``max_position_embeddings``), so
+``data.max_prompt_len`` defaults to the context less the tokens generated after it: the
+sampler's ``max_new_tokens`` for rollouts, ``trainer.eval_max_new_tokens`` for evaluation
+by generation (the larger of the two when a run does both). A generation length that
+leaves no room for a prompt, or a ``max_prompt_len`` that does not fit beside it, is a
+plan-time error naming the fields; single prompts that are too long are skipped when the
+data is loaded (one warning with their count, and the ``data/prompts_skipped`` metric).
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+from astrai_core.config.schema import RunConfig
+from astrai_core.config.strategy_needs import StrategyNeeds
+from astrai_core.errors import FieldError
+
+_CONFIG_FILE = "config.json"  # a native checkpoint's (astrai_core.checkpoints.native_files)
+_DEFAULT_CONTEXT = 4096       # ModelConfig.max_position_embeddings's default
+
+
+def model_context(config: RunConfig) -> tuple[int, str] | None:
+    """(the model's context in tokens, where it is set), or None when a checkpoint's
+    config.json cannot be read (loading the model then says why)."""
+    model = config.model
+    if model.path is None:
+        fields = model.config or {}
+        return (int(fields.get("max_position_embeddings", _DEFAULT_CONTEXT)),
+                "model.config.max_position_embeddings")
+    path = Path(model.path) / _CONFIG_FILE
+    try:
+        context = json.loads(path.read_text()).get("max_position_embeddings", _DEFAULT_CONTEXT)
+    except (OSError, ValueError, AttributeError):
+        return None
+    return (context, f"max_position_embeddings of {path}") if isinstance(context, int) else None
+
+
+def _generation(config: RunConfig, needs: StrategyNeeds, sampling: dict[str, Any]
+                ) -> tuple[int, str] | None:
+    """(the most tokens generated after a prompt, the field that sets it), or None when
+    the run reads no prompts."""
+    from astrai_core.sampling.params import SamplingParams
+
+    lengths = []
+    if needs.rollouts:
+        lengths.append((int(sampling.get("max_new_tokens",
+                                         SamplingParams.model_fields["max_new_tokens"].default)),
+                        "sampler.max_new_tokens"))
+    evaluations = [config.data.eval, *config.data.eval_sets]
+    if any(e is not None and e.format == "prompt" for e in evaluations):
+        lengths.append((config.trainer.eval_max_new_tokens, "trainer.eval_max_new_tokens"))
+    return max(lengths) if lengths else None
+
+
+def resolve_max_prompt_len(config: RunConfig, needs: StrategyNeeds,
+                           sampling: dict[str, Any]) -> RunConfig:
+    """``config`` with ``data.max_prompt_len`` set (its default: the context less the
+    generation); a FieldError when no prompt, or no prompt of that length, fits."""
+    generation = _generation(config, needs, sampling)
+    context = model_context(config)
+    if generation is None or context is None:
+        return config
+    (tokens, tokens_field), (window, window_field) = generation, context
+    if tokens >= window:
+        path = tuple(tokens_field.split("."))
+        raise FieldError(path, f"{tokens} generated tokens leave no room for a prompt in the "
+                         f"model's context of {window} tokens ({window_field}); lower it")
+    limit = config.data.max_prompt_len
+    if limit is not None and limit + tokens > window:
+        raise FieldError(("data", "max_prompt_len"),
+                         f"{limit} prompt tokens + {tokens_field} {tokens} = {limit + tokens} "
+                         f"exceed the model's context of {window} tokens ({window_field}); "
+                         f"lower one of them (at most {window - tokens} prompt tokens fit)")
+    if limit is not None:
+        return config
+    data = config.data.model_copy(update={"max_prompt_len": window - tokens})
+    return config.model_copy(update={"data": data})
