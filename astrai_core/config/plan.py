@@ -20,6 +20,7 @@ from typing import Any
 
 from pydantic import BaseModel, ValidationError
 
+from astrai_core.checkpoints.model_source import ModelSource, describe
 from astrai_core.config.loader import field_message, format_validation_error
 from astrai_core.config.schema import ComponentSection, RunConfig
 from astrai_core.config.strategy_needs import StrategyNeeds
@@ -74,6 +75,7 @@ class RunPlan:
     environment: Component | None = None  # rollouts' and evaluation's environment
     episode: EpisodeConfig | None = None  # its episode keys (max_turns, ...)
     trackers: tuple[Component, ...] = ()  # trainer.report_to, in order
+    model_source: ModelSource | None = None  # model.path resolved (None: from scratch)
 
     def sampling_fields(self) -> tuple[dict[str, Any], dict[str, Any]]:
         """(the sampler section's SamplingParams fields, its engine options)."""
@@ -193,6 +195,8 @@ def plan_run(config: RunConfig, source: YamlSource | None = None,
     strategy = resolve.section("strategy", config.strategy, ("strategy",))
     try:
         _check_paths(config, Path.cwd() if base_dir is None else Path(base_dir))
+        model_source = (None if config.model.path is None else
+                        describe(config.model.path, config.model.backend, registry))
         needs = strategy.target.needs(strategy.config)
         _check_data(config, strategy.name, needs)
         advantage = _advantage(resolve, config, strategy, needs)
@@ -224,7 +228,7 @@ def plan_run(config: RunConfig, source: YamlSource | None = None,
     return RunPlan(config=config, source=source, registry=registry, strategy=strategy,
                    needs=needs, advantage=advantage, sampler=sampler, rewards=rewards,
                    device=device, policy_loss=policy_loss, environment=environment,
-                   episode=episode, trackers=trackers)
+                   episode=episode, trackers=trackers, model_source=model_source)
 
 
 def plan_trackers(resolve: Resolver, entries: list[Any]) -> tuple[Component, ...]:
@@ -270,9 +274,7 @@ def _check_paths(config: RunConfig, base_dir: Path) -> None:
             what = "is a directory, but not one written by datasets' save_to_disk" \
                 if file.is_dir() else "not found"
             raise FieldError(path, f"data file {what}: {file}")
-    model = config.model
-    if model.path is not None and not Path(model.path).is_dir():
-        raise FieldError(("model", "path"), f"checkpoint directory {model.path!r} does not exist")
+    model = config.model  # model.path: model_source.describe
     if model.tokenizer is not None and not Path(model.tokenizer).is_dir():
         raise FieldError(("model", "tokenizer"),
                          f"tokenizer directory {model.tokenizer!r} does not exist")
