@@ -19,7 +19,7 @@ from typing import Any
 import torch
 
 from astrai_core.checkpoints import training_state as ckpt
-from astrai_core.checkpoints.model_source import model_directory
+from astrai_core.checkpoints.model_source import NATIVE, TRANSFORMERS, model_directory
 from astrai_core.config.loader import validate_model
 from astrai_core.config.plan import RunPlan, plan_run
 from astrai_core.config.schema import ModelSection, RunConfig
@@ -93,7 +93,8 @@ def prepare_run(config: RunConfig, *, source: YamlSource | None = None, resume: 
     from astrai_core.data.tokenizer import load_tokenizer
 
     tokenizer = load_tokenizer(tokenizer_dir)
-    model = build_model(config.model, tokenizer, source, model_dir).to(device)
+    backend_name = plan.model_source.backend if plan.model_source is not None else NATIVE
+    model = build_model(config.model, tokenizer, source, model_dir, backend_name).to(device)
     run = wire_components(plan, backend=backend, device=device, model=model,
                           tokenizer=tokenizer, tokenizer_dir=tokenizer_dir, base_dir=base_dir,
                           dist=dist, model_dir=model_dir)
@@ -244,9 +245,16 @@ def _seed_everything(seed: int, backend: Any) -> None:
 
 
 def build_model(section: ModelSection, tokenizer: Any, source: YamlSource | None = None,
-                model_dir: Path | None = None) -> torch.nn.Module:
-    """Load the checkpoint at ``model_dir`` (``model.path`` resolved) or build
-    ``model.config`` from scratch, and add the ``model.lora`` adapter when there is one."""
+                model_dir: Path | None = None, backend: str = NATIVE) -> torch.nn.Module:
+    """Load the checkpoint at ``model_dir`` (``model.path`` resolved) with ``backend``
+    (native, or transformers for a Hugging Face directory) or build ``model.config`` from
+    scratch, and add the ``model.lora`` adapter when there is one."""
+    if backend == TRANSFORMERS:
+        from astrai_core.checkpoints.hf_model import load_transformers_model
+
+        model = load_transformers_model(model_dir, dtype=DTYPES[section.dtype],
+                                        trust_remote_code=section.trust_remote_code)
+        return model.train()
     model = _build_base(section, tokenizer, source, model_dir)
     if section.lora is not None:  # peft adapter; only it trains (model/lora.py)
         from astrai_core.checkpoints.lora_files import attach_lora
