@@ -54,6 +54,10 @@ def load_transformers_model(directory: str | os.PathLike, *, dtype: torch.dtype 
     if trust_remote_code:
         log.warning("model.trust_remote_code is on: running the model code shipped in the "
                     "directory, with your rights", directory=str(directory))
+    from transformers.utils import logging as hf_logging
+
+    bar = hf_logging.is_progress_bar_enabled()
+    hf_logging.disable_progress_bar()  # astrai's own log says what is loaded
     try:
         hf_model = AutoModelForCausalLM.from_pretrained(
             str(directory), dtype=dtype or torch.float32, use_safetensors=True,
@@ -62,6 +66,9 @@ def load_transformers_model(directory: str | os.PathLike, *, dtype: torch.dtype 
         first = (str(exc).strip().splitlines() or [""])[0]
         raise CheckpointError(f"{directory}: transformers cannot build this model: {first}"
                               ) from None
+    finally:
+        if bar:
+            hf_logging.enable_progress_bar()
     if device is not None:
         hf_model = hf_model.to(device)
     return TransformersCausalLM(hf_model).eval()
@@ -86,9 +93,11 @@ def _output_head_names(model: nn.Module) -> list[str]:
     return [f"{name}.weight" for name, module in hf.named_modules() if module is head]
 
 
-def write_hf_files(model: nn.Module, staging: Path, state: dict[str, torch.Tensor]) -> None:
+def write_hf_files(model: nn.Module, staging: Path, state: dict[str, torch.Tensor] | None
+                   ) -> None:
     """``config.json``, ``generation_config.json`` and the weights (``state``: the
-    wrapper's full state dict) of a Hugging Face directory into ``staging``."""
+    wrapper's full state dict; None: no weights, a LoRA checkpoint records its base) of a
+    Hugging Face directory into ``staging``."""
     hf = model.hf
     hf.config.save_pretrained(str(staging))
     generation = getattr(hf, "generation_config", None)
@@ -97,6 +106,8 @@ def write_hf_files(model: nn.Module, staging: Path, state: dict[str, torch.Tenso
             generation.save_pretrained(str(staging))
         except ValueError:  # a generation config transformers itself refuses to save
             pass
+    if state is None:
+        return
     tensors = hf_state_dict(model, state)
     dtypes = {t.dtype for t in tensors.values() if t.is_floating_point()}
     write_weights(tensors, staging, max_shard_bytes=5 * 1024**3)

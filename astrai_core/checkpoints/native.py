@@ -68,7 +68,10 @@ def load_pretrained(directory: str | os.PathLike, *, dtype: torch.dtype | None =
     directory = Path(directory)
     if is_hf_directory(directory):  # a transformers-backend run's checkpoint
         verify_manifest(directory)
-        return load_transformers_model(directory, dtype=dtype, device=device)
+        load_hf = partial(load_transformers_model, dtype=dtype, device=device)
+        if lora_files.is_lora_checkpoint(directory):  # base: this directory, or recorded
+            return lora_files.load_lora_checkpoint(directory, load_hf, load_hf)
+        return load_hf(directory)
     verify_checkpoint(directory)
     load_plain = partial(_load_plain, dtype=dtype, device=device)
     if lora_files.is_lora_checkpoint(directory):

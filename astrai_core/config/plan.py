@@ -20,7 +20,7 @@ from typing import Any
 
 from pydantic import BaseModel, ValidationError
 
-from astrai_core.checkpoints.model_source import ModelSource, describe
+from astrai_core.checkpoints.model_source import TRANSFORMERS, ModelSource, describe
 from astrai_core.config.loader import field_message, format_validation_error
 from astrai_core.config.schema import ComponentSection, RunConfig
 from astrai_core.config.strategy_needs import StrategyNeeds
@@ -217,6 +217,8 @@ def plan_run(config: RunConfig, source: YamlSource | None = None,
         _check_staleness(config, needs, registry, sampler)
     except FieldError as exc:
         raise resolve.error(exc.path, exc.message) from None
+    if model_source is not None and model_source.backend == TRANSFORMERS:
+        _check_transformers_backend(resolve, config, strategy, sampler, needs, model_source)
     if needs.sampler_routing and not registry.get("sampler", sampler.name).reports_routing:
         raise resolve.error(("strategy", "router_replay"),
                             f"R3 replays the routing the sampler recorded, and sampler "
@@ -229,6 +231,26 @@ def plan_run(config: RunConfig, source: YamlSource | None = None,
                    needs=needs, advantage=advantage, sampler=sampler, rewards=rewards,
                    device=device, policy_loss=policy_loss, environment=environment,
                    episode=episode, trackers=trackers, model_source=model_source)
+
+
+def _check_transformers_backend(resolve: Resolver, config: RunConfig, strategy: Component,
+                                sampler: Component, needs: StrategyNeeds,
+                                source: ModelSource) -> None:
+    """What the transformers backend does not offer is refused before any work, naming
+    the model type."""
+    model_type, backend = source.model_type, "the transformers backend"
+    replay = getattr(strategy.config, "router_replay", "disabled")
+    if replay != "disabled":
+        raise resolve.error(("strategy", "router_replay"), f"{replay} replays MoE routing "
+                            f"through astrai's own router, and model_type {model_type!r} runs "
+                            f"on {backend}, whose router astrai cannot see; set "
+                            "router_replay: disabled")
+    generates = needs.rollouts or needs.generates or any(
+        e.format == "prompt" for _, e in config.data.named_evals())
+    if generates and sampler.name != "torch":
+        raise resolve.error(("sampler", "name"), f"sampler {sampler.name!r} cannot take the "
+                            f"weights of model_type {model_type!r} on {backend} yet; use the "
+                            "torch sampler")
 
 
 def plan_trackers(resolve: Resolver, entries: list[Any]) -> tuple[Component, ...]:

@@ -95,6 +95,9 @@ class TransformersCausalLM(nn.Module):
     """A transformers causal LM with the native forward; see the module docstring."""
 
     chunked_head = True  # forward(target_ids=...) gives log-probs (model/head.py)
+    # Where the transformers model sits, as transformers spells it: peft's injection asks
+    # transformers for the weight conversions of the model it adapts, which reads this.
+    base_model_prefix = "hf"
 
     def __init__(self, hf_model: nn.Module) -> None:
         super().__init__()

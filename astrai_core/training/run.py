@@ -253,9 +253,9 @@ def build_model(section: ModelSection, tokenizer: Any, source: YamlSource | None
         from astrai_core.checkpoints.hf_model import load_transformers_model
 
         model = load_transformers_model(model_dir, dtype=DTYPES[section.dtype],
-                                        trust_remote_code=section.trust_remote_code)
-        return model.train()
-    model = _build_base(section, tokenizer, source, model_dir)
+                                        trust_remote_code=section.trust_remote_code).train()
+    else:
+        model = _build_base(section, tokenizer, source, model_dir)
     if section.lora is not None:  # peft adapter; only it trains (model/lora.py)
         from astrai_core.checkpoints.lora_files import attach_lora
 
