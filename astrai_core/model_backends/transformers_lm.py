@@ -128,11 +128,23 @@ class TransformersCausalLM(nn.Module):
 
     def enable_activation_checkpointing(self, enabled: bool = True) -> None:
         """transformers' own per-layer checkpointing, non-reentrant (it composes with FSDP2)."""
-        if enabled:
+        renamed = hasattr(self.hf, "activation_checkpointing_enable")  # transformers >= 5.x
+        if enabled and renamed:
+            self.hf.activation_checkpointing_enable(
+                activation_checkpointing_kwargs={"use_reentrant": False})
+        elif enabled:
             self.hf.gradient_checkpointing_enable(
                 gradient_checkpointing_kwargs={"use_reentrant": False})
+        elif renamed:
+            self.hf.activation_checkpointing_disable()
         else:
             self.hf.gradient_checkpointing_disable()
+
+    @property
+    def activation_checkpointing(self) -> bool:
+        hf = self.hf
+        return bool(hf.is_activation_checkpointing if hasattr(hf, "is_activation_checkpointing")
+                    else hf.is_gradient_checkpointing)
 
     def forward(
         self,

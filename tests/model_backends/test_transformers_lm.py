@@ -90,3 +90,27 @@ def test_greedy_generation_equals_generate(model_type):
         expected = hf.generate(torch.tensor([prompt]), max_new_tokens=8, do_sample=False,
                                eos_token_id=None, pad_token_id=0)[0, len(prompt):]
     assert out.token_ids == expected.tolist()
+
+
+@pytest.mark.parametrize("model_type", FAMILIES)
+def test_fsdp_units_are_the_families_decoder_layers(model_type):
+    from astrai_core.distributed.fsdp import decoder_layers
+
+    hf, model = _pair(model_type)
+    layers = decoder_layers(model)
+    assert len(layers) == hf.config.num_hidden_layers
+    assert {type(layer).__name__ for layer in layers} == set(hf._no_split_modules)
+
+
+def test_activation_checkpointing_keeps_the_gradients():
+    ids = torch.arange(1, 13)[None]
+    grads = []
+    for checkpointing in (False, True):
+        _, model = _pair("olmo2")
+        model.train()
+        if checkpointing:
+            model.enable_activation_checkpointing()
+            assert model.activation_checkpointing
+        target_logprobs(model, ids, ids[:, 1:])["logprobs"].sum().backward()
+        grads.append({n: p.grad.clone() for n, p in model.named_parameters()})
+    assert all(torch.allclose(grads[0][n], grads[1][n], atol=1e-6) for n in grads[0])
