@@ -28,6 +28,9 @@ from astrai_core.model_backends.transformers_lm import TransformersCausalLM
 log = get_logger("astrai.hf_model")
 PREFIX = "hf."  # the wrapper's name of the transformers model in state dicts
 GENERATION_CONFIG = "generation_config.json"
+# Marks a checkpoint written by a transformers-backend run: load_pretrained loads it
+# through transformers (a Hugging Face directory without it is not an astrai checkpoint).
+BACKEND_FILE = "astrai_backend.json"
 
 
 def is_hf_directory(directory: Path) -> bool:
@@ -41,6 +44,17 @@ def is_hf_directory(directory: Path) -> bool:
     except (OSError, json.JSONDecodeError):
         return False
     return isinstance(config, dict) and "model_type" in config and "format" not in config
+
+
+def is_transformers_checkpoint(directory: Path) -> bool:
+    """A checkpoint of a transformers-backend run (see :data:`BACKEND_FILE`)."""
+    return (Path(directory) / BACKEND_FILE).is_file()
+
+
+def write_backend_record(model: nn.Module, directory: Path) -> None:
+    """Mark ``directory`` as a transformers-backend checkpoint of ``model``."""
+    record = {"backend": "transformers", "model_type": model.config.model_type}
+    (Path(directory) / BACKEND_FILE).write_text(json.dumps(record, indent=2) + "\n")
 
 
 def load_transformers_model(directory: str | os.PathLike, *, dtype: torch.dtype | None = None,
@@ -99,6 +113,7 @@ def write_hf_files(model: nn.Module, staging: Path, state: dict[str, torch.Tenso
     wrapper's full state dict; None: no weights, a LoRA checkpoint records its base) of a
     Hugging Face directory into ``staging``."""
     hf = model.hf
+    write_backend_record(model, staging)
     hf.config.save_pretrained(str(staging))
     generation = getattr(hf, "generation_config", None)
     if generation is not None:

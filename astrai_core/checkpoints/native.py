@@ -14,7 +14,7 @@ from pathlib import Path
 import torch
 
 from astrai_core.checkpoints import lora_files
-from astrai_core.checkpoints.hf_model import is_hf_directory, load_transformers_model
+from astrai_core.checkpoints.hf_model import is_transformers_checkpoint, load_transformers_model
 from astrai_core.checkpoints.manifest import verify_manifest, write_manifest
 from astrai_core.checkpoints.native_files import (
     INDEX_FILE,
@@ -66,7 +66,7 @@ def load_pretrained(directory: str | os.PathLike, *, dtype: torch.dtype | None =
     sha256: hashing a large model on each load is too slow; `astrai export` and
     ``--resume`` hash, see :mod:`astrai_core.checkpoints.manifest`)."""
     directory = Path(directory)
-    if is_hf_directory(directory):  # a transformers-backend run's checkpoint
+    if is_transformers_checkpoint(directory):  # a Hugging Face directory and run state
         verify_manifest(directory)
         load_hf = partial(load_transformers_model, dtype=dtype, device=device)
         if lora_files.is_lora_checkpoint(directory):  # base: this directory, or recorded

@@ -19,10 +19,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from astrai_core.checkpoints.hf.select import export_model_type, load_importer
-    from astrai_core.checkpoints.hf_model import copy_hf_checkpoint, is_hf_directory
+    from astrai_core.checkpoints.hf_model import copy_hf_checkpoint, is_transformers_checkpoint
     from astrai_core.plugins import process_registry
 
-    if is_hf_directory(args.src):  # a transformers-backend checkpoint is one already
+    if is_transformers_checkpoint(args.src):  # a Hugging Face directory already
         destination = copy_hf_checkpoint(args.src, args.dst)
         print(f"exported {args.src} -> {destination} (a copy of its Hugging Face files)")
         return 0

@@ -88,3 +88,21 @@ def test_grpo_from_yaml_runs_two_steps(tmp_path, model_type):
     records = read_metrics(tmp_path / "run")
     assert [r["step"] for r in records] == [1, 2]
     assert all(r["rollout/logprob_diff_max"] < 1e-4 for r in records)
+
+
+def test_ppo_trains_a_critic_on_the_transformers_backend(tmp_path):
+    """The critic's value head sits on the transformers model's final hidden states."""
+    from astrai_core.config.schema import RunConfig
+    from astrai_core.training.run import train
+
+    hf = write_hf_model_dir(tmp_path / "hf", "mixtral")
+    prompts = write_arith_prompts(tmp_path / "prompts.jsonl")
+    config = tiny_run_config(tmp_path, prompts, {"name": "ppo"}, max_steps=2, save_every=2,
+                             threads=1)
+    config["model"] = {"path": str(hf)}
+    train(RunConfig.model_validate(config))
+    records = read_metrics(tmp_path / "run")
+    assert [r["step"] for r in records] == [1, 2]
+    assert records[-1]["critic/grad_norm"] > 0 and records[-1]["value_mean"] != 0
+    assert records[-1]["moe/aux_loss"] > 0  # the family's load-balancing loss
+    assert (tmp_path / "run" / "checkpoints" / "step_2" / "critic.safetensors").is_file()
