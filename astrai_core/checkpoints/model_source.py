@@ -52,9 +52,11 @@ class ModelSource:
         return self.backend == NATIVE and not self.native_checkpoint
 
 
-def describe(path: str, backend: str | None, registry: Any) -> ModelSource:
+def describe(path: str, backend: str | None, registry: Any,
+             trust_remote_code: bool = False) -> ModelSource:
     """``model.path`` and ``model.backend`` checked and resolved (a hub id is found in the
-    cache, or downloaded when the hub is reachable)."""
+    cache, or downloaded when the hub is reachable); for the transformers backend, that
+    transformers can build the model (``trust_remote_code``: code the directory ships)."""
     from astrai_core.checkpoints.hf.files import read_json
 
     directory = locate(path)
@@ -80,8 +82,31 @@ def describe(path: str, backend: str | None, registry: Any) -> ModelSource:
         raise FieldError(BACKEND, f"native: {why_not}; use model.backend: transformers (the "
                          f"default for {model_type!r})")
     chosen = backend or (NATIVE if importer is not None else TRANSFORMERS)
+    if chosen == TRANSFORMERS:
+        check_transformers_can_build(config, trust_remote_code)
     return ModelSource(path, directory, False, chosen, model_type,
                        importer if chosen == NATIVE else None)
+
+
+def check_transformers_can_build(hf_config: dict[str, Any], trust_remote_code: bool) -> None:
+    """transformers has a causal LM class for the config's model_type, or the directory
+    ships one (``auto_map``) and ``model.trust_remote_code`` lets it run."""
+    import transformers
+    from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
+
+    model_type = hf_config["model_type"]
+    if model_type in MODEL_FOR_CAUSAL_LM_MAPPING_NAMES:
+        return
+    if "AutoModelForCausalLM" in (hf_config.get("auto_map") or {}):
+        if not trust_remote_code:
+            raise FieldError(("model", "trust_remote_code"), f"model_type {model_type!r} "
+                             "runs only with the model code its directory ships (auto_map); "
+                             "set model.trust_remote_code: true to run that code, with your "
+                             "rights, if you trust its source")
+        return
+    raise FieldError(PATH, f"model_type {model_type!r} is not a causal LM that transformers "
+                     f"{transformers.__version__} knows (AutoModelForCausalLM), and its "
+                     "directory ships no model code")
 
 
 def native_importer(registry: Any, hf_config: dict[str, Any]) -> tuple[str | None, str]:

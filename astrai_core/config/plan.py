@@ -196,7 +196,8 @@ def plan_run(config: RunConfig, source: YamlSource | None = None,
     try:
         _check_paths(config, Path.cwd() if base_dir is None else Path(base_dir))
         model_source = (None if config.model.path is None else
-                        describe(config.model.path, config.model.backend, registry))
+                        describe(config.model.path, config.model.backend, registry,
+                                 config.model.trust_remote_code))
         needs = strategy.target.needs(strategy.config)
         _check_data(config, strategy.name, needs)
         advantage = _advantage(resolve, config, strategy, needs)

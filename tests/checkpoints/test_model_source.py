@@ -134,3 +134,22 @@ def test_a_hub_id_offline_and_not_cached_is_one_line(tmp_path):
     assert len(lines) == 1 and "Traceback" not in result.stderr, result.stderr
     assert "model.path: 'someone/not-here' is not a local directory and not in the Hugging " \
            f"Face cache {tmp_path / 'hub'} (HF_HUB_OFFLINE=1)" in lines[0]
+
+
+def test_model_code_the_directory_ships_runs_only_when_trusted(tmp_path):
+    import json
+
+    hf = write_hf_model_dir(tmp_path / "hf", "olmo2")
+    config = json.loads((hf / "config.json").read_text())
+    config.update(model_type="my_own_lm", auto_map={"AutoModelForCausalLM": "modeling.MyLM"})
+    (hf / "config.json").write_text(json.dumps(config))
+    with pytest.raises(FieldError, match="model.trust_remote_code: model_type 'my_own_lm' runs "
+                       "only with the model code its directory ships"):
+        describe(str(hf), None, process_registry())
+    assert describe(str(hf), None, process_registry(), trust_remote_code=True).backend == \
+        "transformers"
+    del config["auto_map"]
+    (hf / "config.json").write_text(json.dumps(config))
+    with pytest.raises(FieldError, match="model.path: model_type 'my_own_lm' is not a causal LM "
+                       "that transformers"):
+        describe(str(hf), None, process_registry())
