@@ -53,7 +53,7 @@ def test_gemma_soft_capping_goes_through_the_chunked_head():
     assert (out["logprobs"] - reference).abs().max().item() < 1e-5
 
 
-@pytest.mark.parametrize("model_type", ["olmo2", "phi3"])
+@pytest.mark.parametrize("model_type", FAMILIES)
 def test_packed_documents_are_kept_apart(model_type):
     hf, model = _pair(model_type)
     docs = [torch.randint(1, 64, (1, n), generator=torch.Generator().manual_seed(n))
