@@ -18,6 +18,8 @@ from astrai_core.testing.hf_models import TINY_FAMILIES, write_hf_model_dir
 from astrai_core.testing.parity import load_hf_model
 from tests.training.conftest import tiny_config, write_config
 
+pytestmark = pytest.mark.slow  # whole runs of several steps
+
 ASTRAI = str(Path(sys.executable).with_name("astrai"))
 FAMILIES = sorted(TINY_FAMILIES)
 TIMING = ("time/step_seconds", "throughput/tokens_per_s")
