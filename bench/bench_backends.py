@@ -8,7 +8,7 @@ torch sampler, greedy, with its KV cache (native: preallocated; transformers:
 ``DynamicCache``). Iterations alternate between the backends so that machine load hits
 both alike; medians are reported.
 
-    .venv/bin/python bench/bench_backends.py [--batch 4] [--seq 256] [--new-tokens 32]
+    .venv/bin/python bench/bench_backends.py [--batch 4] [--seq 256] [--new-tokens 64]
 """
 
 from __future__ import annotations
@@ -70,10 +70,10 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--batch", type=int, default=4)
     parser.add_argument("--seq", type=int, default=256)
-    parser.add_argument("--new-tokens", type=int, default=32)
+    parser.add_argument("--new-tokens", type=int, default=64)
     parser.add_argument("--prompts", type=int, default=8)
     parser.add_argument("--warmup", type=int, default=1)
-    parser.add_argument("--iters", type=int, default=5)
+    parser.add_argument("--iters", type=int, default=10)
     parser.add_argument("--threads", type=int, default=1,
                         help="torch threads (1: robust on a machine shared with other jobs)")
     args = parser.parse_args()
