@@ -80,6 +80,7 @@ test-vllm: $(VLLM_STAMP)
 # Benchmarks against named peers; their latest numbers go in the README.
 bench: $(STAMP)
 	$(PY) bench/bench_model_train.py
+	$(PY) bench/bench_backends.py
 	$(PY) bench/bench_sampler.py
 	$(PY) bench/bench_grpo_trl.py
 	$(PY) bench/bench_rl_longtail.py

@@ -171,6 +171,7 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     ("errors", "log", "version"),
     ("plugin system",),
     ("model", "data", "devices", "environments"),
+    ("model_backends",),  # other models behind the native model's interface
     ("distributed", "rl"),
     ("checkpoints",),
     ("sampling",),

@@ -109,9 +109,19 @@ def find_base(checkpoint_dir: Path) -> Path:
 # ---------------------------------------------------------------- names
 
 def module_maps(model: nn.Module, model_type: str) -> dict[str, Any]:
-    """native module name -> (HF module name, the importer's TensorMap of its weight)."""
+    """native module name -> (HF module name, the importer's TensorMap of its weight); a
+    transformers model's modules already have their Hugging Face names."""
     from astrai_core.checkpoints.hf.select import load_importer
+    from astrai_core.checkpoints.hf.tensor_map import rename
+    from astrai_core.checkpoints.hf_model import PREFIX
+    from astrai_core.model.lora import lora_layers
+    from astrai_core.model_backends.transformers_lm import is_transformers_model
     from astrai_core.plugins import process_registry
+
+    if is_transformers_model(model):
+        return {name: (name.removeprefix(PREFIX),
+                       rename(f"{name}.weight", f"{name.removeprefix(PREFIX)}.weight"))
+                for name, _ in lora_layers(model)}
 
     importer = load_importer(process_registry(), model_type=model_type)
     maps = {}
@@ -235,9 +245,14 @@ def load_adapter(model: nn.Module, directory: Path, model_type: str) -> nn.Modul
 # ---------------------------------------------------------------- checkpoints
 
 def model_type_of(directory: Path) -> str:
-    """The HF model_type whose names a checkpoint's adapter uses (as `astrai export`)."""
+    """The HF model_type whose names a checkpoint's adapter uses (as `astrai export`; a
+    Hugging Face directory's own)."""
+    from astrai_core.checkpoints.hf.files import read_hf_config
     from astrai_core.checkpoints.hf.select import export_model_type
+    from astrai_core.checkpoints.hf_model import is_hf_directory
 
+    if is_hf_directory(directory):
+        return str(read_hf_config(directory)["model_type"])
     return export_model_type(directory)
 
 
@@ -255,10 +270,15 @@ def write_lora_weights(model: nn.Module, staging: Path, adapter: dict[str, torch
     and any hf_source.json."""
     from astrai_core.checkpoints.native_files import write_weights
 
+    from astrai_core.checkpoints.hf_model import write_hf_files
+    from astrai_core.model_backends.transformers_lm import is_transformers_model
+
     base: LoraBase | None = getattr(model, "lora_base", None)
     save_adapter(model, staging / ADAPTER_DIR, model_type_of(staging),
                  base_name=str(base.path) if base is not None else None, adapter=adapter)
-    if base is None:
+    if base is None and is_transformers_model(model):
+        write_hf_files(model, staging, base_weights)  # the family's names
+    elif base is None:
         write_weights(base_weights, staging, max_shard_bytes=2 * 1024**3)
     else:  # staging is a sibling of the final directory: the relative path is the same
         (staging / BASE_RECORD).write_text(json.dumps(base.record(staging), indent=2) + "\n")
@@ -300,6 +320,27 @@ def attach_lora(model: nn.Module, section: Any, base_dir: Path | None) -> nn.Mod
         model_type = model_type_of(base_dir) if base_dir is not None else default_model_type(model.config)
         load_adapter(model, Path(section.path), model_type)
     else:
-        inject_lora(model, peft_lora_config(**section.adapter_settings()))
+        inject_lora(model, peft_lora_config(**_targets_of(model, section.adapter_settings())))
     model.lora_base = None if base_dir is None or section.save_base else LoraBase.of(base_dir)
     return model
+
+
+def _targets_of(model: nn.Module, settings: dict[str, Any]) -> dict[str, Any]:
+    """``settings`` with ``target_modules`` in the model's own names (a transformers
+    family's, :mod:`astrai_core.model_backends.lora_targets`); names it has no linear
+    module for are left out, and none at all is an error naming the model type."""
+    from astrai_core.log import get_logger
+    from astrai_core.model_backends.lora_targets import family_targets
+    from astrai_core.model_backends.transformers_lm import is_transformers_model
+
+    if not is_transformers_model(model):
+        return settings
+    found, missing = family_targets(model, model.model_type, settings["target_modules"])
+    if not found:
+        raise CheckpointError(f"model.lora.target_modules: model_type {model.model_type!r} "
+                              f"has no linear module {', '.join(missing)} to adapt")
+    if missing:
+        get_logger("astrai.lora").warning("LoRA adapts no module for these target_modules: "
+                                          "the family has no linear module of that name",
+                                          model_type=model.model_type, skipped=missing)
+    return {**settings, "target_modules": found}

@@ -14,6 +14,7 @@ from pathlib import Path
 import torch
 
 from astrai_core.checkpoints import lora_files
+from astrai_core.checkpoints.hf_model import is_transformers_checkpoint, load_transformers_model
 from astrai_core.checkpoints.manifest import verify_manifest, write_manifest
 from astrai_core.checkpoints.native_files import (
     INDEX_FILE,
@@ -54,7 +55,9 @@ def save_pretrained(model: CausalLM, directory: str | os.PathLike, *,
 
 def load_pretrained(directory: str | os.PathLike, *, dtype: torch.dtype | None = None,
                     device: torch.device | str | None = None) -> CausalLM:
-    """Load a native checkpoint directory into a CausalLM (weights via safetensors only).
+    """Load a native checkpoint directory into a CausalLM (weights via safetensors only);
+    a checkpoint of a transformers-backend run (a Hugging Face directory with a manifest)
+    into a :class:`~astrai_core.model_backends.transformers_lm.TransformersCausalLM`.
 
     A LoRA training checkpoint (``adapter/``) gives its base with the adapter applied
     (:func:`astrai_core.checkpoints.lora_files.load_lora_checkpoint`).
@@ -63,6 +66,12 @@ def load_pretrained(directory: str | os.PathLike, *, dtype: torch.dtype | None =
     sha256: hashing a large model on each load is too slow; `astrai export` and
     ``--resume`` hash, see :mod:`astrai_core.checkpoints.manifest`)."""
     directory = Path(directory)
+    if is_transformers_checkpoint(directory):  # a Hugging Face directory and run state
+        verify_manifest(directory)
+        load_hf = partial(load_transformers_model, dtype=dtype, device=device)
+        if lora_files.is_lora_checkpoint(directory):  # base: this directory, or recorded
+            return lora_files.load_lora_checkpoint(directory, load_hf, load_hf)
+        return load_hf(directory)
     verify_checkpoint(directory)
     load_plain = partial(_load_plain, dtype=dtype, device=device)
     if lora_files.is_lora_checkpoint(directory):

@@ -40,6 +40,7 @@ from torch import nn
 
 from astrai_core.checkpoints import lora_files
 from astrai_core.checkpoints.hf.source import HF_SOURCE_FILE
+from astrai_core.checkpoints.hf_model import write_hf_files
 from astrai_core.checkpoints.manifest import note_written, verify_manifest, write_manifest
 from astrai_core.checkpoints.native_files import (
     atomic_directory,
@@ -57,6 +58,7 @@ from astrai_core.distributed.fsdp import full_tensor
 from astrai_core.errors import CheckpointError
 from astrai_core.log import get_logger
 from astrai_core.model.lora import adapter_parameters, base_state_dict, has_lora
+from astrai_core.model_backends.transformers_lm import is_transformers_model
 from astrai_core.checkpoints.write_phases import (DCP_WRITTEN, MANIFEST_WRITTEN,
                                                   TRAINING_STATE_WRITTEN, WEIGHTS_WRITTEN)
 
@@ -117,9 +119,13 @@ def save_checkpoint(target: Path, *, model: nn.Module, tokenizer_dir: Path,
             phase_hook(DCP_WRITTEN, step)
         if not dist.is_main:
             return target
-        write_config(model.config, staging)
+        if is_transformers_model(model):  # a Hugging Face directory, the family's names
+            write_hf_files(model, staging, weights)
+        else:
+            write_config(model.config, staging)
+            if weights is not None:
+                write_weights(weights, staging, max_shard_bytes=2 * 1024**3)
         if weights is not None:
-            write_weights(weights, staging, max_shard_bytes=2 * 1024**3)
             phase_hook(WEIGHTS_WRITTEN, step)
         copy_tokenizer_files(tokenizer_dir, staging)
         if initial_model_dir is not None and (initial_model_dir / HF_SOURCE_FILE).is_file():

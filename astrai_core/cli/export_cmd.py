@@ -19,7 +19,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from astrai_core.checkpoints.hf.select import export_model_type, load_importer
+    from astrai_core.checkpoints.hf_model import copy_hf_checkpoint, is_transformers_checkpoint
     from astrai_core.plugins import process_registry
+
+    if is_transformers_checkpoint(args.src):  # a Hugging Face directory already
+        destination = copy_hf_checkpoint(args.src, args.dst)
+        print(f"exported {args.src} -> {destination} (a copy of its Hugging Face files)")
+        return 0
 
     model_type = args.model_type or export_model_type(args.src)
     importer = load_importer(process_registry(), name=args.importer, model_type=model_type)

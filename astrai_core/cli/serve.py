@@ -43,13 +43,23 @@ def build_engine(registry, sampler_name: str, model_dir: Path, device_name: str,
 
     spec = registry.get("sampler", sampler_name)  # unknown names list the available ones
     model, tokenizer = _load(model_dir, device_name, registry)
-    if spec.name == "torch":
+    return engine_for(model, tokenizer, spec, max_batch_size, max_queued)
+
+
+def engine_for(model, tokenizer, spec, max_batch_size: int, max_queued: int | None = None):
+    """The serving engine of a loaded model with the sampler of ``spec``: the native
+    continuous-batching engine for the torch sampler on a native model, else the sampler
+    behind the generic adapter (a transformers-backend model too: the batching engine
+    edits the native KV cache in place)."""
+    from astrai_core.model_backends.transformers_lm import is_transformers_model
+
+    if spec.name == "torch" and not is_transformers_model(model):
         from astrai_core.serving.engine import BatchingEngine
 
         return BatchingEngine(model, tokenizer, max_batch_size=max_batch_size, max_queued=max_queued)
     from astrai_core.serving.sampler_engine import SamplerEngine
 
-    sampler = spec.load()(model=model, tokenizer=tokenizer)  # the sampler contract: a live native model
+    sampler = spec.load()(model=model, tokenizer=tokenizer)  # the sampler contract: a live model
     return SamplerEngine(sampler, tokenizer, max_context=int(model.config.max_position_embeddings),
                          vocab_size=int(model.config.vocab_size), max_batch_size=max_batch_size,
                          max_queued=max_queued)

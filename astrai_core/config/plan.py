@@ -21,6 +21,7 @@ from typing import Any
 
 from pydantic import BaseModel, ValidationError
 
+from astrai_core.checkpoints.model_source import TRANSFORMERS, ModelSource, describe
 from astrai_core.config.loader import field_message, format_validation_error
 from astrai_core.config.prompt_budget import resolve_max_prompt_len
 from astrai_core.config.schema import ComponentSection, RunConfig
@@ -76,6 +77,7 @@ class RunPlan:
     environment: Component | None = None  # rollouts' and evaluation's environment
     episode: EpisodeConfig | None = None  # its episode keys (max_turns, ...)
     trackers: tuple[Component, ...] = ()  # trainer.report_to, in order
+    model_source: ModelSource | None = None  # model.path resolved (None: from scratch)
 
     def sampling_fields(self) -> tuple[dict[str, Any], dict[str, Any]]:
         """(the sampler section's SamplingParams fields, its engine options)."""
@@ -195,6 +197,9 @@ def plan_run(config: RunConfig, source: YamlSource | None = None,
     strategy = resolve.section("strategy", config.strategy, ("strategy",))
     try:
         _check_paths(config, Path.cwd() if base_dir is None else Path(base_dir))
+        model_source = (None if config.model.path is None else
+                        describe(config.model.path, config.model.backend, registry,
+                                 config.model.trust_remote_code))
         needs = strategy.target.needs(strategy.config)
         _check_data(config, strategy.name, needs)
         advantage = _advantage(resolve, config, strategy, needs)
@@ -217,6 +222,8 @@ def plan_run(config: RunConfig, source: YamlSource | None = None,
         config = resolve_max_prompt_len(config, needs, sampler.options)
     except FieldError as exc:
         raise resolve.error(exc.path, exc.message) from None
+    if model_source is not None and model_source.backend == TRANSFORMERS:
+        _check_transformers_backend(resolve, config, strategy, sampler, needs, model_source)
     if needs.sampler_routing and not registry.get("sampler", sampler.name).reports_routing:
         raise resolve.error(("strategy", "router_replay"),
                             f"R3 replays the routing the sampler recorded, and sampler "
@@ -228,7 +235,27 @@ def plan_run(config: RunConfig, source: YamlSource | None = None,
     return RunPlan(config=config, source=source, registry=registry, strategy=strategy,
                    needs=needs, advantage=advantage, sampler=sampler, rewards=rewards,
                    device=device, policy_loss=policy_loss, environment=environment,
-                   episode=episode, trackers=trackers)
+                   episode=episode, trackers=trackers, model_source=model_source)
+
+
+def _check_transformers_backend(resolve: Resolver, config: RunConfig, strategy: Component,
+                                sampler: Component, needs: StrategyNeeds,
+                                source: ModelSource) -> None:
+    """What the transformers backend does not offer is refused before any work, naming
+    the model type."""
+    model_type, backend = source.model_type, "the transformers backend"
+    replay = getattr(strategy.config, "router_replay", "disabled")
+    if replay != "disabled":
+        raise resolve.error(("strategy", "router_replay"), f"{replay} replays MoE routing "
+                            f"through astrai's own router, and model_type {model_type!r} runs "
+                            f"on {backend}, whose router astrai cannot see; set "
+                            "router_replay: disabled")
+    generates = needs.rollouts or needs.generates or any(
+        e.format == "prompt" for _, e in config.data.named_evals())
+    if generates and sampler.name != "torch":
+        raise resolve.error(("sampler", "name"), f"sampler {sampler.name!r} cannot take the "
+                            f"weights of model_type {model_type!r} on {backend} yet; use the "
+                            "torch sampler")
 
 
 def plan_trackers(resolve: Resolver, entries: list[Any]) -> tuple[Component, ...]:
@@ -274,9 +301,7 @@ def _check_paths(config: RunConfig, base_dir: Path) -> None:
             what = "is a directory, but not one written by datasets' save_to_disk" \
                 if file.is_dir() else "not found"
             raise FieldError(path, f"data file {what}: {file}")
-    model = config.model
-    if model.path is not None and not Path(model.path).is_dir():
-        raise FieldError(("model", "path"), f"checkpoint directory {model.path!r} does not exist")
+    model = config.model  # model.path: model_source.describe
     if model.tokenizer is not None and not Path(model.tokenizer).is_dir():
         raise FieldError(("model", "tokenizer"),
                          f"tokenizer directory {model.tokenizer!r} does not exist")

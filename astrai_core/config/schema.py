@@ -32,9 +32,21 @@ class RewardSection(ComponentSection):
 
 
 class ModelSection(Section):
-    """Either a checkpoint to start from (`path`) or a from-scratch architecture (`config`)."""
+    """Either a model to start from (`path`) or a from-scratch architecture (`config`)."""
 
-    path: str | None = Field(default=None, description="native checkpoint directory")
+    path: str | None = Field(
+        default=None, description="an astrai checkpoint, a Hugging Face checkpoint directory, "
+        "or a hub id (owner/name, found through the Hugging Face cache)")
+    backend: Literal["native", "transformers"] | None = Field(
+        default=None, description="what runs the model: native (astrai's decoder; a Hugging "
+        "Face directory is imported on the fly) or transformers (any AutoModelForCausalLM); "
+        "default: native where an importer takes the model_type, else transformers")
+    trust_remote_code: bool = Field(
+        default=False, description="transformers backend: run the model code a Hugging Face "
+        "directory ships (auto_map); off unless set, since that code runs with your rights")
+    cache_dir: str | None = Field(
+        default=None, description="where on-the-fly imports are cached (default "
+        "$ASTRAI_CACHE_DIR, else ~/.cache/astrai)")
     config: dict[str, Any] | None = Field(
         default=None, description="ModelConfig fields for a model trained from scratch"
     )
@@ -51,6 +63,9 @@ class ModelSection(Section):
             raise ValueError("give exactly one of `path` (a checkpoint) or `config` (from scratch)")
         if self.config is not None and self.tokenizer is None:
             raise ValueError("a from-scratch model needs `tokenizer` (a tokenizer directory)")
+        if self.config is not None and self.backend == "transformers":
+            raise ValueError("backend: transformers loads a Hugging Face directory from `path`; "
+                             "a from-scratch `config` is a native model")
         return self
 
 

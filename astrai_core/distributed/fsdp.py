@@ -18,15 +18,18 @@ from torch import nn
 
 from astrai_core.distributed.context import DistContext
 from astrai_core.model.decoder import enable_activation_checkpointing
+from astrai_core.model_backends.transformers_lm import transformers_models
 
 PARAM_DTYPES = {"no": None, "bf16": torch.bfloat16}
 
 
 def decoder_layers(module: nn.Module) -> list[nn.Module]:
-    """The decoder layers inside ``module`` (one FSDP unit each)."""
+    """The decoder layers inside ``module`` (one FSDP unit each): the native model's, and a
+    transformers model's (the classes its ``_no_split_modules`` names)."""
     from astrai_core.model.decoder import DecoderLayer
+    from astrai_core.model_backends.transformers_lm import decoder_layers as hf_layers
 
-    return [sub for sub in module.modules() if isinstance(sub, DecoderLayer)]
+    return [sub for sub in module.modules() if isinstance(sub, DecoderLayer)] + hf_layers(module)
 
 
 def shard_module(module: nn.Module, dist: DistContext, mixed_precision: str = "no") -> nn.Module:
@@ -46,9 +49,11 @@ def shard_run(run: Any, strategy: Any) -> None:
     the modules the strategy trains beside it (a critic) and its frozen ones (a reference)."""
     parallel = run.plan.config.parallel
     trained = [m.module for m in strategy.trained_modules().values()]
-    if parallel.activation_checkpointing:  # every native model inside: policy, critic
+    if parallel.activation_checkpointing:  # every model inside: policy, critic
         for module in [run.model, *trained]:
             enable_activation_checkpointing(module)
+            for model in transformers_models(module):
+                model.enable_activation_checkpointing()
     if not run.dist.enabled:
         return
     for module in [run.model, *trained, *strategy.frozen_modules().values()]:

@@ -60,12 +60,14 @@ def target_logprobs(model: torch.nn.Module, input_ids: Tensor, target_ids: Tenso
 
 
 def head_logprobs(hidden: Tensor, weight: Tensor, target_ids: Tensor, temperature: float,
-                  with_entropy: bool) -> dict[str, Tensor]:
+                  with_entropy: bool, softcap: float | None = None) -> dict[str, Tensor]:
     """The model-side half of :func:`target_logprobs`: hidden [B, S, H] (after the final
-    norm), the head ``weight`` [V, H] -> {"logprobs" [B, T], "entropy" [B, T] if asked}."""
+    norm), the head ``weight`` [V, H] -> {"logprobs" [B, T], "entropy" [B, T] if asked}.
+    ``softcap``: the logits are ``softcap * tanh(logits / softcap)`` (Gemma's final
+    soft-capping), before the temperature."""
     positions = predicting_positions(hidden.shape[1], target_ids.shape[1])
     logprobs, entropy = chunked_logprobs(hidden[:, positions], weight, target_ids, temperature,
-                                         with_entropy=with_entropy)
+                                         with_entropy=with_entropy, softcap=softcap)
     # Fresh [B, T] tensors, not views of the chunks' concatenation: FSDP2 hooks a module's
     # outputs for its pre-backward, and an in-place op on a view would bypass that hook.
     out = {"logprobs": logprobs.clone()}
@@ -81,11 +83,19 @@ def predicting_positions(seq: int, targets: int) -> slice:
     return slice(seq - targets - 1, seq - 1)
 
 
-def _chunk_stats(hidden: Tensor, weight: Tensor, targets: Tensor, temperature: float,
-                 with_entropy: bool) -> tuple[Tensor, Tensor]:
+def head_logits(hidden: Tensor, weight: Tensor, softcap: float | None = None) -> Tensor:
+    """``hidden @ weight.T`` in at least float32 (bf16/fp16 logits are widened, float64
+    stays), soft-capped when ``softcap`` is set."""
     logits = F.linear(hidden, weight)
-    # At least float32 (bf16/fp16 logits are widened), float64 stays float64.
     logits = logits.to(torch.promote_types(logits.dtype, torch.float32))
+    if softcap is not None:
+        logits = torch.tanh(logits / softcap) * softcap
+    return logits
+
+
+def _chunk_stats(hidden: Tensor, weight: Tensor, targets: Tensor, temperature: float,
+                 with_entropy: bool, softcap: float | None = None) -> tuple[Tensor, Tensor]:
+    logits = head_logits(hidden, weight, softcap)
     if temperature != 1.0:
         logits = logits / temperature
     lse = torch.logsumexp(logits, dim=-1)
@@ -98,15 +108,16 @@ def _chunk_stats(hidden: Tensor, weight: Tensor, targets: Tensor, temperature: f
 
 
 def chunked_logprobs(hidden: Tensor, weight: Tensor, target_ids: Tensor, temperature: float = 1.0,
-                     *, with_entropy: bool = False, chunk_tokens: int | None = None
-                     ) -> tuple[Tensor, Tensor | None]:
+                     *, with_entropy: bool = False, chunk_tokens: int | None = None,
+                     softcap: float | None = None) -> tuple[Tensor, Tensor | None]:
     """Log-prob of each ``target_ids`` entry under log_softmax(hidden @ weight.T /
     temperature), and the entropy of that distribution when asked, in float32 (float64
     for float64 inputs).
 
     hidden [..., H] (the positions predicting the targets), weight [V, H],
     target_ids [...] -> (logprobs [...], entropy [...] or None). ``chunk_tokens``: rows per
-    chunk (default: as many as make :data:`CHUNK_LOGITS` logits).
+    chunk (default: as many as make :data:`CHUNK_LOGITS` logits); ``softcap``: as
+    :func:`head_logits`.
     """
     if temperature <= 0:
         raise ValueError(f"temperature must be > 0, got {temperature}")
@@ -120,7 +131,7 @@ def chunked_logprobs(hidden: Tensor, weight: Tensor, target_ids: Tensor, tempera
     logprobs, entropies = [], []
     for start in range(0, flat_hidden.shape[0], chunk_tokens):
         rows = slice(start, start + chunk_tokens)
-        args = (flat_hidden[rows], weight, flat_targets[rows], temperature, with_entropy)
+        args = (flat_hidden[rows], weight, flat_targets[rows], temperature, with_entropy, softcap)
         if recompute:
             logp, ent = checkpoint(_chunk_stats, *args, use_reentrant=False)
         else:
@@ -167,8 +178,7 @@ def chunked_logits_map(fn: Callable[..., Tensor], heads: Sequence[tuple[Tensor, 
         pairs, extra = args[:2 * len(heads)], args[2 * len(heads):]
         logits = []
         for hidden, weight in zip(pairs[0::2], pairs[1::2]):
-            out = F.linear(hidden, weight)
-            logits.append(out.to(torch.promote_types(out.dtype, torch.float32)))
+            logits.append(head_logits(hidden, weight))
         return fn(*logits, *extra)
 
     results = []

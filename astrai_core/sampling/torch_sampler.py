@@ -185,6 +185,10 @@ class _DecodeBatch:
         from astrai_core.model import KVCache
 
         weight = next(self.model.parameters())
+        # a model of another backend brings its own cache (model_backends/)
+        make = getattr(self.model, "new_kv_cache", None)
+        if make is not None:
+            return make(batch_size, max_length, dtype=weight.dtype, device=self.device)
         return KVCache(self.model.config, batch_size, max_length, dtype=weight.dtype, device=self.device)
 
     # ---------------------------------------------------------------- one step

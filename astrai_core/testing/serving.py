@@ -139,15 +139,17 @@ class LiveServer:
                  max_queued: int | None = None, max_seqs_per_request: int = 256) -> None:
         import uvicorn
 
-        from astrai_core.data.tokenizer import load_tokenizer
         from astrai_core.checkpoints.native import load_pretrained
+        from astrai_core.cli.serve import engine_for
+        from astrai_core.data.tokenizer import load_tokenizer
+        from astrai_core.plugins import process_registry
         from astrai_core.serving.app import create_app
-        from astrai_core.serving.engine import BatchingEngine
 
         self.model = load_pretrained(model_dir).eval()
         self.tokenizer = load_tokenizer(model_dir)
-        self.engine = BatchingEngine(self.model, self.tokenizer, max_batch_size=max_batch_size,
-                                     max_queued=max_queued)
+        self.engine = engine_for(self.model, self.tokenizer,
+                                 process_registry().get("sampler", "torch"), max_batch_size,
+                                 max_queued)
         self.name = name
         self.socket = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
         self.socket.bind(("127.0.0.1", 0))

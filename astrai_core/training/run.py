@@ -19,6 +19,7 @@ from typing import Any
 import torch
 
 from astrai_core.checkpoints import training_state as ckpt
+from astrai_core.checkpoints.model_source import NATIVE, TRANSFORMERS, model_directory
 from astrai_core.config.loader import validate_model
 from astrai_core.config.plan import RunPlan, plan_run
 from astrai_core.config.schema import ModelSection, RunConfig
@@ -78,7 +79,11 @@ def prepare_run(config: RunConfig, *, source: YamlSource | None = None, resume: 
     plan = plan_run(config, source, registry, base_dir)
     output_dir = Path(config.output_dir)
     _check_output_dir(output_dir, resume, overwrite, config.trainer.max_steps)
-    tokenizer_dir = _tokenizer_dir(config.model)
+    # model.path as a directory to load: a Hugging Face one run natively is imported
+    # (once: cached) here, after the plan and before anything else is built
+    model_dir = (None if plan.model_source is None else
+                 model_directory(plan.model_source, plan.registry, config.model.cache_dir))
+    tokenizer_dir = Path(config.model.tokenizer) if config.model.tokenizer else model_dir
     backend = resolve_device(plan.registry, config.device.name,
                              **(plan.device.options if plan.device else {}))
     dist = init_distributed(backend, config.parallel)
@@ -88,10 +93,11 @@ def prepare_run(config: RunConfig, *, source: YamlSource | None = None, resume: 
     from astrai_core.data.tokenizer import load_tokenizer
 
     tokenizer = load_tokenizer(tokenizer_dir)
-    model = build_model(config.model, tokenizer, source).to(device)
+    backend_name = plan.model_source.backend if plan.model_source is not None else NATIVE
+    model = build_model(config.model, tokenizer, source, model_dir, backend_name).to(device)
     run = wire_components(plan, backend=backend, device=device, model=model,
                           tokenizer=tokenizer, tokenizer_dir=tokenizer_dir, base_dir=base_dir,
-                          dist=dist)
+                          dist=dist, model_dir=model_dir)
     strategy = plan.strategy.target(plan.strategy.config, run)
     shard_run(run, strategy)  # FSDP2 over the mesh (distributed), activation checkpointing
     log.info("training", strategy=plan.strategy.name, device=str(device),
@@ -101,10 +107,11 @@ def prepare_run(config: RunConfig, *, source: YamlSource | None = None, resume: 
 
 def wire_components(plan: RunPlan, *, backend: Any, device: torch.device, model: torch.nn.Module,
                     tokenizer: Any, tokenizer_dir: Path, base_dir: Path,
-                    dist: DistContext = SINGLE) -> RunComponents:
+                    dist: DistContext = SINGLE, model_dir: Path | None = None) -> RunComponents:
     """Data loaders, rewards, sampler, estimator, policy loss and rollout runner, as the
     plan says. Distributed (``dist``): the training loader and the rollouts are this
-    rank's share; evaluation runs whole on every rank."""
+    rank's share; evaluation runs whole on every rank. ``model_dir``: the directory the
+    policy was loaded from (None: from scratch)."""
     from astrai_core.data import build_eval_loader, build_train_loader
     from astrai_core.rewards.reward_set import RewardSet
     from astrai_core.rollout.runner import RecordStream, RolloutRunner
@@ -142,11 +149,10 @@ def wire_components(plan: RunPlan, *, backend: Any, device: torch.device, model:
                                  pad_token_id=pad_token_id, episodes=episodes,
                                  seed_offset=dist.rank_slice(data.batch_size, "prompts").start,
                                  record_routing=needs.sampler_routing)  # router_replay: R3
-    initial = Path(config.model.path) if config.model.path is not None else None
     return RunComponents(
         plan=plan, trainer=config.trainer, data=data, registry=plan.registry, backend=backend,
         device=device, model=model, tokenizer=tokenizer, tokenizer_dir=tokenizer_dir,
-        output_dir=Path(config.output_dir), initial_model_dir=initial, sampling=sampling,
+        output_dir=Path(config.output_dir), initial_model_dir=model_dir, sampling=sampling,
         rewards=rewards, train_loader=train_loader, eval_loader=eval_loader, sampler=sampler,
         estimator=estimator, rollouts=rollouts, policy_loss=policy_loss, dist=dist,
         episodes=episodes, eval_sets=eval_sets)
@@ -244,30 +250,33 @@ def _seed_everything(seed: int, backend: Any) -> None:
     backend.manual_seed(seed)
 
 
-def _tokenizer_dir(section: ModelSection) -> Path:
-    return Path(section.tokenizer or section.path)  # the plan checked that it exists
+def build_model(section: ModelSection, tokenizer: Any, source: YamlSource | None = None,
+                model_dir: Path | None = None, backend: str = NATIVE) -> torch.nn.Module:
+    """Load the checkpoint at ``model_dir`` (``model.path`` resolved) with ``backend``
+    (native, or transformers for a Hugging Face directory) or build ``model.config`` from
+    scratch, and add the ``model.lora`` adapter when there is one."""
+    if backend == TRANSFORMERS:
+        from astrai_core.checkpoints.hf_model import load_transformers_model
 
-
-def build_model(section: ModelSection, tokenizer: Any, source: YamlSource | None = None
-                ) -> torch.nn.Module:
-    """Load the checkpoint at ``model.path`` or build ``model.config`` from scratch, and
-    add the ``model.lora`` adapter when there is one."""
-    model = _build_base(section, tokenizer, source)
+        model = load_transformers_model(model_dir, dtype=DTYPES[section.dtype],
+                                        trust_remote_code=section.trust_remote_code).train()
+    else:
+        model = _build_base(section, tokenizer, source, model_dir)
     if section.lora is not None:  # peft adapter; only it trains (model/lora.py)
         from astrai_core.checkpoints.lora_files import attach_lora
 
-        base_dir = Path(section.path) if section.path is not None else None
-        model = attach_lora(model, section.lora, base_dir).train()
+        model = attach_lora(model, section.lora, model_dir).train()
     return model
 
 
-def _build_base(section: ModelSection, tokenizer: Any, source: YamlSource | None) -> torch.nn.Module:
+def _build_base(section: ModelSection, tokenizer: Any, source: YamlSource | None,
+                model_dir: Path | None) -> torch.nn.Module:
     from astrai_core.checkpoints.native import load_pretrained
     from astrai_core.model import CausalLM, ModelConfig
 
     dtype = DTYPES[section.dtype]
-    if section.path is not None:
-        return load_pretrained(section.path, dtype=dtype).train()
+    if model_dir is not None:
+        return load_pretrained(model_dir, dtype=dtype).train()
     fields = dict(section.config or {})
     fields.setdefault("vocab_size", len(tokenizer))
     for name in ("bos_token_id", "eos_token_id", "pad_token_id"):

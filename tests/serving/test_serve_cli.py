@@ -62,3 +62,24 @@ def test_a_registry_sampler_other_than_torch_goes_through_the_adapter(random_che
     finally:
         adapter.close()
         native.close()
+
+
+def test_a_transformers_backend_checkpoint_is_served(tmp_path):
+    """A checkpoint of a family without a native importer answers the OpenAI chat API
+    (the torch sampler behind the generic engine)."""
+    from astrai_core.checkpoints.hf_model import load_transformers_model, write_backend_record
+    from astrai_core.checkpoints.manifest import write_manifest
+    from astrai_core.serving.sampler_engine import SamplerEngine
+    from astrai_core.testing.hf_models import write_hf_model_dir
+    from astrai_core.testing.serving import live_server
+
+    directory = write_hf_model_dir(tmp_path / "olmo2", "olmo2")
+    write_backend_record(load_transformers_model(directory), directory)
+    write_manifest(directory)  # a checkpoint as a run writes it
+    with live_server(directory) as live:
+        assert isinstance(live.engine, SamplerEngine)
+        reply = live.client().chat.completions.create(
+            model="tiny", messages=[{"role": "user", "content": "1+2="}], max_tokens=4,
+            temperature=0)
+        assert reply.choices[0].finish_reason in ("stop", "length")
+        assert reply.usage.completion_tokens >= 1

@@ -56,16 +56,22 @@ def read_hf_weights(src_dir: Path) -> dict[str, torch.Tensor]:
     """Every tensor of the directory's safetensors weights (one file or index + shards)."""
     from astrai_core.checkpoints.native_files import read_safetensors, weight_files
 
+    check_safetensors(src_dir)
+    tensors: dict[str, torch.Tensor] = {}
+    for path in weight_files(src_dir):
+        tensors.update(read_safetensors(path))
+    return tensors
+
+
+def check_safetensors(src_dir: Path) -> None:
+    """The directory holds safetensors weights; else one error (naming pickle files found,
+    which astrai never reads)."""
     if not (src_dir / SINGLE_FILE).is_file() and not (src_dir / INDEX_FILE).is_file():
         pickled = sorted(p.name for p in src_dir.iterdir() if p.suffix in (".bin", ".pt", ".pth"))
         hint = (f" (found {', '.join(pickled)}: astrai reads safetensors only, never pickle "
                 "files; re-save the model with transformers' save_pretrained)") if pickled else ""
         raise CheckpointError(f"{src_dir} has no weights: expected {SINGLE_FILE} or "
                               f"{INDEX_FILE}{hint}")
-    tensors: dict[str, torch.Tensor] = {}
-    for path in weight_files(src_dir):
-        tensors.update(read_safetensors(path))
-    return tensors
 
 
 def check_destination_free(dst_dir: Path) -> None:

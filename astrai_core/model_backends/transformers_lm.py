@@ -1,0 +1,231 @@
+"""Any transformers ``AutoModelForCausalLM`` behind the native model's interface.
+
+:class:`TransformersCausalLM` holds the transformers model (``.hf``) and answers the same
+``forward`` as :class:`astrai_core.model.CausalLM`:
+
+- ``target_ids``: log-probs (and entropy) through the chunked head
+  (:func:`astrai_core.model.head.head_logprobs`) over the base model's final hidden
+  states, so no [B, S, V] float32 logits exist; Gemma's final logit soft-capping is
+  applied inside the chunks;
+- ``return_hidden_states``: those final hidden states (a critic's value head);
+- ``attention_mask`` [B, past + S] and ``position_ids``; positions that restart without
+  a mask or cache are packed documents, which transformers' masks keep apart for the
+  families built on its mask functions;
+- ``kv_cache``: a :class:`TransformersKVCache` (transformers' ``DynamicCache``) made by
+  :meth:`TransformersCausalLM.new_kv_cache`, for the torch sampler;
+- ``aux_loss``: the family's own load-balancing loss for MoE models (router logits).
+
+Only the LM head is computed here instead of by the transformers model; everything
+below it (embeddings, layers, final norm) is the family's own code, so the numbers are
+transformers' numbers.
+"""
+
+from __future__ import annotations
+
+import inspect
+import sys
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from torch import nn
+
+from astrai_core.model.head import head_logits, head_logprobs
+
+# Config attributes under which families spell their number of routed experts.
+_EXPERT_COUNTS = ("num_local_experts", "num_experts", "n_routed_experts")
+
+
+@dataclass(frozen=True)
+class BackendConfig:
+    """What the trainer and the strategies read of a model's config, for a transformers
+    model (the native :class:`~astrai_core.model.ModelConfig` has the same names)."""
+
+    model_type: str
+    vocab_size: int
+    hidden_size: int
+    max_position_embeddings: int
+    num_experts: int
+    num_experts_per_tok: int
+    router_aux_loss_coef: float
+    tie_word_embeddings: bool
+    final_logit_softcapping: float | None
+
+    @classmethod
+    def of(cls, config: Any) -> BackendConfig:
+        text = config.get_text_config() if hasattr(config, "get_text_config") else config
+        experts = next((int(getattr(text, name)) for name in _EXPERT_COUNTS
+                        if getattr(text, name, None)), 0)
+        return cls(model_type=str(config.model_type), vocab_size=int(text.vocab_size),
+                   hidden_size=int(text.hidden_size),
+                   max_position_embeddings=int(getattr(text, "max_position_embeddings", None)
+                                               or 1 << 20),
+                   num_experts=experts,
+                   num_experts_per_tok=int(getattr(text, "num_experts_per_tok", 0) or 0),
+                   router_aux_loss_coef=float(getattr(text, "router_aux_loss_coef", 0.0) or 0.0),
+                   tie_word_embeddings=bool(getattr(text, "tie_word_embeddings", False)),
+                   final_logit_softcapping=getattr(text, "final_logit_softcapping", None))
+
+
+class TransformersKVCache:
+    """The native KV cache's interface over transformers' ``DynamicCache``: ``length``
+    positions are filled, ``select`` keeps batch rows, the model ``advance``s it."""
+
+    def __init__(self, hf_config: Any, batch_size: int, max_length: int) -> None:
+        from transformers import DynamicCache
+
+        self.cache = DynamicCache(config=hf_config)
+        self.batch_size = batch_size
+        self.max_length = max_length
+        self.length = 0
+
+    def advance(self, num_tokens: int) -> None:
+        self.length += num_tokens
+        if self.length > self.max_length:
+            raise ValueError(f"KV cache overflow: {self.length} positions, max_length is "
+                             f"{self.max_length}")
+
+    def select(self, rows: torch.Tensor) -> None:
+        self.cache.batch_select_indices(rows.to(dtype=torch.long))
+        self.batch_size = int(rows.numel())
+
+
+class TransformersCausalLM(nn.Module):
+    """A transformers causal LM with the native forward; see the module docstring."""
+
+    chunked_head = True  # forward(target_ids=...) gives log-probs (model/head.py)
+    # Where the transformers model sits, as transformers spells it: peft's injection asks
+    # transformers for the weight conversions of the model it adapts, which reads this.
+    base_model_prefix = "hf"
+
+    def __init__(self, hf_model: nn.Module) -> None:
+        super().__init__()
+        self.hf = hf_model
+        self.config = BackendConfig.of(hf_model.config)
+        self._cache_argument = _cache_argument(self.decoder())
+
+    @property
+    def model_type(self) -> str:
+        return self.config.model_type
+
+    def decoder(self) -> nn.Module:
+        """The base model under the LM head (embeddings, layers, final norm)."""
+        return getattr(self.hf, self.hf.base_model_prefix)
+
+    def head_weight(self) -> torch.Tensor:
+        return self.hf.get_output_embeddings().weight
+
+    def decoder_layer_classes(self) -> tuple[str, ...]:
+        """The class names of the decoder layers (FSDP2 wraps each: ``_no_split_modules``)."""
+        return tuple(getattr(self.hf, "_no_split_modules", None) or ())
+
+    def new_kv_cache(self, batch_size: int, max_length: int, dtype: torch.dtype,
+                     device: torch.device | str) -> TransformersKVCache:
+        """An empty cache for generation (the torch sampler); its tensors are made by
+        the first forward, in the model's dtype and on its device."""
+        return TransformersKVCache(self.hf.config, batch_size, max_length)
+
+    def enable_activation_checkpointing(self, enabled: bool = True) -> None:
+        """transformers' own per-layer checkpointing, non-reentrant (it composes with FSDP2)."""
+        renamed = hasattr(self.hf, "activation_checkpointing_enable")  # transformers >= 5.x
+        if enabled and renamed:
+            self.hf.activation_checkpointing_enable(
+                activation_checkpointing_kwargs={"use_reentrant": False})
+        elif enabled:
+            self.hf.gradient_checkpointing_enable(
+                gradient_checkpointing_kwargs={"use_reentrant": False})
+        elif renamed:
+            self.hf.activation_checkpointing_disable()
+        else:
+            self.hf.gradient_checkpointing_disable()
+
+    @property
+    def activation_checkpointing(self) -> bool:
+        hf = self.hf
+        return bool(hf.is_activation_checkpointing if hasattr(hf, "is_activation_checkpointing")
+                    else hf.is_gradient_checkpointing)
+
+    def forward(
+        self,
+        input_ids: torch.Tensor,
+        attention_mask: torch.Tensor | None = None,
+        position_ids: torch.Tensor | None = None,
+        kv_cache: TransformersKVCache | None = None,
+        return_hidden_states: bool = False,
+        logits_to_keep: int = 0,
+        target_ids: torch.Tensor | None = None,
+        temperature: float = 1.0,
+        return_entropy: bool = False,
+        head: Callable[[torch.Tensor, torch.Tensor], dict[str, Any]] | None = None,
+    ) -> dict[str, Any]:
+        """As :meth:`astrai_core.model.CausalLM.forward`."""
+        seq = input_ids.shape[1]
+        if position_ids is not None and position_ids.dim() == 1:
+            position_ids = position_ids.unsqueeze(0)
+        moe = self.config.num_experts > 0
+        kwargs: dict[str, Any] = {"input_ids": input_ids, "attention_mask": attention_mask,
+                                  "position_ids": position_ids,
+                                  "use_cache": kv_cache is not None}
+        if kv_cache is not None:
+            kwargs[self._cache_argument] = kv_cache.cache
+        if moe:
+            kwargs["output_router_logits"] = True
+        out = self.decoder()(**kwargs)
+        if kv_cache is not None:
+            kv_cache.advance(seq)
+        hidden = out.last_hidden_state
+        softcap = self.config.final_logit_softcapping
+        if head is not None:
+            result = dict(head(hidden, self.head_weight()))
+        elif target_ids is not None:
+            result = head_logprobs(hidden, self.head_weight(), target_ids, temperature,
+                                   return_entropy, softcap)
+        else:
+            kept = hidden[:, -logits_to_keep:] if 0 < logits_to_keep < seq else hidden
+            result = {"logits": head_logits(kept, self.head_weight(), softcap)}
+        if return_hidden_states:
+            result["hidden_states"] = hidden
+        result["aux_loss"] = self._aux_loss(out, attention_mask, hidden.device) if moe \
+            else torch.zeros((), device=hidden.device)
+        result["router_stats"] = []
+        return result
+
+    def _aux_loss(self, out: Any, attention_mask: torch.Tensor | None,
+                  device: torch.device) -> torch.Tensor:
+        """The family's load-balancing loss over the router logits of this forward."""
+        router_logits = getattr(out, "router_logits", None)
+        loss_fn = getattr(sys.modules[type(self.hf).__module__], "load_balancing_loss_func", None)
+        if not router_logits or loss_fn is None:
+            return torch.zeros((), device=device)
+        mask = None if attention_mask is None else attention_mask[:, -out.last_hidden_state.shape[1]:]
+        loss = loss_fn(router_logits, self.config.num_experts, self.config.num_experts_per_tok,
+                       mask)
+        return loss if torch.is_tensor(loss) else torch.zeros((), device=device)
+
+
+def _cache_argument(decoder: nn.Module) -> str:
+    """The name of the base model's cache argument (``cache`` since transformers 5.x's
+    rename, ``past_key_values`` before)."""
+    parameters = inspect.signature(decoder.forward).parameters
+    return "cache" if "cache" in parameters else "past_key_values"
+
+
+def is_transformers_model(module: nn.Module) -> bool:
+    """True for a :class:`TransformersCausalLM` (sharded or not)."""
+    return isinstance(module, TransformersCausalLM)
+
+
+def transformers_models(module: nn.Module) -> list[TransformersCausalLM]:
+    """Every :class:`TransformersCausalLM` inside ``module`` (a policy, a critic's backbone)."""
+    return [sub for sub in module.modules() if isinstance(sub, TransformersCausalLM)]
+
+
+def decoder_layers(module: nn.Module) -> list[nn.Module]:
+    """The decoder layers of every transformers model inside ``module``, found by the
+    class names in its ``_no_split_modules``."""
+    layers = []
+    for model in transformers_models(module):
+        names = set(model.decoder_layer_classes())
+        layers += [sub for sub in model.hf.modules() if type(sub).__name__ in names]
+    return layers
