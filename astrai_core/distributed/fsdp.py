@@ -53,6 +53,18 @@ def shard_run(run: Any, strategy: Any) -> None:
         return
     for module in [run.model, *trained, *strategy.frozen_modules().values()]:
         shard_module(module, run.dist, run.trainer.mixed_precision)
+    balance_over_ranks([run.model, *trained], run.dist)
+
+
+def balance_over_ranks(modules: Iterable[nn.Module], dist: DistContext) -> None:
+    """The MoE load-balancing loss of every native model inside ``modules`` (the trained
+    ones) takes its token fractions from the global batch (model/moe.py)."""
+    from astrai_core.model.decoder import CausalLM
+
+    for module in modules:
+        for sub in module.modules():
+            if isinstance(sub, CausalLM) and sub.config.num_experts:
+                sub.balance_over_ranks = dist.sum_tensor
 
 
 def fsdp_units(module: nn.Module) -> list[Any]:
