@@ -101,10 +101,24 @@ class UnshardedSampler:
 
     def __init__(self, sampler: Any, model: nn.Module) -> None:
         self._sampler, self._model = sampler, model
+        self._held = False
 
     def generate(self, *args: Any, **kwargs: Any) -> Any:
+        if self._held:  # inside gathered(): the weights are already there
+            return self._sampler.generate(*args, **kwargs)
         with torch.no_grad(), unsharded([self._model]):
             return self._sampler.generate(*args, **kwargs)
+
+    @contextlib.contextmanager
+    def gathered(self) -> Iterator[None]:
+        """Every ``generate`` inside the block runs on one gathering of the policy, so the
+        ranks may call it different numbers of times (each its own share of prompts)."""
+        with torch.no_grad(), unsharded([self._model]):
+            self._held = True
+            try:
+                yield
+            finally:
+                self._held = False
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self._sampler, name)
