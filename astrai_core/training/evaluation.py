@@ -23,6 +23,7 @@ import torch
 
 from astrai_core.distributed.metrics import combine_shares
 from astrai_core.rollout.evaluate import evaluate_episodes, evaluate_generation
+from astrai_core.sampling.params import SamplingParams
 from astrai_core.training.run_components import RunComponents
 
 LossFn = Callable[[Any], tuple[torch.Tensor, dict[str, Any]]]
@@ -63,9 +64,15 @@ def _generation_metrics(run: RunComponents, loader: Any,
     records = [record for batch in loader for record in batch]
     mine = records[run.dist.rank::run.dist.world_size]
     batch_size = run.data.eval_batch_size or run.data.batch_size
-    gathered = getattr(run.sampler, "gathered", contextlib.nullcontext)
+    gathered = getattr(run.sampler, "gathered", None)
+    if gathered is None and run.dist.enabled:
+        # A sampler apart from the trainer (ray) serves the ranks in step: one request of
+        # each rank's whole share, an empty one where a rank has no prompt.
+        batch_size = max(1, math.ceil(len(records) / run.dist.world_size))
+        if not mine:
+            run.sampler.generate([], SamplingParams(max_new_tokens=1))
     metrics: dict[str, float] = {}
-    with gathered():  # every rank gathers the policy once, whatever its share
+    with (gathered or contextlib.nullcontext)():  # one gathering of the policy per rank
         if mine and run.episodes is not None:
             metrics = evaluate_episodes(run.episodes, mine,
                                         max_new_tokens=run.trainer.eval_max_new_tokens,
