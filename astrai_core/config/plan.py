@@ -220,7 +220,8 @@ def plan_run(config: RunConfig, source: YamlSource | None = None,
     device = (None if config.device.name == "auto"
               else resolve.section("device_backend", config.device, ("device",)))
     environment, episode = _environment(resolve, config, needs)
-    if (config.environment is not None and launched_world_size() > 1
+    if (environment.name != DEFAULT_ENVIRONMENT and episode.max_turns > 1
+            and launched_world_size() > 1
             and getattr(registry.get("sampler", sampler.name), "asynchronous", False)):
         # Such a sampler serves a distributed trainer's ranks in step, one request each;
         # the turns of multi-turn episodes differ in number from rank to rank.

@@ -1,8 +1,9 @@
 """The ray sampler under a distributed (FSDP) trainer: a 2-process GRPO run whose rollouts
 come from 2 torch rollout workers equals the 1-process ray run (the same completions,
-metrics and, after 3 steps, weights within 1e-4). Rank 0 holds the workers; every rank
-sends its prompts through it and gathers the sharded weights bucket by bucket (the
-tiny model's embedding has an odd number of rows, so its shards are uneven)."""
+metrics and, after 3 steps, weights within 1e-4; the evaluation by generation, split
+over the ranks, too). Rank 0 holds the workers; every rank sends its prompts through it
+and gathers the sharded weights bucket by bucket (the tiny model's embedding has an odd
+number of rows, so its shards are uneven)."""
 
 from __future__ import annotations
 
@@ -29,7 +30,10 @@ def _train(tmp_path: Path, name: str, nproc: int) -> Path:
     prompts = write_arith_prompts(tmp_path / "prompts.jsonl", count=16)
     config = tiny_run_config(tmp_path, prompts, {"name": "grpo", "group_size": 4},
                              sampler=RAY, data={"batch_size": 4}, max_steps=STEPS,
-                             save_every=STEPS, lr=2e-3, eps=1e-6)
+                             save_every=STEPS, lr=2e-3, eps=1e-6, eval_every=STEPS,
+                             eval_max_new_tokens=3)
+    held_out = write_arith_prompts(tmp_path / "held_out.jsonl", count=5)  # shares of 3 and 2
+    config["data"]["eval"] = {"path": str(held_out), "format": "prompt"}
     config["output_dir"] = str(tmp_path / name)
     path = tmp_path / f"{name}.yaml"
     path.write_text(yaml.safe_dump(config, sort_keys=False))
@@ -49,8 +53,29 @@ def test_two_trainer_processes_with_ray_workers_equal_one(tmp_path):
         for name in SHARED:
             assert b[name] == pytest.approx(a[name], rel=1e-4, abs=1e-6), (a["step"], name)
         assert b["rollout/weight_push_mb"] == pytest.approx(a["rollout/weight_push_mb"])
+    # the evaluation by generation, split over the ranks, scores what one process scores
+    assert second[-1]["eval/response_length"] == pytest.approx(first[-1]["eval/response_length"])
+    assert second[-1]["eval/reward"] == pytest.approx(first[-1]["eval/reward"])
     weights = [load_file(str(run / "checkpoints" / f"step_{STEPS}" / "model.safetensors"))
                for run in (one, two)]
     assert weights[0].keys() == weights[1].keys()
     for name, tensor in weights[0].items():
         assert (tensor - weights[1][name]).abs().max().item() <= 1e-4, name
+
+
+def test_the_plan_takes_ray_on_several_processes_but_not_multi_turn_episodes(tmp_path,
+                                                                             monkeypatch):
+    from astrai_core.api import ConfigError, RunConfig
+    from astrai_core.config.plan import plan_run
+
+    prompts = write_arith_prompts(tmp_path / "prompts.jsonl", count=8)
+    config = tiny_run_config(tmp_path, prompts, {"name": "grpo", "group_size": 2},
+                             sampler=RAY, data={"batch_size": 4})
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    plan_run(RunConfig.model_validate(config), base_dir=tmp_path)
+    config["environment"] = {"name": "tools", "tools": ["math:sqrt"], "max_turns": 2}
+    with pytest.raises(ConfigError, match="^environment: multi-turn episodes with sampler 'ray' "
+                       "run on one trainer process only"):
+        plan_run(RunConfig.model_validate(config), base_dir=tmp_path)
+    monkeypatch.setenv("WORLD_SIZE", "1")
+    plan_run(RunConfig.model_validate(config), base_dir=tmp_path)
