@@ -1,5 +1,6 @@
 """One rank of the bucketed-gather check, run by tests/distributed/test_weight_gather.py
-under ``python -m torch.distributed.run --nproc-per-node N`` (1 or 2).
+under ``python -m torch.distributed.run --nproc-per-node N`` (1 or 2). Every sharded
+tensor is gathered in pieces of a few rows, as a large tensor is.
 
 Each case holds sharded tensors (DTensors sharded on dim 0, unevenly where the size is
 odd, e.g. an embedding of 55 rows on 2 ranks) beside their plain full copies in this
@@ -18,6 +19,7 @@ import torch
 import torch.distributed as dist
 from torch.distributed.tensor import Shard, distribute_tensor, init_device_mesh
 
+import astrai_core.distributed.weight_gather as weight_gather
 from astrai_core.distributed.context import DistContext
 from astrai_core.distributed.fsdp import shard_module
 from astrai_core.distributed.weight_gather import iter_full_buckets, iter_push_buckets
@@ -83,6 +85,7 @@ def model_case(case: str, ctx: DistContext) -> dict:
 
 
 def main(out_dir: Path) -> None:
+    weight_gather.PIECE_BYTES = 40  # a gather in pieces of a row or a few (as big tensors are)
     dist.init_process_group("gloo")
     mesh = init_device_mesh("cpu", (dist.get_world_size(),))
     ctx = DistContext(rank=dist.get_rank(), world_size=dist.get_world_size(), mesh=mesh)
