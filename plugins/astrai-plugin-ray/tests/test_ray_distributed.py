@@ -1,7 +1,8 @@
 """The ray sampler under a distributed (FSDP) trainer: a 2-process GRPO run whose rollouts
 come from 2 torch rollout workers equals the 1-process ray run (the same completions,
 metrics and, after 3 steps, weights within 1e-4; the evaluation by generation, split
-over the ranks, too). Rank 0 holds the workers; every rank sends its prompts through it
+over the ranks, too), for a fully trained policy and for a LoRA policy, whose pushes carry
+the adapter only. Rank 0 holds the workers; every rank sends its prompts through it
 and gathers the sharded weights bucket by bucket (the tiny model's embedding has an odd
 number of rows, so its shards are uneven)."""
 
@@ -26,7 +27,10 @@ SHARED = ("loss", "policy_loss", "grad_norm", "tokens", "rollout/reward_mean",
           "rollout/advantage_std", "rollout/logprob_diff_max")
 
 
-def _train(tmp_path: Path, name: str, nproc: int) -> Path:
+LORA = {"r": 4, "alpha": 8, "target_modules": ["q_proj", "v_proj", "down_proj"]}
+
+
+def _train(tmp_path: Path, name: str, nproc: int, lora: bool = False) -> Path:
     prompts = write_arith_prompts(tmp_path / "prompts.jsonl", count=16)
     config = tiny_run_config(tmp_path, prompts, {"name": "grpo", "group_size": 4},
                              sampler=RAY, data={"batch_size": 4}, max_steps=STEPS,
@@ -35,6 +39,8 @@ def _train(tmp_path: Path, name: str, nproc: int) -> Path:
     held_out = write_arith_prompts(tmp_path / "held_out.jsonl", count=5)  # shares of 3 and 2
     config["data"]["eval"] = {"path": str(held_out), "format": "prompt"}
     config["output_dir"] = str(tmp_path / name)
+    if lora:
+        config["model"]["lora"] = dict(LORA)
     path = tmp_path / f"{name}.yaml"
     path.write_text(yaml.safe_dump(config, sort_keys=False))
     launch = ["--nproc-per-node", str(nproc)] if nproc > 1 else []
@@ -45,8 +51,17 @@ def _train(tmp_path: Path, name: str, nproc: int) -> Path:
     return tmp_path / name
 
 
-def test_two_trainer_processes_with_ray_workers_equal_one(tmp_path):
-    one, two = _train(tmp_path, "one", 1), _train(tmp_path, "two", 2)
+def _trained_weights(run: Path, lora: bool) -> dict:
+    """The full model, or with LoRA the adapter (PEFT's files), of the last checkpoint."""
+    from astrai_core.checkpoints.lora_files import ADAPTER_DIR, ADAPTER_WEIGHTS
+
+    step = run / "checkpoints" / f"step_{STEPS}"
+    return load_file(str(step / ADAPTER_DIR / ADAPTER_WEIGHTS if lora else step / "model.safetensors"))
+
+
+@pytest.mark.parametrize("lora", [False, True], ids=["full", "lora"])
+def test_two_trainer_processes_with_ray_workers_equal_one(tmp_path, lora):
+    one, two = _train(tmp_path, "one", 1, lora), _train(tmp_path, "two", 2, lora)
     first, second = read_metrics(one), read_metrics(two)
     assert [m["step"] for m in second] == list(range(1, STEPS + 1))
     for a, b in zip(first, second):
@@ -56,8 +71,10 @@ def test_two_trainer_processes_with_ray_workers_equal_one(tmp_path):
     # the evaluation by generation, split over the ranks, scores what one process scores
     assert second[-1]["eval/response_length"] == pytest.approx(first[-1]["eval/response_length"])
     assert second[-1]["eval/reward"] == pytest.approx(first[-1]["eval/reward"])
-    weights = [load_file(str(run / "checkpoints" / f"step_{STEPS}" / "model.safetensors"))
-               for run in (one, two)]
+    weights = [_trained_weights(run, lora) for run in (one, two)]
+    if lora:  # a push carries the adapter's tensors and nothing else (16-byte alignment aside)
+        adapter_mb = sum(t.numel() * t.element_size() for t in weights[1].values()) / 2**20
+        assert second[0]["rollout/weight_push_mb"] == pytest.approx(adapter_mb, rel=0.05)
     assert weights[0].keys() == weights[1].keys()
     for name, tensor in weights[0].items():
         assert (tensor - weights[1][name]).abs().max().item() <= 1e-4, name
