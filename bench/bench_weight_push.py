@@ -9,7 +9,8 @@ vocabulary 151936, tied embedding, float32 master weights); ``--layers`` sets th
 (Qwen3-0.6B has 28). The consumer of each bucket reads every tensor and drops it (a
 stand-in for the engine's load or the broadcast to rollout workers). Peak memory is the
 rise of rank 0's resident set above the shards it holds (Linux ``VmHWM`` after resetting
-it through ``/proc/self/clear_refs``). ``--lora`` also times a LoRA policy's merged push
+it through ``/proc/self/clear_refs``); each figure is the fastest time and the largest
+peak of two runs after a warm-up. ``--lora`` also times a LoRA policy's merged push
 (per adapted layer, from the gathered adapter) against an adapter-only push.
 
     .venv/bin/python bench/bench_weight_push.py [--layers 28] [--bucket-mb 512] [--lora]
@@ -37,8 +38,15 @@ def rss_kb(field: str) -> int:
     raise RuntimeError(f"no {field} in /proc/self/status")
 
 
-def measure(run) -> tuple[float, float]:
-    """(seconds, peak MB above the resident set at the start) of ``run()``."""
+def measure(run, repeats: int = 2) -> tuple[float, float]:
+    """(fastest seconds, largest peak MB above the resident set at the start) of
+    ``repeats`` runs of ``run()``, after one warm-up run (the collectives' first use)."""
+    once(run)
+    results = [once(run) for _ in range(repeats)]
+    return min(r[0] for r in results), max(r[1] for r in results)
+
+
+def once(run) -> tuple[float, float]:
     import torch.distributed as dist
 
     dist.barrier()
@@ -112,7 +120,6 @@ def worker(args: argparse.Namespace) -> None:
     results = {"layers": args.layers, "bucket_mb": args.bucket_mb, "full_state_mb": full_mb,
                "largest_tensor_mb": largest_mb, "shard_rss_mb": rss_kb("VmRSS") / 1024}
     for name, run in (("bucketed", bucketed), ("full_on_rank0", full_on_rank0)):
-        measure(run)  # warm-up: the collectives' first use, the allocator
         seconds, peak = measure(run)
         results[name] = {"seconds": seconds, "peak_above_shard_mb": peak}
     del model
@@ -132,7 +139,6 @@ def worker(args: argparse.Namespace) -> None:
                          if p.requires_grad) / MB
         results["lora"] = {"adapter_mb": adapter_mb}
         for name, run in (("merged", merged), ("adapter_only", adapter_only)):
-            measure(run)
             seconds, peak = measure(run)
             results["lora"][name] = {"seconds": seconds, "peak_above_shard_mb": peak}
     if rank == 0:

@@ -10,9 +10,6 @@ equals the full copies bit for bit, and each bucket's size in bytes."""
 from __future__ import annotations
 
 import copy
-import json
-import os
-import sys
 from pathlib import Path
 
 import torch
@@ -25,6 +22,7 @@ from astrai_core.distributed.fsdp import shard_module
 from astrai_core.distributed.weight_gather import iter_full_buckets, iter_push_buckets
 from astrai_core.model import CausalLM, ModelConfig
 from astrai_core.model.lora import inject_lora, merged_state_dict
+from tests.distributed.worker_kit import run_worker, write_rank_result
 
 CONFIG = dict(vocab_size=55, hidden_size=24, intermediate_size=40, num_layers=2,
               num_heads=3, num_kv_heads=1, head_dim=8)
@@ -91,12 +89,8 @@ def main(out_dir: Path) -> None:
     ctx = DistContext(rank=dist.get_rank(), world_size=dist.get_world_size(), mesh=mesh)
     results = {"tensors": tensors_case(mesh)}
     results.update({case: model_case(case, ctx) for case in ("untied", "tied", "lora")})
-    (out_dir / f"rank{ctx.rank}.json").write_text(json.dumps(results))
-    dist.destroy_process_group()
+    write_rank_result(out_dir, ctx.rank, results)
 
 
 if __name__ == "__main__":
-    main(Path(sys.argv[1]))
-    sys.stdout.flush()
-    sys.stderr.flush()
-    os._exit(0)  # skip the interpreter's teardown, which gloo sometimes aborts (signal 6)
+    run_worker(main)
