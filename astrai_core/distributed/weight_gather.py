@@ -118,11 +118,11 @@ def gather_full(value: torch.Tensor) -> torch.Tensor:
 
     A tensor sharded on dim 0 over one mesh dimension (FSDP2; HSDP replicates over the
     other) is all-gathered straight into one new buffer, in pieces of at most
-    ``PIECE_BYTES`` per rank, so building it costs one full copy: ``full_tensor()``, and a
-    whole-tensor all-gather on gloo, stage a second one. Shards
-    follow ``torch.chunk``: ceil(rows / n) rows each, the last ones fewer or none, so each
-    is padded to that size for the gather and the padding rows are cut off (a view).
-    Other layouts go through ``full_tensor()``."""
+    ``PIECE_BYTES`` per rank, so building it costs one full copy (``full_tensor()``, and a
+    whole-tensor all-gather on gloo, stage a second one). Shards follow ``torch.chunk``:
+    ceil(rows / n) rows each, the last ones fewer or none, so a short shard is padded to
+    that size for the gather (a copy of the shard) and the padding rows are cut off (a
+    view). Other layouts go through ``full_tensor()``."""
     placements = getattr(value, "placements", None)
     if placements is None:
         return value
