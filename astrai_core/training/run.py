@@ -105,13 +105,20 @@ def prepare_run(config: RunConfig, *, source: YamlSource | None = None, resume: 
     return run, strategy
 
 
+def _generates_apart(plan: RunPlan) -> bool:
+    """Whether the run's sampler generates outside the trainer's processes (its spec says
+    ``asynchronous``: ray), so a distributed trainer never gathers the policy for it; it
+    takes the sharded policy's weights through its own ``update_weights``."""
+    return bool(getattr(plan.registry.get("sampler", plan.sampler.name), "asynchronous", False))
+
+
 def wire_components(plan: RunPlan, *, backend: Any, device: torch.device, model: torch.nn.Module,
                     tokenizer: Any, tokenizer_dir: Path, base_dir: Path,
                     dist: DistContext = SINGLE, model_dir: Path | None = None) -> RunComponents:
     """Data loaders, rewards, sampler, estimator, policy loss and rollout runner, as the
     plan says. Distributed (``dist``): the training loader and the rollouts are this
-    rank's share; evaluation runs whole on every rank. ``model_dir``: the directory the
-    policy was loaded from (None: from scratch)."""
+    rank's share; evaluation is split over the ranks (training/evaluation.py). ``model_dir``:
+    the directory the policy was loaded from (None: from scratch)."""
     from astrai_core.data import build_eval_loader, build_train_loader
     from astrai_core.rewards.reward_set import RewardSet
     from astrai_core.rollout.runner import RecordStream, RolloutRunner
@@ -133,7 +140,7 @@ def wire_components(plan: RunPlan, *, backend: Any, device: torch.device, model:
         loader.kind == "prompt" for loader in [eval_loader, *eval_sets.values()] if loader is not None)
     engine = plan.sampling_fields()[1]
     sampler = plan.sampler.target(model=model, tokenizer=tokenizer, **engine) if generates else None
-    if sampler is not None and dist.enabled:
+    if sampler is not None and dist.enabled and not _generates_apart(plan):
         sampler = UnshardedSampler(sampler, model)  # gathers the policy once per generate
     estimator = plan.advantage.target(**plan.advantage.options) if plan.advantage else None
     policy_loss = (plan.policy_loss.target(**plan.policy_loss.options)
