@@ -96,3 +96,13 @@ def token_loss(loss: str, *, beta: float = 0.5, temperature: float = 1.0,
     if loss == "jsd":
         return lambda s, t, y: generalized_jsd(s, t, beta, temperature)
     raise ValueError(f"unknown distillation loss {loss!r}")
+
+
+def with_nll(loss: TokenLoss) -> TokenLoss:
+    """``loss`` and the student's negative log-likelihood of each row's token (at
+    temperature 1), stacked: [n, 2]."""
+    def both(student: Tensor, teacher: Tensor, targets: Tensor) -> Tensor:
+        nll = -F.log_softmax(student, dim=-1).gather(-1, targets.unsqueeze(-1)).squeeze(-1)
+        return torch.stack([loss(student, teacher, targets), nll], dim=-1)
+
+    return both
