@@ -8,8 +8,11 @@ samples only. On every row, teacher and student score the same response tokens a
 per-token divergence (:mod:`astrai_plugin_distill.losses`) is aggregated with
 ``loss_aggregation``, as the other strategies aggregate their token losses. ``sft_coef``
 adds the student's cross-entropy on the dataset's replies (not on its own samples) to
-the divergence, token by token: the hard-label term of classic knowledge distillation,
-which keeps a student from copying its teacher's mistakes.
+the divergence, token by token: the hard-label term of classic knowledge distillation.
+``teacher_correct_only`` keeps the divergence off the dataset rows whose reply the
+teacher would not write itself (its most likely token differs from the reply somewhere),
+so that the student learns from the teacher only where the teacher is right, as
+distillation from verified teacher answers does; those rows keep the cross-entropy.
 
 The teacher is frozen beside the policy (the trainer holds it like a reference and, in a
 distributed run, shards it). Both distributions go through the chunked head: the loss is
@@ -75,6 +78,10 @@ class DistillConfig(BaseModel):
     sft_coef: float = Field(
         0.0, ge=0, description="weight of the student's cross-entropy on the dataset's "
         "replies, added to the divergence on those tokens (0: the teacher alone)")
+    teacher_correct_only: bool = Field(
+        False, description="dataset rows: the divergence only on rows whose every reply "
+        "token is the teacher's most likely token (the others learn from the labels alone; "
+        "needs sft_coef)")
     aux_loss_coef: float | None = Field(
         None, ge=0, description="MoE load-balancing weight (default: the model's config)")
 
@@ -90,6 +97,9 @@ class DistillConfig(BaseModel):
         if self.estimator == "sampled" and self.on_policy_fraction != 1:
             raise ValueError("estimator: sampled estimates the KL from the student's own "
                              "samples, so it needs on_policy_fraction: 1")
+        if self.teacher_correct_only and not self.sft_coef:
+            raise ValueError("teacher_correct_only leaves rows to the labels' cross-entropy, "
+                             "so it needs sft_coef > 0")
         if self.sft_coef and self.on_policy_fraction == 1:
             raise ValueError("sft_coef weighs the cross-entropy on the dataset's replies, and "
                              "on_policy_fraction: 1 leaves none")
@@ -167,15 +177,22 @@ class Distill(Strategy):
                         "loss_weight": self._loss_weight(mask)})
         return self.add_aux_loss(loss, out.get("aux_loss"), metrics), metrics
 
-    def _with_sft(self, both: Tensor, batch: dict[str, Tensor], mask: Tensor,
+    def _with_sft(self, columns: Tensor, batch: dict[str, Tensor], mask: Tensor,
                   metrics: dict[str, Any]) -> Tensor:
-        """The per-token loss with ``sft_coef`` x NLL added on dataset replies' tokens."""
-        divergence, nll = both.unbind(-1)
+        """The per-token loss with ``sft_coef`` x NLL on dataset replies' tokens (and, with
+        ``teacher_correct_only``, no divergence on dataset rows the teacher gets wrong)."""
+        divergence, nll, agrees = columns.unbind(-1)
         on_policy = batch.get("on_policy")
-        dataset = torch.ones_like(mask) if on_policy is None else \
-            (~on_policy.to(mask.device).bool())[:, None].expand_as(mask)
-        dataset = dataset[mask].to(nll.dtype)
+        rows = torch.zeros(mask.shape[0], dtype=torch.bool, device=mask.device) \
+            if on_policy is None else on_policy.to(mask.device).bool()
+        dataset = (~rows)[:, None].expand_as(mask)[mask].to(nll.dtype)
         metrics["sft_nll"] = ((nll * dataset).sum() / dataset.sum().clamp(min=1)).detach()
+        if self.config.teacher_correct_only:
+            wrong = torch.zeros(mask.shape, dtype=torch.bool, device=mask.device)
+            wrong[mask] = agrees < 0.5
+            trusted = rows | ~wrong.any(-1)  # on-policy rows, and rows the teacher gets right
+            metrics["distill/teacher_correct_rows"] = (~wrong.any(-1) & ~rows).sum().float()
+            divergence = divergence * trusted[:, None].expand_as(mask)[mask].to(nll.dtype)
         metrics["divergence"] = divergence.detach().mean()
         return divergence + self.config.sft_coef * nll * dataset
 

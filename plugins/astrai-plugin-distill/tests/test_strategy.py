@@ -191,6 +191,34 @@ def test_sft_coef_adds_the_cross_entropy_on_dataset_replies_only(tmp_path, chats
                                       sft_coef=1.0), tmp_path / "c")
 
 
+def test_teacher_correct_only_drops_the_divergence_where_the_teacher_is_wrong(
+        tmp_path, chats, teacher, distill_config):
+    import torch.nn.functional as F
+
+    from astrai_plugin_distill.losses import forward_kl
+
+    coef = 0.5
+    strategy, run = build_strategy(distill_config(
+        tmp_path, chats, teacher, loss="forward_kl", on_policy_fraction=0.0, sft_coef=coef,
+        teacher_correct_only=True), tmp_path)
+    batch = strategy.batch_source().next_step()[0]
+    loss, metrics = strategy.compute_loss(batch)
+    forward = {"attention_mask": batch["attention_mask"], "position_ids": batch["position_ids"]}
+    with torch.no_grad():
+        s_logits = run.model(batch["input_ids"], **forward)["logits"][:, :-1].float()
+        t_logits = strategy.teacher(batch["input_ids"], **forward)["logits"][:, :-1].float()
+    mask, targets = batch["loss_mask"][:, 1:].bool(), batch["input_ids"][:, 1:]
+    right = ((t_logits.argmax(-1) == targets) | ~mask).all(-1)  # the teacher's greedy reply
+    divergence = forward_kl(s_logits, t_logits).masked_fill(~right[:, None], 0.0)
+    nll = F.cross_entropy(s_logits.transpose(1, 2), targets, reduction="none")
+    expected = ((divergence + coef * nll) * mask).sum() / mask.sum()
+    assert loss.item() == pytest.approx(expected.item(), rel=1e-5)
+    assert metrics["distill/teacher_correct_rows"].item() == right.sum().item()
+    with pytest.raises(ConfigError, match="teacher_correct_only"):
+        build_strategy(distill_config(tmp_path, chats, teacher, teacher_correct_only=True),
+                       tmp_path / "b")
+
+
 def _write_yaml(tmp_path, config):
     path = tmp_path / "distill.yaml"
     path.write_text(yaml.safe_dump(config))
