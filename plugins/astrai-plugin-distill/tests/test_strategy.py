@@ -191,6 +191,9 @@ def test_sft_coef_adds_the_cross_entropy_on_dataset_replies_only(tmp_path, chats
                                       sft_coef=1.0), tmp_path / "c")
 
 
+TEACHER_ROWS = (0, 2, 5)
+
+
 def test_teacher_correct_only_drops_the_divergence_where_the_teacher_is_wrong(
         tmp_path, chats, teacher, distill_config):
     import torch.nn.functional as F
@@ -202,8 +205,14 @@ def test_teacher_correct_only_drops_the_divergence_where_the_teacher_is_wrong(
         tmp_path, chats, teacher, loss="forward_kl", on_policy_fraction=0.0, sft_coef=coef,
         teacher_correct_only=True), tmp_path)
     batch = strategy.batch_source().next_step()[0]
-    loss, metrics = strategy.compute_loss(batch)
     forward = {"attention_mask": batch["attention_mask"], "position_ids": batch["position_ids"]}
+    with torch.no_grad():  # rows whose replies the teacher writes greedily, token by token
+        for position in batch["loss_mask"][list(TEACHER_ROWS)].any(0).nonzero().flatten():
+            greedy = strategy.teacher(batch["input_ids"], **forward)["logits"].argmax(-1)
+            for row in TEACHER_ROWS:
+                if batch["loss_mask"][row, position]:
+                    batch["input_ids"][row, position] = greedy[row, position - 1]
+    loss, metrics = strategy.compute_loss(batch)
     with torch.no_grad():
         s_logits = run.model(batch["input_ids"], **forward)["logits"][:, :-1].float()
         t_logits = strategy.teacher(batch["input_ids"], **forward)["logits"][:, :-1].float()
@@ -214,6 +223,7 @@ def test_teacher_correct_only_drops_the_divergence_where_the_teacher_is_wrong(
     expected = ((divergence + coef * nll) * mask).sum() / mask.sum()
     assert loss.item() == pytest.approx(expected.item(), rel=1e-5)
     assert metrics["distill/teacher_correct_rows"].item() == right.sum().item()
+    assert right.tolist() == [row in TEACHER_ROWS for row in range(len(right))]
     with pytest.raises(ConfigError, match="teacher_correct_only"):
         build_strategy(distill_config(tmp_path, chats, teacher, teacher_correct_only=True),
                        tmp_path / "b")
