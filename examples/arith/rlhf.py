@@ -1,5 +1,5 @@
-"""Classic RLHF on the arithmetic problems: SFT, a reward model on preference pairs (near
-misses, and the SFT model's own wrong samples), then PPO rewarded by the reward model alone.
+"""Classic RLHF on the arithmetic problems: SFT, a reward model on preference pairs, then
+PPO rewarded by the reward model alone.
 
 Prints the reward model's held-out pair accuracy and the policy's held-out exact-match
 accuracy (greedy) before and after PPO; the reward model never sees the true answers of
@@ -24,8 +24,7 @@ SFT_CHECKPOINT = OUT / "sft" / "checkpoints" / "step_400"
 
 
 def stages(python: str) -> list[Stage]:
-    """Data (when missing), SFT (when missing), the SFT model's mistakes as pairs, the reward
-    model, then PPO on its reward."""
+    """Data (when missing), SFT (when missing), the reward model, then PPO on its reward."""
     logs = OUT / "logs"
     astrai = [python, "-m", "astrai_core.cli.main", "--log-format", "console", "train"]
     out: list[Stage] = []
@@ -35,12 +34,9 @@ def stages(python: str) -> list[Stage]:
     if not SFT_CHECKPOINT.is_dir():
         out.append(Stage("arith/sft", astrai + [str(HERE / "sft.yaml"), "--overwrite"],
                          logs / "sft.log", needs=tuple(s.name for s in out)))
-    out.append(Stage("arith/policy_pairs", [python, str(HERE / "policy_pairs.py"), "--policy",
-                                            str(SFT_CHECKPOINT), "--out",
-                                            str(OUT / "data" / "rm_policy_train.jsonl")],
-                     logs / "policy_pairs.log", needs=tuple(s.name for s in out)))
+    before = tuple(s.name for s in out)
     out.append(Stage("arith/rm", astrai + [str(HERE / "rm.yaml"), "--overwrite"],
-                     logs / "rm.log", needs=("arith/policy_pairs",)))
+                     logs / "rm.log", needs=before))
     out.append(Stage("arith/ppo_rm", astrai + [str(HERE / "ppo_rm.yaml"), "--overwrite"],
                      logs / "ppo_rm.log", needs=("arith/rm",)))
     return out
