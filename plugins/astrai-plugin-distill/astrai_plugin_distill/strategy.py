@@ -167,7 +167,7 @@ class Distill(Strategy):
         out = student_token_losses(self.run.model, ids, mask, teacher_side, self.token_loss,
                                    **forward)
         token_loss, metrics = out["token_loss"], {}
-        if self.config.sft_coef:  # [M, 2]: the divergence and the student's NLL
+        if self.config.sft_coef:  # [M, 3]: the divergence, the NLL, the teacher agreeing
             token_loss = self._with_sft(token_loss, batch, mask, metrics)
         per_token = torch.zeros(mask.shape, dtype=token_loss.dtype,
                                 device=mask.device).masked_scatter(mask, token_loss)
