@@ -78,3 +78,57 @@ def test_the_walk_follows_nested_lists_optionals_and_mapped_sections():
     assert rows["leaves[].size"].type == "int (>= 1)" and rows["leaves[].size"].default == "3"
     assert rows["leaf.mode"].description == "the mode, from a docstring"
     assert rows["mapped.rate"].default == "0.5" and rows["plain"].default == '"x"'
+
+
+def test_every_registered_component_has_its_options_in_the_reference():
+    """Each component of this repository's installed distributions has a table (or a "no
+    options" line) under its SECTION[NAME] heading, with a row for each of its options."""
+    from astrai_core.cli.describe import component_options
+    from astrai_core.plugins import load_plugins
+
+    text = ref.DOC.read_text()
+    documented = ref.parse(text)
+    registry = load_plugins()
+    seen = 0
+    for kind, section in ref.COMPONENT_SECTIONS.items():
+        for spec in registry.specs(kind):
+            if not registry.provider(kind, spec.name).distribution.startswith(
+                    ref.SHIPPED_PREFIXES):
+                continue
+            path = f"{section or kind}[{spec.name}]"
+            assert f"\n### `{path}`\n" in text, f"{path} is not in the reference"
+            options, _ = component_options(kind, spec.load())
+            for option in options:
+                assert f"{path}.{option.name}" in documented, f"{path}.{option.name}"
+            seen += 1
+    names = {(k, s.name) for k in ref.COMPONENT_SECTIONS for s in registry.specs(k)}
+    for new in [("strategy", "distill"), ("strategy", "rm"), ("strategy", "kto"),
+                ("strategy", "orpo"), ("advantage_estimator", "reinforce_pp"),
+                ("reward_function", "reward_model"), ("reward_function", "judge")]:
+        assert new in names
+    assert seen == len(names) - sum(
+        not registry.provider(k, n).distribution.startswith(ref.SHIPPED_PREFIXES)
+        for k, n in names)
+    # options come from each component's own model, with their descriptions
+    assert documented["strategy[distill].on_policy_fraction"]["default"] == "`0.5`"
+    assert "simpo" in documented["strategy[dpo].loss_type"]["type"]
+    assert documented["rewards[judge].base_url"]["default"] == "`required`"
+    assert documented["advantage[reinforce_pp].gamma"]["meaning"]
+
+
+def test_a_component_registered_outside_this_repository_is_not_documented(
+        tmp_path, monkeypatch):
+    """The reference documents what this repository ships, not the user's own plugins."""
+    (tmp_path / "outside_plugin.py").write_text(
+        "from astrai_core import hookimpl, AdvantageEstimatorSpec\n"
+        "class Mine:\n    needs_values = False\n"
+        "@hookimpl\ndef astrai_advantage_estimators():\n"
+        "    return [AdvantageEstimatorSpec(name='mine', target='outside_plugin:Mine',"
+        " summary='mine')]\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    monkeypatch.setenv("ASTRAI_PLUGINS", "outside_plugin")
+    from astrai_core.plugins import load_plugins
+
+    assert "mine" in load_plugins().names("advantage_estimator")
+    paths = {table.path for table in ref.component_tables()}
+    assert "advantage[mine]" not in paths and "advantage[gae]" in paths

@@ -54,8 +54,9 @@ class FormatRegex:
     """1.0 when the completion matches ``pattern`` (``mode``: search anywhere, or fullmatch)."""
 
     class Config(_Options):
-        pattern: str
-        mode: Literal["search", "fullmatch"] = "search"
+        pattern: str = Field(description="the regular expression (Python `re`)")
+        mode: Literal["search", "fullmatch"] = Field(
+            "search", description="search: a match anywhere; fullmatch: the whole completion")
         dotall: bool = Field(default=True, description="'.' also matches newlines")
 
         @field_validator("pattern")
@@ -86,7 +87,8 @@ class LengthPenalty:
     class Config(_Options):
         target: int = Field(default=0, ge=0, description="free length")
         coef: float = Field(default=0.01, ge=0.0, description="penalty per unit beyond target")
-        unit: Literal["tokens", "chars"] = "tokens"
+        unit: Literal["tokens", "chars"] = Field("tokens", description="what the length "
+                                                 "counts: completion tokens or characters")
 
     def __init__(self, **params: Any) -> None:
         self.config = self.Config(**params)

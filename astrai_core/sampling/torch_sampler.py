@@ -21,6 +21,7 @@ from contextlib import nullcontext
 from typing import Any
 
 import torch
+from pydantic import Field
 from torch import Tensor
 
 from astrai_core.model.masks import positions_from_attention_mask
@@ -41,7 +42,7 @@ class TorchSampler:
     class Config(SamplingParams):
         """The ``sampler:`` config section: default SamplingParams plus engine options."""
 
-        max_batch_size: int = 64
+        max_batch_size: int = Field(64, ge=1, description="most sequences decoded together")
 
     def __init__(self, model: torch.nn.Module, tokenizer: Any = None, max_batch_size: int = 64) -> None:
         if max_batch_size < 1:

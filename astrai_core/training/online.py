@@ -69,7 +69,8 @@ class OnlineConfig(BaseModel):
         "instead of the sampler's (they agree with the torch sampler)")
     kl_in_reward_coef: float = Field(0.0, ge=0, description="KL-to-reference shaping of "
                                      "the token rewards (needs a reference model)")
-    kl_estimator: str = Field("k1", pattern="^k[123]$")
+    kl_estimator: str = Field("k1", pattern="^k[123]$", description="KL estimator of the "
+                              "reward shaping (kl_in_reward_coef) and of an in-loss KL term")
     eps_low: float = Field(0.2, ge=0, lt=1, description="ratio clip below: 1 - eps_low "
                            "(options of the default ppo_clip policy loss)")
     eps_high: float = Field(0.2, ge=0, description="ratio clip above: 1 + eps_high "

@@ -35,6 +35,8 @@ def _chats(path, count=16):
     ({"loss": "forward_kl", "top_k": 8, "on_policy_fraction": 0.0,
       "loss_aggregation": "seq-mean-token-mean"}, False),
     ({"loss": "reverse_kl", "on_policy_fraction": 0.5}, True),
+    ({"loss": "forward_kl", "on_policy_fraction": 0.5, "sft_coef": 1.0,
+      "teacher_correct_only": True}, False),
 ])
 def test_two_processes_equal_one(tmp_path, strategy, lora):
     teacher = save_start_model(tmp_path / "teacher", seed=5)

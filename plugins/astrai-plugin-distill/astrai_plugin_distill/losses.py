@@ -96,3 +96,15 @@ def token_loss(loss: str, *, beta: float = 0.5, temperature: float = 1.0,
     if loss == "jsd":
         return lambda s, t, y: generalized_jsd(s, t, beta, temperature)
     raise ValueError(f"unknown distillation loss {loss!r}")
+
+
+def with_nll(loss: TokenLoss) -> TokenLoss:
+    """``loss``, the student's negative log-likelihood of each row's token (at temperature
+    1), and whether the token is the teacher's most likely one (1.0 or 0.0), stacked:
+    [n, 3]."""
+    def all_three(student: Tensor, teacher: Tensor, targets: Tensor) -> Tensor:
+        nll = -F.log_softmax(student, dim=-1).gather(-1, targets.unsqueeze(-1)).squeeze(-1)
+        agrees = (teacher.argmax(-1) == targets).to(nll.dtype)
+        return torch.stack([loss(student, teacher, targets), nll, agrees], dim=-1)
+
+    return all_three

@@ -6,7 +6,13 @@ the run's sampler (GKD's lambda; :mod:`astrai_plugin_distill.onpolicy`); the oth
 the dataset's reply. 0 never samples (no sampler is built for it), 1 trains on student
 samples only. On every row, teacher and student score the same response tokens and the
 per-token divergence (:mod:`astrai_plugin_distill.losses`) is aggregated with
-``loss_aggregation``, as the other strategies aggregate their token losses.
+``loss_aggregation``, as the other strategies aggregate their token losses. ``sft_coef``
+adds the student's cross-entropy on the dataset's replies (not on its own samples) to
+the divergence, token by token: the hard-label term of classic knowledge distillation.
+``teacher_correct_only`` keeps the divergence off the dataset rows whose reply the
+teacher would not write itself (its most likely token differs from the reply somewhere),
+so that the student learns from the teacher only where the teacher is right, as
+distillation from verified teacher answers does; those rows keep the cross-entropy.
 
 The teacher is frozen beside the policy (the trainer holds it like a reference and, in a
 distributed run, shards it). Both distributions go through the chunked head: the loss is
@@ -33,7 +39,7 @@ from astrai_core.api import (
     merged_state_dict,
 )
 from astrai_plugin_distill.forward import student_token_losses
-from astrai_plugin_distill.losses import token_loss
+from astrai_plugin_distill.losses import token_loss, with_nll
 from astrai_plugin_distill.onpolicy import OnPolicyMix
 from astrai_plugin_distill.teacher import check_teacher, load_teacher, teacher_head
 
@@ -69,6 +75,13 @@ class DistillConfig(BaseModel):
     norm_length: int | None = Field(
         None, ge=1, description="seq-mean-token-sum-norm's constant length "
         "(default: the batch's width)")
+    sft_coef: float = Field(
+        0.0, ge=0, description="weight of the student's cross-entropy on the dataset's "
+        "replies, added to the divergence on those tokens (0: the teacher alone)")
+    teacher_correct_only: bool = Field(
+        False, description="dataset rows: the divergence only on rows whose every reply "
+        "token is the teacher's most likely token (the others learn from the labels alone; "
+        "needs sft_coef)")
     aux_loss_coef: float | None = Field(
         None, ge=0, description="MoE load-balancing weight (default: the model's config)")
 
@@ -84,6 +97,12 @@ class DistillConfig(BaseModel):
         if self.estimator == "sampled" and self.on_policy_fraction != 1:
             raise ValueError("estimator: sampled estimates the KL from the student's own "
                              "samples, so it needs on_policy_fraction: 1")
+        if self.teacher_correct_only and not self.sft_coef:
+            raise ValueError("teacher_correct_only leaves rows to the labels' cross-entropy, "
+                             "so it needs sft_coef > 0")
+        if self.sft_coef and self.on_policy_fraction == 1:
+            raise ValueError("sft_coef weighs the cross-entropy on the dataset's replies, and "
+                             "on_policy_fraction: 1 leaves none")
         if self.norm_length is not None and self.loss_aggregation != "seq-mean-token-sum-norm":
             raise ValueError("norm_length applies only to loss_aggregation: "
                              "seq-mean-token-sum-norm")
@@ -112,8 +131,9 @@ class Distill(Strategy):
     def __init__(self, config: DistillConfig, run: RunComponents) -> None:
         super().__init__(config, run)
         self.teacher = load_teacher(config.teacher, run.device)
-        self.token_loss = token_loss(config.loss, beta=config.beta, top_k=config.top_k,
-                                     temperature=config.temperature, estimator=config.estimator)
+        divergence = token_loss(config.loss, beta=config.beta, top_k=config.top_k,
+                                temperature=config.temperature, estimator=config.estimator)
+        self.token_loss = with_nll(divergence) if config.sft_coef else divergence
 
     def frozen_modules(self) -> dict[str, torch.nn.Module]:
         return {"teacher": self.teacher}
@@ -146,13 +166,35 @@ class Distill(Strategy):
         teacher_side = teacher_head(self.teacher, ids, mask, **forward)
         out = student_token_losses(self.run.model, ids, mask, teacher_side, self.token_loss,
                                    **forward)
-        per_token = torch.zeros(mask.shape, dtype=out["token_loss"].dtype,
-                                device=mask.device).masked_scatter(mask, out["token_loss"])
+        token_loss, metrics = out["token_loss"], {}
+        if self.config.sft_coef:  # [M, 3]: the divergence, the NLL, the teacher agreeing
+            token_loss = self._with_sft(token_loss, batch, mask, metrics)
+        per_token = torch.zeros(mask.shape, dtype=token_loss.dtype,
+                                device=mask.device).masked_scatter(mask, token_loss)
         cfg = self.config
         loss = aggregate_loss(per_token, mask, cfg.loss_aggregation, cfg.norm_length)
-        metrics: dict[str, Any] = {"distill_loss": loss.detach(), "tokens": mask.sum(),
-                                   "loss_weight": self._loss_weight(mask)}
+        metrics.update({"distill_loss": loss.detach(), "tokens": mask.sum(),
+                        "loss_weight": self._loss_weight(mask)})
         return self.add_aux_loss(loss, out.get("aux_loss"), metrics), metrics
+
+    def _with_sft(self, columns: Tensor, batch: dict[str, Tensor], mask: Tensor,
+                  metrics: dict[str, Any]) -> Tensor:
+        """The per-token loss with ``sft_coef`` x NLL on dataset replies' tokens (and, with
+        ``teacher_correct_only``, no divergence on dataset rows the teacher gets wrong)."""
+        divergence, nll, agrees = columns.unbind(-1)
+        on_policy = batch.get("on_policy")
+        rows = torch.zeros(mask.shape[0], dtype=torch.bool, device=mask.device) \
+            if on_policy is None else on_policy.to(mask.device).bool()
+        dataset = (~rows)[:, None].expand_as(mask)[mask].to(nll.dtype)
+        metrics["sft_nll"] = ((nll * dataset).sum() / dataset.sum().clamp(min=1)).detach()
+        if self.config.teacher_correct_only:
+            wrong = torch.zeros(mask.shape, dtype=torch.bool, device=mask.device)
+            wrong[mask] = agrees < 0.5
+            trusted = rows | ~wrong.any(-1)  # on-policy rows, and rows the teacher gets right
+            metrics["distill/teacher_correct_rows"] = (~wrong.any(-1) & ~rows).sum().float()
+            divergence = divergence * trusted[:, None].expand_as(mask)[mask].to(nll.dtype)
+        metrics["divergence"] = divergence.detach().mean()
+        return divergence + self.config.sft_coef * nll * dataset
 
     def _loss_weight(self, mask: Tensor) -> Tensor:
         """What the aggregated loss averages over (tokens or rows): the trainer weights

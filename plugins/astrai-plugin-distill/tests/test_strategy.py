@@ -159,6 +159,76 @@ def test_on_policy_rows_carry_the_students_samples(tmp_path, chats, teacher, fra
     assert math.isfinite(loss.item()) and metrics["tokens"].item() > 0
 
 
+def test_sft_coef_adds_the_cross_entropy_on_dataset_replies_only(tmp_path, chats, teacher,
+                                                                 distill_config):
+    import torch.nn.functional as F
+
+    coef = 0.7
+    plain, run = build_strategy(distill_config(tmp_path, chats, teacher, loss="forward_kl",
+                                               on_policy_fraction=0.5), tmp_path)
+    mixed, mixed_run = build_strategy(distill_config(tmp_path, chats, teacher,
+                                                     loss="forward_kl", on_policy_fraction=0.5,
+                                                     sft_coef=coef), tmp_path / "b")
+    for a, b in zip(run.model.parameters(), mixed_run.model.parameters()):
+        assert torch.equal(a, b)  # the same student: the losses differ by the NLL term only
+    batch = plain.batch_source().next_step()[0]
+    assert batch["on_policy"].tolist() == [False, True] * 4
+    divergence, _ = plain.compute_loss(batch)
+    loss, metrics = mixed.compute_loss(batch)
+    # the reference NLL: the student's full logits, dataset rows' reply tokens, over all
+    # reply tokens (token-mean)
+    with torch.no_grad():
+        logits = run.model(batch["input_ids"], attention_mask=batch["attention_mask"],
+                           position_ids=batch["position_ids"])["logits"][:, :-1].float()
+    mask = batch["loss_mask"][:, 1:].bool()
+    nll = F.cross_entropy(logits.transpose(1, 2), batch["input_ids"][:, 1:], reduction="none")
+    dataset = mask & ~batch["on_policy"][:, None]
+    expected = divergence.item() + coef * (nll * dataset).sum().item() / mask.sum().item()
+    assert loss.item() == pytest.approx(expected, rel=1e-5)
+    assert metrics["sft_nll"].item() == pytest.approx(nll[dataset].mean().item(), rel=1e-5)
+    with pytest.raises(ConfigError, match="sft_coef"):
+        build_strategy(distill_config(tmp_path, chats, teacher, on_policy_fraction=1.0,
+                                      sft_coef=1.0), tmp_path / "c")
+
+
+TEACHER_ROWS = (0, 2, 5)
+
+
+def test_teacher_correct_only_drops_the_divergence_where_the_teacher_is_wrong(
+        tmp_path, chats, teacher, distill_config):
+    import torch.nn.functional as F
+
+    from astrai_plugin_distill.losses import forward_kl
+
+    coef = 0.5
+    strategy, run = build_strategy(distill_config(
+        tmp_path, chats, teacher, loss="forward_kl", on_policy_fraction=0.0, sft_coef=coef,
+        teacher_correct_only=True), tmp_path)
+    batch = strategy.batch_source().next_step()[0]
+    forward = {"attention_mask": batch["attention_mask"], "position_ids": batch["position_ids"]}
+    with torch.no_grad():  # rows whose replies the teacher writes greedily, token by token
+        for position in batch["loss_mask"][list(TEACHER_ROWS)].any(0).nonzero().flatten():
+            greedy = strategy.teacher(batch["input_ids"], **forward)["logits"].argmax(-1)
+            for row in TEACHER_ROWS:
+                if batch["loss_mask"][row, position]:
+                    batch["input_ids"][row, position] = greedy[row, position - 1]
+    loss, metrics = strategy.compute_loss(batch)
+    with torch.no_grad():
+        s_logits = run.model(batch["input_ids"], **forward)["logits"][:, :-1].float()
+        t_logits = strategy.teacher(batch["input_ids"], **forward)["logits"][:, :-1].float()
+    mask, targets = batch["loss_mask"][:, 1:].bool(), batch["input_ids"][:, 1:]
+    right = ((t_logits.argmax(-1) == targets) | ~mask).all(-1)  # the teacher's greedy reply
+    divergence = forward_kl(s_logits, t_logits).masked_fill(~right[:, None], 0.0)
+    nll = F.cross_entropy(s_logits.transpose(1, 2), targets, reduction="none")
+    expected = ((divergence + coef * nll) * mask).sum() / mask.sum()
+    assert loss.item() == pytest.approx(expected.item(), rel=1e-5)
+    assert metrics["distill/teacher_correct_rows"].item() == right.sum().item()
+    assert right.tolist() == [row in TEACHER_ROWS for row in range(len(right))]
+    with pytest.raises(ConfigError, match="teacher_correct_only"):
+        build_strategy(distill_config(tmp_path, chats, teacher, teacher_correct_only=True),
+                       tmp_path / "b")
+
+
 def _write_yaml(tmp_path, config):
     path = tmp_path / "distill.yaml"
     path.write_text(yaml.safe_dump(config))

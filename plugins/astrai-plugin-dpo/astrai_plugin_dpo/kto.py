@@ -9,8 +9,10 @@ tokens) and the reference point z0 (below), each example's loss is
 
 and the micro-batch's loss is their mean. z0 estimates KL(pi || ref) from mismatched
 pairs of the same micro-batch: row i's prompt with row i-1's completion (cyclically),
-z0 = max(0, mean of log pi - log ref over those pairs), without gradient. The reference
-is the frozen starting policy (a LoRA policy with its adapter disabled).
+z0 = max(0, mean of log pi - log ref over those pairs), without gradient. In a run of N
+processes the pairs and the mean run over the global micro-batch (every process's rows,
+in rank order), so z0, and with it every step, is the same as on one process. The
+reference is the frozen starting policy (a LoRA policy with its adapter disabled).
 """
 
 from __future__ import annotations
@@ -41,11 +43,13 @@ class KTOConfig(BaseModel):
         None, ge=0, description="MoE load-balancing weight (default: the model's config)")
 
 
-def mismatched_batch(batch: dict[str, Tensor]) -> dict[str, Tensor]:
+def mismatched_batch(batch: dict[str, Tensor], dist: Any = None) -> dict[str, Tensor]:
     """Row i: the prompt of row i followed by the completion of row i-1 (cyclically).
 
     A row's prompt is everything before its first target token, its completion the
-    rest up to its padding; the result is right-padded like a loader batch.
+    rest up to its padding; the result is right-padded like a loader batch. With ``dist``
+    (a distributed run's context), i counts the rows of the global micro-batch: a
+    process's first row gets the previous process's last completion.
     """
     lengths = batch["attention_mask"].sum(-1)
     targets = batch["loss_mask"].bool()
@@ -54,7 +58,7 @@ def mismatched_batch(batch: dict[str, Tensor]) -> dict[str, Tensor]:
     rows = batch["input_ids"].tolist()
     prompts = [row[:start] for row, start in zip(rows, starts)]
     completions = [row[start:end] for row, start, end in zip(rows, starts, lengths.tolist())]
-    shifted = completions[-1:] + completions[:-1]
+    shifted = _shifted(completions, dist)
     input_ids, present = pad_rows([p + c for p, c in zip(prompts, shifted)], left=False,
                                   pad_value=0, dtype=torch.long)
     loss_mask, _ = pad_rows([[False] * len(p) + [True] * len(c) for p, c in zip(prompts, shifted)],
@@ -64,6 +68,16 @@ def mismatched_batch(batch: dict[str, Tensor]) -> dict[str, Tensor]:
     device = batch["input_ids"].device
     return {"input_ids": input_ids.to(device), "attention_mask": present.long().to(device),
             "position_ids": position_ids.to(device), "loss_mask": loss_mask.to(device)}
+
+
+def _shifted(completions: list[list[int]], dist: Any) -> list[list[int]]:
+    """Each row's previous completion in the global micro-batch (cyclically)."""
+    if dist is None or not dist.enabled:
+        return completions[-1:] + completions[:-1]
+    shares = dist.all_gather_object(completions)  # token ids only: a few hundred ints
+    every = [c for share in shares for c in share]
+    first = sum(len(share) for share in shares[:dist.rank])
+    return [every[i - 1] for i in range(first, first + len(completions))]  # every[-1]: wrap
 
 
 class KTO(Strategy):
@@ -89,17 +103,20 @@ class KTO(Strategy):
 
     def compute_loss(self, batch: Any) -> tuple[Tensor, dict[str, Any]]:
         batch = self.to_device(batch)
+        dist = self.run.dist
         # The last batch of an evaluation file may hold one row, which is then paired with
         # itself (the estimate is biased, the evaluation still runs); training may not.
-        if batch["input_ids"].shape[0] < 2 and torch.is_grad_enabled():
-            raise AstraiError("kto needs at least 2 rows per micro-batch on each process (its "
-                              "KL estimate pairs rows); raise data.batch_size")
+        rows = dist.all_reduce_sum([float(batch["input_ids"].shape[0])])[0]
+        if rows < 2 and torch.is_grad_enabled():
+            raise AstraiError("kto needs at least 2 rows per micro-batch (its KL estimate "
+                              "pairs rows); raise data.batch_size")
         policy, aux_loss, tokens = response_logprobs(self.run.model, batch)
-        mismatched = mismatched_batch(batch)
+        mismatched = mismatched_batch(batch, dist)
         with torch.no_grad():
             reference = response_logprobs(self.reference, batch)[0]
             kl = kto_kl_estimate(response_logprobs(self.run.model, mismatched)[0],
-                                 response_logprobs(self.reference, mismatched)[0])
+                                 response_logprobs(self.reference, mismatched)[0],
+                                 all_reduce_sum=dist.all_reduce_sum)
         cfg = self.config
         losses, _, metrics = kto_loss(policy, reference, batch["label"], kl, beta=cfg.beta,
                                       desirable_weight=cfg.desirable_weight,

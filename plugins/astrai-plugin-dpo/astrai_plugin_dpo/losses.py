@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import torch
 import torch.nn.functional as F
 from torch import Tensor
@@ -96,10 +98,20 @@ def simpo_loss(
     return losses, chosen_rewards, rejected_rewards, _pair_metrics(chosen_rewards, rejected_rewards)
 
 
-def kto_kl_estimate(policy_mismatched_logps: Tensor, ref_mismatched_logps: Tensor) -> Tensor:
+def kto_kl_estimate(policy_mismatched_logps: Tensor, ref_mismatched_logps: Tensor,
+                    all_reduce_sum: Callable[[list[float]], list[float]] | None = None
+                    ) -> Tensor:
     """KTO's reference point z0: the batch mean of log pi(y'|x) - log ref(y'|x) over
-    mismatched (prompt, completion) pairs, clamped at 0 and carrying no gradient."""
-    return (policy_mismatched_logps - ref_mismatched_logps).detach().mean().clamp(min=0)
+    mismatched (prompt, completion) pairs, clamped at 0 and carrying no gradient.
+
+    ``all_reduce_sum`` (a distributed run's sum over processes) makes the mean the global
+    batch's, so that N processes estimate the same z0 as one process with the whole batch.
+    """
+    diff = (policy_mismatched_logps - ref_mismatched_logps).detach()
+    total, count = diff.double().sum().item(), float(diff.numel())
+    if all_reduce_sum is not None:
+        total, count = all_reduce_sum([total, count])
+    return diff.new_tensor(total / max(count, 1.0)).clamp(min=0)
 
 
 def kto_loss(

@@ -18,6 +18,7 @@ from astrai_core.plugins import load_plugins
 from astrai_core.testing import build_strategy, read_metrics, tiny_run_config
 from astrai_core.training.run import train
 from astrai_plugin_dpo.kto import mismatched_batch
+from astrai_plugin_dpo.losses import kto_kl_estimate
 
 
 def _build(tmp_path, data, strategy, data_format, **trainer):
@@ -132,6 +133,56 @@ def test_mismatched_batch_pairs_each_prompt_with_the_previous_completion():
     targets = [out["input_ids"][b][out["loss_mask"][b]].tolist() for b in range(3)]
     assert targets == [[14], [7, 8], [10]]
     assert out["position_ids"][0].tolist() == [0, 1, 2, 3]
+
+
+class _TwoProcesses:
+    """Process ``rank`` of two whose shares of a global micro-batch are ``shares``."""
+
+    enabled, world_size = True, 2
+
+    def __init__(self, rank, shares, sums=None):
+        self.rank, self.shares, self.sums = rank, shares, sums
+
+    def all_gather_object(self, obj):
+        assert obj == self.shares[self.rank]
+        return self.shares
+
+    def all_reduce_sum(self, values):
+        return [a + b for a, b in zip(values, self.sums)]
+
+
+def test_mismatched_batch_pairs_rows_across_processes_as_one_process_would():
+    # the global micro-batch [prompt 5 + 7, prompt 6 + 8 9, prompt 10 + 11] split 2 + 1 rows:
+    # one process pairs 5 with 11, 6 with 7, 10 with 8 9; the two shares must say the same
+    def batch(rows, prompt_lengths):
+        width = max(map(len, rows))
+        return {"input_ids": torch.tensor([r + [0] * (width - len(r)) for r in rows]),
+                "attention_mask": torch.tensor([[1] * len(r) + [0] * (width - len(r))
+                                                for r in rows]),
+                "loss_mask": torch.tensor([[0] * n + [1] * (len(r) - n) + [0] * (width - len(r))
+                                           for r, n in zip(rows, prompt_lengths)]).bool()}
+
+    def texts(out):
+        return [out["input_ids"][b][out["attention_mask"][b].bool()].tolist()
+                for b in range(out["input_ids"].shape[0])]
+
+    whole = texts(mismatched_batch(batch([[5, 7], [6, 8, 9], [10, 11]], [1, 1, 1])))
+    assert whole == [[5, 11], [6, 7], [10, 8, 9]]
+    shares = [[[7], [8, 9]], [[11]]]
+    first = mismatched_batch(batch([[5, 7], [6, 8, 9]], [1, 1]), _TwoProcesses(0, shares))
+    second = mismatched_batch(batch([[10, 11]], [1]), _TwoProcesses(1, shares))
+    assert texts(first) + texts(second) == whole
+
+
+def test_kto_reference_point_is_the_global_batch_mean():
+    # one process: mean of [0.5, 0.1, 0.9] = 0.5; two processes see [0.5, 0.1] and [0.9]
+    policy, reference = torch.tensor([-2.0, -3.0]), torch.tensor([-2.5, -3.1])
+    other = [0.9, 1.0]  # the other process's sum and count
+    kl = kto_kl_estimate(policy, reference, all_reduce_sum=_TwoProcesses(0, [], other)
+                         .all_reduce_sum)
+    assert kl.item() == pytest.approx(0.5)
+    alone = kto_kl_estimate(torch.tensor([-2.0, -3.0, -1.0]), torch.tensor([-2.5, -3.1, -1.9]))
+    assert alone.item() == pytest.approx(kl.item())
 
 
 def test_kto_loss_equals_the_formula(tmp_path, unpaired_file, direct_logprob):

@@ -51,7 +51,9 @@ class GRPOConfig(OnlineConfig):
         "k3", description="KL estimator of the in-loss term and of the reward shaping")
     entropy_coef: float = Field(0.0, ge=0, description="entropy bonus weight")
     loss_aggregation: Literal["token-mean", "seq-mean-token-mean", "seq-mean-token-sum",
-                              "seq-mean-token-sum-norm"] = "token-mean"
+                              "seq-mean-token-sum-norm"] = Field(
+        "token-mean", description="how the per-token losses make the loss: token-mean "
+        "(over every response token of the batch), or seq-mean-* (per sequence first)")
     norm_length: int | None = Field(
         None, ge=1, description="seq-mean-token-sum-norm's constant length "
         "(default: the batch's response width)")

@@ -48,7 +48,9 @@ class PPOConfig(OnlineConfig):
     group_size: int = Field(4, ge=1, description="completions sampled per prompt")
     epochs: int = Field(2, ge=1, description="passes over each rollout")
     mini_batches: int = Field(2, ge=1, description="optimizer steps per pass over a rollout")
-    loss_aggregation: Literal["token-mean", "seq-mean-token-mean"] = "token-mean"
+    loss_aggregation: Literal["token-mean", "seq-mean-token-mean"] = Field(
+        "token-mean", description="how the per-token losses make the loss: token-mean "
+        "(over every response token of the batch), or seq-mean-* (per sequence first)")
     entropy_coef: float = Field(0.0, ge=0, description="entropy bonus weight")
     kl_coef: float = Field(0.0, ge=0, description="in-loss KL to the frozen reference")
     aux_loss_coef: float | None = Field(
@@ -57,7 +59,8 @@ class PPOConfig(OnlineConfig):
     vf_coef: float = Field(1.0, gt=0, description="value loss weight")
     value_clip_eps: float = Field(0.2, ge=0, description="clip of V around the rollout's V_old")
     critic_lr: float = Field(1e-4, gt=0, description="the critic's peak learning rate")
-    critic_weight_decay: float = Field(0.0, ge=0)
+    critic_weight_decay: float = Field(0.0, ge=0, description="the critic "
+                                       "optimizer's weight decay")
     critic_max_grad_norm: float | None = Field(1.0, gt=0, description="None disables clipping")
     critic_init: Literal["policy", "random"] = Field(
         "policy", description="start the critic's backbone from the policy's weights or afresh")

@@ -30,7 +30,8 @@ class RaySamplerConfig(SamplingParams):
         description="{name: torch | vllm | ..., engine options}: the sampler each worker runs")
     worker_device: str = Field("auto", description="device backend of the workers' models "
                                "(auto: the best one each worker sees)")
-    placement_strategy: Literal["PACK", "SPREAD", "STRICT_PACK", "STRICT_SPREAD"] = "PACK"
+    placement_strategy: Literal["PACK", "SPREAD", "STRICT_PACK", "STRICT_SPREAD"] = Field(
+        "PACK", description="Ray placement-group strategy of the workers' bundles")
     address: str | None = Field(None, description="Ray cluster to join (default: "
                                 "RAY_ADDRESS, else a local Ray started for the run)")
     init_kwargs: dict[str, Any] = Field(default_factory=dict,

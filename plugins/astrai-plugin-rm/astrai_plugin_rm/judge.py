@@ -44,15 +44,16 @@ class Judge:
         model: str = Field(description="model name the endpoint serves")
         prompt_template: str = Field(description="the judge's user message: {prompt}, "
                                      "{completion} and column placeholders")
-        system_prompt: str | None = None
+        system_prompt: str | None = Field(None, description="the judge's system message "
+                                          "(default: none)")
         score_pattern: str = Field(r"(-?\d+(?:\.\d+)?)", description="regex; its first group "
                                    "(or whole match) is the score")
         scale: tuple[float, float] | None = Field(
             None, description="[low, high]: map the score to [0, 1] (clipped); None: raw")
         default_score: float = Field(0.0, description="score of a reply without a match")
         api_key: str | None = Field(None, description="default: $OPENAI_API_KEY, else 'EMPTY'")
-        temperature: float = Field(0.0, ge=0)
-        max_tokens: int = Field(16, ge=1)
+        temperature: float = Field(0.0, ge=0, description="the judge's sampling temperature")
+        max_tokens: int = Field(16, ge=1, description="longest judge reply, in tokens")
         timeout: float = Field(60.0, gt=0, description="seconds per request")
         max_retries: int = Field(2, ge=0, description="retries of a failed request")
         max_concurrency: int = Field(8, ge=1, description="requests in flight at once")
