@@ -19,13 +19,15 @@ MAX_NEW_TOKENS = 24
 
 
 def prompt_records(tokenizer, path: Path) -> list[dict]:
+    """The prompt rows of a JSONL file, rendered, with their other columns for the rewards."""
     from astrai_core.data.render import render_prompt
 
     records = []
     for line in path.read_text().splitlines():
         row = json.loads(line)
         text, ids = render_prompt(tokenizer, {"prompt": None, "messages": row["messages"]})
-        records.append({"prompt_ids": ids, "prompt_text": text, "columns": {"answer": row["answer"]}})
+        columns = {key: value for key, value in row.items() if key != "messages"}
+        records.append({"prompt_ids": ids, "prompt_text": text, "columns": columns})
     return records
 
 

@@ -7,14 +7,13 @@ runs/code/summary.json. Run from the repository root: `python examples/code/demo
 
 from __future__ import annotations
 
-import json
 import os
 import sys
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parent))
-from stages import Stage, demo_main  # noqa: E402  (examples/stages.py)
+from stages import Stage, demo_main, eval_stages, eval_summary  # noqa: E402  (examples/stages.py)
 
 OUT = Path("runs/code")  # the stage configs read and write here (paths relative to the cwd)
 CHECKPOINTS = {"sft": OUT / "sft/checkpoints/step_300", "grpo": OUT / "grpo/checkpoints/step_20"}
@@ -31,11 +30,7 @@ def stages(python: str) -> list[Stage]:
                     needs=("code/data",)),
               Stage("code/grpo", astrai + [str(HERE / "grpo.yaml"), "--overwrite"], logs / "grpo.log",
                     needs=("code/sft",))]
-    for stage, checkpoint in CHECKPOINTS.items():
-        result.append(Stage(f"code/eval-{stage}", [python, str(HERE / "evaluate.py"), str(checkpoint),
-                                                   "--json", str(OUT / f"eval-{stage}.json")],
-                            logs / f"eval-{stage}.log", needs=(f"code/{stage}",)))
-    return result
+    return result + eval_stages("code", python, HERE / "evaluate.py", CHECKPOINTS, OUT)
 
 
 def report(seconds: dict[str, float]) -> None:
@@ -43,10 +38,7 @@ def report(seconds: dict[str, float]) -> None:
     from rich.console import Console
     from rich.table import Table
 
-    summary = {stage: {**json.loads((OUT / f"eval-{stage}.json").read_text()),
-                       "train_seconds": round(seconds.get(f"code/{stage}", 0.0), 1)}
-               for stage in CHECKPOINTS}
-    (OUT / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
+    summary = eval_summary("code", list(CHECKPOINTS), OUT, seconds)
     table = Table(title="code: held-out pass rate (all tests pass, 150 functions)")
     for column in ("stage", "greedy", "sampled (T=1)", "pass@4", "train time"):
         table.add_column(column, justify="left" if column == "stage" else "right")

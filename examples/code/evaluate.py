@@ -12,22 +12,15 @@ from __future__ import annotations
 
 import argparse
 import json
+import sys
 from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from calc.evaluate import prompt_records  # noqa: E402  (examples/calc/evaluate.py)
 
 EVAL = Path("runs/code/data/eval.jsonl")
 MAX_NEW_TOKENS = 36
 REWARD = {"name": "code_tests", "mode": "all", "max_workers": 4, "timeout": 5}
-
-
-def prompt_records(tokenizer, path: Path) -> list[dict]:
-    from astrai_core.data.render import render_prompt
-
-    records = []
-    for line in path.read_text().splitlines():
-        row = json.loads(line)
-        text, ids = render_prompt(tokenizer, {"prompt": None, "messages": row["messages"]})
-        records.append({"prompt_ids": ids, "prompt_text": text, "columns": {"tests": row["tests"]}})
-    return records
 
 
 def pass_rates(checkpoint: Path, data: Path = EVAL, samples: int = 4,
