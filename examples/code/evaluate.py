@@ -11,12 +11,11 @@ writes it to a file).
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from calc.evaluate import prompt_records  # noqa: E402  (examples/calc/evaluate.py)
+from calc.evaluate import print_result, prompt_records  # noqa: E402  (examples/calc/evaluate.py)
 
 EVAL = Path("runs/code/data/eval.jsonl")
 MAX_NEW_TOKENS = 36
@@ -55,13 +54,8 @@ def main() -> None:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--json", type=Path, default=None, help="also write the numbers here")
     args = parser.parse_args()
-    result = json.dumps(pass_rates(args.checkpoint, args.data, args.samples, args.temperature,
-                                   args.seed))
-    print(result)
-    if args.json is not None:  # written aside, then renamed: never a half-written file
-        partial = args.json.with_name(args.json.name + ".partial")
-        partial.write_text(result + "\n")
-        partial.replace(args.json)
+    print_result(pass_rates(args.checkpoint, args.data, args.samples, args.temperature, args.seed),
+                 args.json)
 
 
 if __name__ == "__main__":
