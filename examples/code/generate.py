@@ -8,8 +8,8 @@ its values, ``f(0)=3 f(1)=8``; the answer is code, ``def f(x): return 3+(8-3)*x`
 ``tests`` column asserts it at points the prompt does not show (``assert f(7)==38``),
 which ``code_tests`` runs in the sandbox. A share ``--shortcuts`` of the SFT
 demonstrations instead hard-code the two shown values, ``def f(x): return x and 8 or 3``:
-right on the prompt's examples, wrong at every tested point, as solutions that special-case
-the examples are in code scraped from the web. The 620 functions are shuffled with
+right on the prompt's examples and wrong at every tested point: demonstrations of mixed
+quality, as those gathered from many sources can be. The 620 functions are shuffled with
 ``--seed``; the first ``--n-eval`` are held out and never appear in the training files.
 Files written (JSONL): ``sft_train.jsonl`` (chat rows), ``eval.jsonl`` and
 ``rl_prompts.jsonl`` (prompt rows with ``tests``, no solutions).
