@@ -11,6 +11,7 @@ printed, the stages still running are stopped, and the exit status is non-zero.
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import subprocess
 import sys
@@ -76,6 +77,27 @@ def run_stages(stages: Sequence[Stage], jobs: int | None = None) -> dict[str, fl
         for process, _ in running.values():
             process.wait()
     return seconds
+
+
+def eval_stages(demo: str, python: str, script: Path, checkpoints: dict[str, Path],
+                out: Path) -> list[Stage]:
+    """One stage per checkpoint, ``script CHECKPOINT --json OUT/eval-<stage>.json``, once the
+    stage ``<demo>/<stage>`` that trains it has finished."""
+    return [Stage(f"{demo}/eval-{stage}", [python, str(script), str(checkpoint),
+                                           "--json", str(out / f"eval-{stage}.json")],
+                  out / "logs" / f"eval-{stage}.log", needs=(f"{demo}/{stage}",))
+            for stage, checkpoint in checkpoints.items()]
+
+
+def eval_summary(demo: str, stages: Sequence[str], out: Path,
+                 seconds: dict[str, float]) -> dict[str, dict[str, float]]:
+    """The numbers of :func:`eval_stages` with each stage's training time, also written to
+    OUT/summary.json."""
+    summary = {stage: {**json.loads((out / f"eval-{stage}.json").read_text()),
+                       "train_seconds": round(seconds.get(f"{demo}/{stage}", 0.0), 1)}
+               for stage in stages}
+    (out / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
+    return summary
 
 
 def demo_main(description: str, stages: Callable[[str], list[Stage]],

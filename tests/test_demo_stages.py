@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
+import json
 import sys
 from pathlib import Path
 
 import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "examples"))
-from stages import Stage, run_stages  # noqa: E402
+from stages import Stage, eval_stages, eval_summary, run_stages  # noqa: E402
 
 WAIT_FOR = "import pathlib, sys, time\n" \
            "deadline = time.monotonic() + 60\n" \
@@ -61,3 +62,18 @@ def test_a_failed_stage_stops_the_demo_with_its_log(tmp_path, capsys):
 def test_unknown_needs_are_refused(tmp_path):
     with pytest.raises(ValueError, match="unknown stages"):
         run_stages([Stage("a", python("pass"), tmp_path / "a.log", needs=("b",))], jobs=1)
+
+
+def test_eval_stages_follow_their_training_and_their_numbers_are_summarised(tmp_path):
+    checkpoints = {"sft": tmp_path / "sft/step_3", "grpo": tmp_path / "grpo/step_2"}
+    evals = eval_stages("demo", "py", Path("evaluate.py"), checkpoints, tmp_path)
+    assert [(s.name, s.needs) for s in evals] == [("demo/eval-sft", ("demo/sft",)),
+                                                  ("demo/eval-grpo", ("demo/grpo",))]
+    assert evals[0].command == ["py", "evaluate.py", str(checkpoints["sft"]),
+                                "--json", str(tmp_path / "eval-sft.json")]
+    (tmp_path / "eval-sft.json").write_text('{"greedy": 0.5}\n')
+    (tmp_path / "eval-grpo.json").write_text('{"greedy": 0.75}\n')
+    summary = eval_summary("demo", ["sft", "grpo"], tmp_path, {"demo/sft": 12.34, "other": 1.0})
+    assert summary == {"sft": {"greedy": 0.5, "train_seconds": 12.3},
+                       "grpo": {"greedy": 0.75, "train_seconds": 0.0}}
+    assert json.loads((tmp_path / "summary.json").read_text()) == summary

@@ -7,14 +7,13 @@ repository root: `make demo` (beside the arithmetic demo) or `python examples/ca
 
 from __future__ import annotations
 
-import json
 import os
 import sys
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parent))
-from stages import Stage, demo_main  # noqa: E402  (examples/stages.py)
+from stages import Stage, demo_main, eval_stages, eval_summary  # noqa: E402  (examples/stages.py)
 
 OUT = Path("runs/calc")  # the stage configs read and write here (paths relative to the cwd)
 CHECKPOINTS = {"sft": OUT / "sft/checkpoints/step_300", "grpo": OUT / "grpo/checkpoints/step_40"}
@@ -30,20 +29,12 @@ def stages(python: str) -> list[Stage]:
                     needs=tuple(s.name for s in data)),
               Stage("calc/grpo", astrai + [str(HERE / "grpo.yaml"), "--overwrite"], logs / "grpo.log",
                     needs=("calc/sft",))]
-    for stage, checkpoint in CHECKPOINTS.items():
-        result.append(Stage(f"calc/eval-{stage}", [python, str(HERE / "evaluate.py"), str(checkpoint),
-                                                   "--json", str(OUT / f"eval-{stage}.json")],
-                            logs / f"eval-{stage}.log", needs=(f"calc/{stage}",)))
-    return data + result
+    return data + result + eval_stages("calc", python, HERE / "evaluate.py", CHECKPOINTS, OUT)
 
 
 def report(seconds: dict[str, float]) -> None:
     """Print the accuracy table and write runs/calc/summary.json."""
-    summary = {stage: {**json.loads((OUT / f"eval-{stage}.json").read_text()),
-                       "train_seconds": round(seconds.get(f"calc/{stage}", 0.0), 1)}
-               for stage in CHECKPOINTS}
-    (OUT / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
-    print_table(summary)
+    print_table(eval_summary("calc", list(CHECKPOINTS), OUT, seconds))
 
 
 def print_table(summary: dict[str, dict[str, float]]) -> None:

@@ -19,13 +19,15 @@ MAX_NEW_TOKENS = 24
 
 
 def prompt_records(tokenizer, path: Path) -> list[dict]:
+    """The prompt rows of a JSONL file, rendered, with their other columns for the rewards."""
     from astrai_core.data.render import render_prompt
 
     records = []
     for line in path.read_text().splitlines():
         row = json.loads(line)
         text, ids = render_prompt(tokenizer, {"prompt": None, "messages": row["messages"]})
-        records.append({"prompt_ids": ids, "prompt_text": text, "columns": {"answer": row["answer"]}})
+        columns = {key: value for key, value in row.items() if key != "messages"}
+        records.append({"prompt_ids": ids, "prompt_text": text, "columns": columns})
     return records
 
 
@@ -57,18 +59,23 @@ def accuracies(checkpoint: Path, data: Path = DATA) -> dict[str, float]:
             "tool_error_rate": with_tool["eval/tool_error_rate"]}
 
 
+def print_result(numbers: dict[str, float], path: Path | None) -> None:
+    """Print ``numbers`` as one JSON line, and write it to ``path`` when given."""
+    result = json.dumps(numbers)
+    print(result)
+    if path is not None:  # written aside, then renamed: never a half-written file
+        partial = path.with_name(path.name + ".partial")
+        partial.write_text(result + "\n")
+        partial.replace(path)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("checkpoint", type=Path)
     parser.add_argument("--data", type=Path, default=DATA)
     parser.add_argument("--json", type=Path, default=None, help="also write the numbers here")
     args = parser.parse_args()
-    result = json.dumps(accuracies(args.checkpoint, args.data))
-    print(result)
-    if args.json is not None:  # written aside, then renamed: never a half-written file
-        partial = args.json.with_name(args.json.name + ".partial")
-        partial.write_text(result + "\n")
-        partial.replace(args.json)
+    print_result(accuracies(args.checkpoint, args.data), args.json)
 
 
 if __name__ == "__main__":
