@@ -37,8 +37,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--max-new-tokens", type=int, default=16,
                         help="as trainer.eval_max_new_tokens (default 16)")
-    parser.add_argument("--max-prompt-len", type=int, default=256,
-                        help="as data.max_prompt_len: longer prompts are skipped")
+    parser.add_argument("--max-prompt-len", type=int, default=None,
+                        help="as data.max_prompt_len: longer prompts are skipped (default: "
+                        "the model's context less --max-new-tokens)")
     parser.add_argument("--batch-size", type=int, default=8, help="prompts per generate call "
                         "(as data.eval_batch_size)")
     parser.add_argument("--cache-dir", default=None, help="as data.cache_dir: where the "
@@ -91,7 +92,9 @@ def evaluate_checkpoint(args: argparse.Namespace, temperature: float) -> dict[st
     rewards = RewardSet.from_choices(choices)
     dist = init_distributed(resolve_device(registry, args.device), ParallelConfig())
     model, tokenizer = _load_on(args, registry, dist)
-    records = _prompts(args, tokenizer, {c.label: c.required_columns for c in choices})
+    budget = prompt_budget(args.max_prompt_len, args.max_new_tokens,
+                           getattr(model.config, "max_position_embeddings", None))
+    records = _prompts(args, tokenizer, {c.label: c.required_columns for c in choices}, budget)
     mine = records[dist.rank::dist.world_size]
     metrics = _score(args, resolve, model, tokenizer, mine, rewards, choices, temperature) \
         if mine else {}
@@ -133,7 +136,27 @@ def _score(args: argparse.Namespace, resolve: Any, model: Any, tokenizer: Any,
     return metrics
 
 
-def _prompts(args: argparse.Namespace, tokenizer: Any, required: dict[str, Any]) -> list[Any]:
+def prompt_budget(max_prompt_len: int | None, max_new_tokens: int, context: int | None
+                  ) -> int | None:
+    """The longest prompt to score: ``--max-prompt-len`` when given, else what the
+    model's context leaves after ``--max-new-tokens`` (as ``data.max_prompt_len``'s
+    default in a run); a ConfigError when the two cannot fit together."""
+    from astrai_core.errors import ConfigError
+
+    if context is None:
+        return max_prompt_len
+    if max_new_tokens >= context:
+        raise ConfigError(f"--max-new-tokens: {max_new_tokens} generated tokens leave no room "
+                          f"for a prompt in the model's context of {context} tokens")
+    if max_prompt_len is not None and max_prompt_len + max_new_tokens > context:
+        raise ConfigError(f"--max-prompt-len: {max_prompt_len} + --max-new-tokens "
+                          f"{max_new_tokens} exceed the model's context of {context} tokens "
+                          f"(at most {context - max_new_tokens} prompt tokens fit)")
+    return max_prompt_len if max_prompt_len is not None else context - max_new_tokens
+
+
+def _prompts(args: argparse.Namespace, tokenizer: Any, required: dict[str, Any],
+             max_prompt_len: int | None) -> list[Any]:
     """The prompt records of ``--data``, through the same loader as ``data.eval``."""
     from astrai_core.data import build_eval_loader
     from astrai_core.data.config import DataConfig
@@ -150,7 +173,7 @@ def _prompts(args: argparse.Namespace, tokenizer: Any, required: dict[str, Any])
     try:
         config = DataConfig.model_validate({"sources": [source], "eval": source,
                                             "batch_size": args.batch_size,
-                                            "max_prompt_len": args.max_prompt_len,
+                                            "max_prompt_len": max_prompt_len,
                                             "cache_dir": args.cache_dir})
     except ValueError as exc:
         raise ConfigError(f"--data: {exc}") from None

@@ -102,3 +102,16 @@ def test_eval_refuses_greedy_with_several_samples(tmp_path, capsys):
         main(["eval", str(tmp_path), "--data", "x.jsonl", "--n", "4", "--temperature", "0"])
     assert exit_info.value.code == 2
     assert "--temperature: 0 (greedy) gives --n identical completions" in capsys.readouterr().err
+
+
+def test_the_prompt_budget_is_what_the_context_leaves_after_the_generation():
+    from astrai_core.cli.eval_cmd import prompt_budget
+    from astrai_core.errors import ConfigError
+
+    assert prompt_budget(None, 16, 128) == 112        # the default: context less generation
+    assert prompt_budget(100, 16, 128) == 100         # an explicit limit that fits
+    assert prompt_budget(None, 16, None) is None      # no context known: no limit of ours
+    with pytest.raises(ConfigError, match="--max-prompt-len: 120 \\+ --max-new-tokens 16"):
+        prompt_budget(120, 16, 128)
+    with pytest.raises(ConfigError, match="--max-new-tokens: 128 generated tokens leave no room"):
+        prompt_budget(None, 128, 128)
