@@ -50,7 +50,7 @@ VLLM_VENV := .venv-vllm
 VLLM_PY := $(VLLM_VENV)/bin/python
 VLLM_PIP := $(VLLM_PY) -m pip --disable-pip-version-check -q
 VLLM_VERSION := 0.32
-VLLM_PLUGINS := vllm qwen3 grpo gae
+VLLM_PLUGINS := vllm qwen3 grpo gae ppo
 CORE_LIGHT_DEPS := "safetensors>=0.4" "tokenizers>=0.20" "pydantic>=2.6" "structlog>=24.1" \
 	"pluggy>=1.5" "PyYAML>=6.0" "rich>=13.0" "packaging>=23.0" "numpy>=1.24" \
 	"matplotlib>=3.7" "pytest>=8.0"

@@ -28,6 +28,7 @@ from astrai_core.devices.base import DeviceBackend
 from astrai_core.devices.select import resolve_device
 from astrai_core.data.render import render_preference
 from astrai_core.data.tokenizer import load_tokenizer
+from astrai_core.distributed.fsdp import unsharded
 from astrai_core.environments import AssistantTurn, EnvMessage, EnvStep, ToolCall, error_message
 from astrai_core.errors import (
     AstraiError,
@@ -116,6 +117,8 @@ __all__ = [
     "load_importer", "load_pretrained", "load_state_dict_strict", "qwen_sliding_window", "qwen_sliding_window_to_hf",
     "read_hf_config", "read_hf_weights", "rename", "require", "save_pretrained", "split_gate_up",
     "stack_experts", "staged_directory", "write_manifest",
+    # distributed: a sharded policy's parameters gathered for a block (a collective)
+    "unsharded",
     # LoRA and the chunked head
     "chunked_logits_map", "chunked_logprobs", "has_chunked_head", "has_lora", "merge_and_unload", "merged_state_dict",
     "target_logprobs",

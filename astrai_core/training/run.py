@@ -126,8 +126,10 @@ def wire_components(plan: RunPlan, *, backend: Any, device: torch.device, model:
         loader.kind == "prompt" for loader in [eval_loader, *eval_sets.values()] if loader is not None)
     engine = plan.sampling_fields()[1]
     sampler = plan.sampler.target(model=model, tokenizer=tokenizer, **engine) if generates else None
-    if sampler is not None and dist.enabled:
-        sampler = UnshardedSampler(sampler, model)  # gathers the policy once per generate
+    # a sampler that generates from the policy's own parameters gathers them once per
+    # generate; one with its own copy of the weights (an engine fed by pushes) needs not
+    if sampler is not None and dist.enabled and not getattr(sampler, "owns_weights", False):
+        sampler = UnshardedSampler(sampler, model)
     estimator = plan.advantage.target(**plan.advantage.options) if plan.advantage else None
     policy_loss = (plan.policy_loss.target(**plan.policy_loss.options)
                    if plan.policy_loss else None)
