@@ -10,7 +10,8 @@ offer on an injected model is wrapped here, with peft's own layer methods:
   strategy's ``reference`` is the policy itself and no copy of the model exists;
 - :func:`merged_state_dict` / :func:`base_state_dict`: native state dicts with the
   adapter merged (export, weight pushes to vLLM) or left out, without touching the
-  live weights (peft's ``merge_safe``/``get_delta_weight`` on copies).
+  live weights (peft's ``merge_safe``/``get_delta_weight`` on copies); one layer's
+  merge is :func:`merged_weight`.
 
 PEFT-format files with Hugging Face module names are in :mod:`astrai_core.checkpoints.lora_files`.
 """
@@ -134,15 +135,21 @@ def merged_state_dict(model: nn.Module) -> dict[str, torch.Tensor]:
         return model.state_dict()
     state = base_state_dict(model)
     for name, layer in lora_layers(model):
-        if ADAPTER not in layer.lora_A:
-            continue
-        weight = layer.get_base_layer().weight
-        if ADAPTER in getattr(layer, "lora_variant", {}):  # DoRA: peft's own merge, on a copy
-            merged = layer.lora_variant[ADAPTER].merge_safe(layer, ADAPTER, weight.detach().clone())
-        else:
-            merged = weight + layer.get_delta_weight(ADAPTER).to(weight.dtype)
-        state[f"{name}.weight"] = merged.to(weight.dtype)
+        if ADAPTER in layer.lora_A:
+            state[f"{name}.weight"] = merged_weight(layer)
     return state
+
+
+@torch.no_grad()
+def merged_weight(layer: Any) -> torch.Tensor:
+    """One peft LoRA layer's base weight with its adapter merged in (a new tensor; the
+    layer is not modified)."""
+    weight = layer.get_base_layer().weight
+    if ADAPTER in getattr(layer, "lora_variant", {}):  # DoRA: peft's own merge, on a copy
+        merged = layer.lora_variant[ADAPTER].merge_safe(layer, ADAPTER, weight.detach().clone())
+    else:
+        merged = weight + layer.get_delta_weight(ADAPTER).to(weight.dtype)
+    return merged.to(weight.dtype)
 
 
 def merge_and_unload(model: nn.Module) -> nn.Module:
