@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import os
 import tempfile
+import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any, Literal
@@ -93,6 +94,7 @@ class VllmSampler:
         self.model = model            # the policy: log-prob recomputation and weight pushes
         self.tokenizer = tokenizer
         self.policy_version = 0
+        self._push_seconds: float | None = None
         self.multiprocess = multiprocess
         self.weight_bucket_bytes = weight_bucket_mb * 2**20
         self.world_size = colocated.world()[1]
@@ -129,6 +131,7 @@ class VllmSampler:
 
             with torch.no_grad():
                 load_state_dict_strict(self.model, state_dict, "update_weights(state_dict)")
+        started = time.perf_counter()
         self._wake()
         if self.multiprocess:  # tensors do not cross processes: one safetensors payload
             payload: Any = weights_lib.serialize(
@@ -139,8 +142,14 @@ class VllmSampler:
                                           PER_EXPERT)
         self.engine.collective_rpc("astrai_reload_weights", args=(payload, self.fix_cpu_moe_reload))
         self.engine.reset_prefix_cache()  # cached KV blocks hold the old weights' keys/values
+        self._push_seconds = time.perf_counter() - started
         self.policy_version += 1
         return self.policy_version
+
+    def metrics(self) -> dict[str, float]:
+        """The last weight push's time (gather, conversion and load), once per push."""
+        seconds, self._push_seconds = self._push_seconds, None
+        return {} if seconds is None else {"rollout/weight_push_seconds": seconds}
 
     # ---------------------------------------------------------------- generation
     def generate(self, prompts: Sequence[Sequence[int]],
