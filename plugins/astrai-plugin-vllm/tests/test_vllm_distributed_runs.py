@@ -87,9 +87,25 @@ def _assert_close(a: dict, b: dict, atol: float = 1e-4) -> None:
         assert diff <= atol, f"{name}: max |diff| {diff}"
 
 
-def test_grpo_on_two_processes_equals_one(tmp_path):
-    strategy = {"name": "grpo", "group_size": 4, "mini_batches": 2}
-    one, two = _one_and_two(tmp_path, strategy)
+GRPO = {"name": "grpo", "group_size": 4, "mini_batches": 2}
+
+
+@pytest.fixture(scope="module")
+def grpo_one(tmp_path_factory) -> Path:
+    """The 1-process GRPO run with the vllm sampler."""
+    tmp = tmp_path_factory.mktemp("grpo")
+    _train(_config(tmp, "one", GRPO), tmp, "one", 1)
+    return tmp / "one"
+
+
+@pytest.mark.parametrize("tensor_parallel_size", [1, 2])
+def test_grpo_on_two_processes_equals_one(grpo_one, tmp_path, tensor_parallel_size):
+    """One engine per rank (each sampling its own prompts), or one engine over both ranks
+    (tensor parallel: the ranks pool their prompts)."""
+    config = _config(tmp_path, "two", GRPO)
+    config["sampler"]["tensor_parallel_size"] = tensor_parallel_size
+    _train(config, tmp_path, "two", 2)
+    one, two = grpo_one, tmp_path / "two"
     _assert_same_rollouts(one, two)
     _assert_close(_checkpoint(one, STEPS, "model.safetensors"),
                   _checkpoint(two, STEPS, "model.safetensors"))
