@@ -3,12 +3,14 @@ and data files of the recipe's shape, laid out where the recipe's configs look f
 
 :func:`gsm8k_smoke_config` is a GSM8K recipe config (``grpo.yaml``, ``ppo.yaml``) as
 written, with only what a 2-step CPU run must change; :func:`gsm8k_workspace` builds
-``models/qwen3-tiny`` (imported with ``astrai import``) and ``data/gsm8k/*.parquet``.
+``models/qwen3-tiny`` (imported with ``astrai import``) and ``data/gsm8k/*.parquet``;
+:func:`run_gsm8k_smoke` trains such a config there and checks what every run must show.
 Needs ``datasets`` (the parquet files) and ``transformers`` (the tiny model).
 """
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -73,3 +75,26 @@ def gsm8k_smoke_config(recipe: str, report_to: list[str]) -> dict[str, Any]:
                              save_every=0, keep_last=None, eval_max_new_tokens=6,
                              progress=False, report_to=report_to)
     return config
+
+
+def run_gsm8k_smoke(root: Path, recipe: str, config: dict[str, Any]) -> tuple[Path, list[dict]]:
+    """Train ``config`` (from :func:`gsm8k_smoke_config`) in the workspace ``root``; check
+    the evaluation and rollout metrics of its 2 steps and its last checkpoint (a LoRA
+    policy's adapter and its whole critic for PPO); (run directory, metric records)."""
+    import yaml
+
+    path = root / f"smoke-{recipe}"
+    path.write_text(yaml.safe_dump(config))
+    recipe_astrai("train", str(path), cwd=root)
+    run = root / "runs" / recipe
+    records = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in records] == [0, 1, 2]
+    assert {"eval/accuracy", "eval/reward/gsm8k"} <= set(records[-1])
+    assert "rollout/reward/gsm8k" in records[-1]
+    step = run / "checkpoints" / "step_2"
+    if config["strategy"]["name"] == "ppo":
+        assert (step / "adapter" / "adapter_model.safetensors").is_file()
+        assert (step / "critic.safetensors").is_file()
+    else:
+        assert (step / "model.safetensors").is_file()
+    return run, records

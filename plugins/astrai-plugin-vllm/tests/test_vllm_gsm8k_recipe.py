@@ -4,15 +4,12 @@ import`, GSM8K-shaped parquet files, the recipe's transform and reward."""
 
 from __future__ import annotations
 
-import json
-
 import pytest
-import yaml
 
 pytest.importorskip("vllm")
 pytest.importorskip("datasets")
 
-from astrai_core.testing.recipes import gsm8k_smoke_config, gsm8k_workspace, recipe_astrai  # noqa: E402
+from astrai_core.testing.recipes import gsm8k_smoke_config, gsm8k_workspace, run_gsm8k_smoke  # noqa: E402
 
 
 @pytest.fixture(scope="module")
@@ -27,17 +24,5 @@ def test_the_recipe_runs_two_steps_with_vllm(workspace, recipe):
     config["sampler"].update(enforce_eager=True, cpu_kv_cache_gib=1, max_num_seqs=16)
     # checked pushes: float32 on CPU agrees to 1e-5, so a push that did not land stops it
     config["rollout"] = {"max_logprob_diff": 1e-3}
-    path = workspace / f"smoke-{recipe}"
-    path.write_text(yaml.safe_dump(config))
-    recipe_astrai("train", str(path), cwd=workspace)
-    run = workspace / "runs" / recipe
-    records = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
-    assert [r["step"] for r in records] == [0, 1, 2]
-    assert {"eval/accuracy", "eval/reward/gsm8k"} <= set(records[-1])
+    _, records = run_gsm8k_smoke(workspace, recipe, config)
     assert all(r["rollout/logprob_diff_max"] <= 1e-3 for r in records[1:]), records
-    step = run / "checkpoints" / "step_2"
-    if recipe == "ppo.yaml":  # a LoRA policy saves its adapter; the critic is whole
-        assert (step / "adapter" / "adapter_model.safetensors").is_file()
-        assert (step / "critic.safetensors").is_file()
-    else:
-        assert (step / "model.safetensors").is_file()
