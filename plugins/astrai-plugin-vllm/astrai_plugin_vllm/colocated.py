@@ -90,13 +90,15 @@ class PromptPool:
     def run(self, prompts: Sequence[Any], params: Sequence[Any], generate: Any) -> list[Any]:
         """``generate(prompts, params)`` on the group's pooled requests; this rank's outputs."""
         if self.group is None:
-            return generate(list(prompts), list(params))
+            return generate(list(prompts), list(params)) if prompts else []
         import torch.distributed as dist
 
         shares: list[Any] = [None] * self.size
         dist.all_gather_object(shares, (list(prompts), list(params)), group=self.group)
         pooled_prompts = [p for share in shares for p in share[0]]
         pooled_params = [p for share in shares for p in share[1]]
+        if not pooled_prompts:  # a split evaluation's rank with nothing left, group-wide
+            return []
         outputs = generate(pooled_prompts, pooled_params)
         mine = dist.get_group_rank(self.group, world()[0])
         start = sum(len(share[0]) for share in shares[:mine])
