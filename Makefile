@@ -87,6 +87,7 @@ bench: $(STAMP)
 	$(PY) bench/bench_serve.py
 	$(PY) bench/bench_ray.py
 	$(PY) bench/bench_distributed.py
+	$(PY) bench/bench_weight_push.py --lora
 
 # `make dist`: the sdist and wheel of every distribution (core, plugins, contrib) into
 # dist/, built offline by tools/build_dists.py in a small venv of its own (no torch).

@@ -80,6 +80,7 @@ def evaluate_checkpoint(args: argparse.Namespace, temperature: float) -> dict[st
     from astrai_core.config.plan import Resolver
     from astrai_core.devices.select import resolve_device
     from astrai_core.distributed.context import init_distributed
+    from astrai_core.distributed.metrics import combine_shares
     from astrai_core.plugins import process_registry
     from astrai_core.rewards.reward_set import RewardSet
 
@@ -94,11 +95,7 @@ def evaluate_checkpoint(args: argparse.Namespace, temperature: float) -> dict[st
     mine = records[dist.rank::dist.world_size]
     metrics = _score(args, resolve, model, tokenizer, mine, rewards, choices, temperature) \
         if mine else {}
-    combined = metrics
-    if dist.enabled:
-        shares = dist.all_gather_object((len(mine), metrics))
-        combined = {name: sum(n * m[name] for n, m in shares if m) / len(records)
-                    for name in next(m for _, m in shares if m)}
+    combined = combine_shares(dist, len(mine), metrics)
     return {"model": str(args.model_dir), "data": str(args.data), "prompts": len(records),
             "n": args.n, "temperature": temperature, "processes": dist.world_size, **combined}
 

@@ -220,6 +220,14 @@ def plan_run(config: RunConfig, source: YamlSource | None = None,
     device = (None if config.device.name == "auto"
               else resolve.section("device_backend", config.device, ("device",)))
     environment, episode = _environment(resolve, config, needs)
+    if (environment.name != DEFAULT_ENVIRONMENT and episode.max_turns > 1
+            and launched_world_size() > 1
+            and getattr(registry.get("sampler", sampler.name), "asynchronous", False)):
+        # Such a sampler serves a distributed trainer's ranks in step, one request each;
+        # the turns of multi-turn episodes differ in number from rank to rank.
+        raise resolve.error(("environment",), f"multi-turn episodes with sampler "
+                            f"{sampler.name!r} run on one trainer process only; use the "
+                            "torch sampler in a distributed run, or one process")
     trackers = plan_trackers(resolve, config.trainer.report_to)
     return RunPlan(config=config, source=source, registry=registry, strategy=strategy,
                    needs=needs, advantage=advantage, sampler=sampler, rewards=rewards,

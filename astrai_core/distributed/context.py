@@ -53,6 +53,14 @@ class DistContext:
         torch.distributed.all_reduce(tensor)
         return tensor.tolist()
 
+    def sum_tensor(self, tensor: torch.Tensor) -> torch.Tensor:
+        """Element-wise sum over the ranks of ``tensor`` (a new tensor, no gradient)."""
+        if not self.enabled:
+            return tensor.detach()
+        total = tensor.detach().clone()
+        torch.distributed.all_reduce(total)
+        return total
+
     def all_gather_object(self, obj: Any) -> list[Any]:
         """Every rank's ``obj``, in rank order."""
         if not self.enabled:

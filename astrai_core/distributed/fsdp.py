@@ -53,6 +53,18 @@ def shard_run(run: Any, strategy: Any) -> None:
         return
     for module in [run.model, *trained, *strategy.frozen_modules().values()]:
         shard_module(module, run.dist, run.trainer.mixed_precision)
+    balance_over_ranks([run.model, *trained], run.dist)
+
+
+def balance_over_ranks(modules: Iterable[nn.Module], dist: DistContext) -> None:
+    """The MoE load-balancing loss of every native model inside ``modules`` (the trained
+    ones) takes its token fractions from the global batch (model/moe.py)."""
+    from astrai_core.model.decoder import CausalLM
+
+    for module in modules:
+        for sub in module.modules():
+            if isinstance(sub, CausalLM) and sub.config.num_experts:
+                sub.balance_over_ranks = dist.sum_tensor
 
 
 def fsdp_units(module: nn.Module) -> list[Any]:
@@ -89,10 +101,24 @@ class UnshardedSampler:
 
     def __init__(self, sampler: Any, model: nn.Module) -> None:
         self._sampler, self._model = sampler, model
+        self._held = False
 
     def generate(self, *args: Any, **kwargs: Any) -> Any:
+        if self._held:  # inside gathered(): the weights are already there
+            return self._sampler.generate(*args, **kwargs)
         with torch.no_grad(), unsharded([self._model]):
             return self._sampler.generate(*args, **kwargs)
+
+    @contextlib.contextmanager
+    def gathered(self) -> Iterator[None]:
+        """Every ``generate`` inside the block runs on one gathering of the policy, so the
+        ranks may call it different numbers of times (each its own share of prompts)."""
+        with torch.no_grad(), unsharded([self._model]):
+            self._held = True
+            try:
+                yield
+            finally:
+                self._held = False
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self._sampler, name)

@@ -52,6 +52,18 @@ def reduce_micro_batches(records: list[MicroBatchRecord], dist: DistContext
     return reduced
 
 
+def combine_shares(dist: DistContext, count: int, metrics: dict[str, float]) -> dict[str, float]:
+    """Means over this rank's share of ``count`` items (``{}`` when it had none) -> the
+    means over every rank's items, each rank's weighted by its count (the identity in a
+    one-process run)."""
+    if not dist.enabled:
+        return metrics
+    shares = dist.all_gather_object((count, metrics))
+    total = sum(n for n, _ in shares)
+    names = next((m for _, m in shares if m), {})
+    return {name: sum(n * m[name] for n, m in shares if m) / total for name in names}
+
+
 def _summed(total: float, local: Any) -> Any:
     """A summed count keeps the type it had on one rank (an int stays an int)."""
     return round(total) if isinstance(local, int) else total

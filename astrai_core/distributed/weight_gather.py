@@ -30,7 +30,8 @@ from functools import partial
 import torch
 from torch import nn
 
-from astrai_core.distributed.fsdp import full_tensor
+
+PIECE_BYTES = 32 * 2**20  # per rank and collective, in gather_full
 
 
 @dataclass(frozen=True)
@@ -72,7 +73,7 @@ def iter_full_buckets(named_tensors: Iterable[tuple[str, torch.Tensor | Deferred
             bucket.clear()
             bucket, size = {}, 0
         with torch.no_grad():
-            bucket[name] = value.make() if isinstance(value, Deferred) else full_tensor(value.detach())
+            bucket[name] = value.make() if isinstance(value, Deferred) else gather_full(value.detach())
         size += needed
     if bucket:
         yield bucket
@@ -112,6 +113,42 @@ def _gathered_merge(layer: nn.Module) -> torch.Tensor:
         return merged_weight(layer)
 
 
+def gather_full(value: torch.Tensor) -> torch.Tensor:
+    """A DTensor's full value (a collective); a plain tensor as it is.
+
+    A tensor sharded on dim 0 over one mesh dimension (FSDP2; HSDP replicates over the
+    other) is all-gathered straight into one new buffer, in pieces of at most
+    ``PIECE_BYTES`` per rank, so building it costs one full copy (``full_tensor()``, and a
+    whole-tensor all-gather on gloo, stage a second one). Shards follow ``torch.chunk``:
+    ceil(rows / n) rows each, the last ones fewer or none, so a short shard is padded to
+    that size for the gather (a copy of the shard) and the padding rows are cut off (a
+    view). Other layouts go through ``full_tensor()``."""
+    placements = getattr(value, "placements", None)
+    if placements is None:
+        return value
+    sharded = [dim for dim, p in enumerate(placements) if not p.is_replicate()]
+    if len(sharded) != 1 or not placements[sharded[0]].is_shard(0):
+        return value.full_tensor()
+    import torch.distributed as dist
+
+    mesh_dim = sharded[0]
+    parts = value.device_mesh.size(mesh_dim)
+    rows = value.shape[0]
+    chunk = -(-rows // parts)
+    local = value.to_local()
+    if local.shape[0] < chunk:  # an uneven shard (or none): pad it to the common size
+        local = torch.cat([local, local.new_zeros((chunk - local.shape[0], *local.shape[1:]))])
+    out = torch.empty((chunk * parts, *value.shape[1:]), dtype=local.dtype, device=local.device)
+    group = value.device_mesh.get_group(mesh_dim)
+    row_bytes = max(1, local[:1].numel() * local.element_size())
+    step = max(1, PIECE_BYTES // row_bytes)
+    for start in range(0, chunk, step):  # pieces: the backend's own staging stays small
+        stop = min(start + step, chunk)
+        dist.all_gather([out[rank * chunk + start:rank * chunk + stop] for rank in range(parts)],
+                        local[start:stop].contiguous(), group=group)
+    return out[:rows] if chunk * parts != rows else out
+
+
 @contextmanager
 def full_parameters(module: nn.Module) -> Iterator[None]:
     """Inside the block every sharded parameter of ``module`` (and its submodules) reads
@@ -123,7 +160,7 @@ def full_parameters(module: nn.Module) -> Iterator[None]:
             for key, param in list(sub._parameters.items()):
                 if param is not None and hasattr(param, "full_tensor"):
                     saved.append((sub, key, param))
-                    sub._parameters[key] = param.detach().full_tensor()
+                    sub._parameters[key] = gather_full(param.detach())
         yield
     finally:
         for sub, key, param in saved:

@@ -16,7 +16,8 @@ from astrai_core.model.head import head_logprobs
 from astrai_core.model.kv_cache import KVCache
 from astrai_core.model.layers import RMSNorm, SwiGLU
 from astrai_core.model.masks import AttentionBias, build_attention_bias
-from astrai_core.model.moe import MoEBlock, RouterOutput, load_balancing_loss, router_statistics
+from astrai_core.model.moe import (MoEBlock, RouterOutput, balancing_loss, balancing_terms,
+                                  global_balancing_terms, router_statistics)
 from astrai_core.model.rope import RotaryEmbedding
 
 
@@ -60,6 +61,9 @@ class CausalLM(nn.Module):
         # Activation checkpointing (see enable_activation_checkpointing): each layer's
         # activations are recomputed in the backward instead of kept.
         self.gradient_checkpointing = False
+        # A sum over the data-parallel ranks (a distributed run sets it): the MoE
+        # load-balancing loss of a training forward is then the global batch's.
+        self.balance_over_ranks: Callable[[torch.Tensor], torch.Tensor] | None = None
         self.reset_parameters()
 
     @torch.no_grad()
@@ -166,7 +170,12 @@ class CausalLM(nn.Module):
             return {"aux_loss": torch.zeros((), device=device), "router_stats": []}
         valid = None if attention_mask is None else attention_mask[:, -seq:].reshape(-1)
         num_experts = self.config.num_experts
-        losses = [load_balancing_loss(r, num_experts, valid) for r in routers]
+        terms = torch.stack([balancing_terms(r, num_experts, valid) for r in routers])
+        # A training forward of a distributed run: the global batch's token fractions (the
+        # ranks run these forwards in step; generation and no-grad forwards stay local).
+        if self.balance_over_ranks is not None and self.training and torch.is_grad_enabled():
+            terms = global_balancing_terms(terms, self.balance_over_ranks)
+        losses = [balancing_loss(layer_terms, num_experts) for layer_terms in terms]
         return {
             "aux_loss": torch.stack(losses).mean(),
             "router_stats": [router_statistics(r, num_experts, valid) for r in routers],

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
@@ -94,16 +95,42 @@ def load_balancing_loss(router: RouterOutput, num_experts: int,
     f_e = (tokens routed to e, counting every top-k slot) / tokens; P_e = mean router prob.
     ``valid`` [T] is 1 for real tokens, 0 for padding.
     """
+    return balancing_loss(balancing_terms(router, num_experts, valid), num_experts)
+
+
+def balancing_terms(router: RouterOutput, num_experts: int,
+                    valid: torch.Tensor | None = None) -> torch.Tensor:
+    """[2E + 1]: tokens routed to each expert (every top-k slot counts; no gradient), the
+    sum of each expert's router probability (with gradient), and the number of valid
+    tokens. Sums, so the terms of a batch split over ranks add up to the whole batch's."""
     probs, selected = router.probs, router.selected
     if valid is None:
         valid = torch.ones(probs.shape[0], dtype=torch.float32, device=probs.device)
     valid = valid.to(torch.float32)
-    num_valid = valid.sum().clamp_min(1.0)
     slot_weights = valid[:, None].expand_as(selected).reshape(-1)
     counts = torch.zeros(num_experts, dtype=torch.float32, device=probs.device)
     counts = counts.scatter_add(0, selected.reshape(-1), slot_weights)
+    prob_sums = (probs * valid[:, None]).sum(0)
+    return torch.cat([counts, prob_sums, valid.sum()[None]])
+
+
+def global_balancing_terms(terms: torch.Tensor, sum_over_ranks: Callable[[torch.Tensor], torch.Tensor]
+                           ) -> torch.Tensor:
+    """``terms`` [..., 2E + 1] of this rank's tokens -> those of the global batch (summed
+    over the data-parallel ranks by ``sum_over_ranks``, one collective): the values are
+    the global batch's, the gradient flows through this rank's probabilities only (each
+    rank backpropagates its own tokens; the gradients are summed over the ranks later)."""
+    total = sum_over_ranks(terms.detach())
+    return total + (terms - terms.detach())
+
+
+def balancing_loss(terms: torch.Tensor, num_experts: int) -> torch.Tensor:
+    """E * sum_e f_e * P_e from :func:`balancing_terms` (f_e = count_e / tokens, P_e =
+    prob_sum_e / tokens)."""
+    counts, prob_sums = terms[:num_experts].detach(), terms[num_experts:2 * num_experts]
+    num_valid = terms[2 * num_experts].detach().clamp_min(1.0)
     token_fraction = counts / num_valid
-    mean_prob = (probs * valid[:, None]).sum(0) / num_valid
+    mean_prob = prob_sums / num_valid
     return num_experts * torch.sum(token_fraction * mean_prob)
 
 

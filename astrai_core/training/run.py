@@ -99,12 +99,22 @@ def prepare_run(config: RunConfig, *, source: YamlSource | None = None, resume: 
     return run, strategy
 
 
+def _generates_from_policy(plan: RunPlan, sampler: Any) -> bool:
+    """Whether the sampler generates from the trainer's own parameters, so a distributed
+    trainer gathers them for it. Not a sampler outside the trainer's processes (its spec
+    says ``asynchronous``: ray) nor one with its own copy of the weights in the trainer's
+    process (``owns_weights``: vllm's engine); both take the sharded policy's weights
+    through their own ``update_weights``."""
+    apart = getattr(plan.registry.get("sampler", plan.sampler.name), "asynchronous", False)
+    return not apart and not getattr(sampler, "owns_weights", False)
+
+
 def wire_components(plan: RunPlan, *, backend: Any, device: torch.device, model: torch.nn.Module,
                     tokenizer: Any, tokenizer_dir: Path, base_dir: Path,
                     dist: DistContext = SINGLE) -> RunComponents:
     """Data loaders, rewards, sampler, estimator, policy loss and rollout runner, as the
     plan says. Distributed (``dist``): the training loader and the rollouts are this
-    rank's share; evaluation runs whole on every rank."""
+    rank's share; evaluation is split over the ranks (training/evaluation.py)."""
     from astrai_core.data import build_eval_loader, build_train_loader
     from astrai_core.rewards.reward_set import RewardSet
     from astrai_core.rollout.runner import RecordStream, RolloutRunner
@@ -126,10 +136,8 @@ def wire_components(plan: RunPlan, *, backend: Any, device: torch.device, model:
         loader.kind == "prompt" for loader in [eval_loader, *eval_sets.values()] if loader is not None)
     engine = plan.sampling_fields()[1]
     sampler = plan.sampler.target(model=model, tokenizer=tokenizer, **engine) if generates else None
-    # a sampler that generates from the policy's own parameters gathers them once per
-    # generate; one with its own copy of the weights (an engine fed by pushes) needs not
-    if sampler is not None and dist.enabled and not getattr(sampler, "owns_weights", False):
-        sampler = UnshardedSampler(sampler, model)
+    if sampler is not None and dist.enabled and _generates_from_policy(plan, sampler):
+        sampler = UnshardedSampler(sampler, model)  # gathers the policy once per generate
     estimator = plan.advantage.target(**plan.advantage.options) if plan.advantage else None
     policy_loss = (plan.policy_loss.target(**plan.policy_loss.options)
                    if plan.policy_loss else None)

@@ -107,7 +107,24 @@ class Strategy:
         coef = getattr(self.config, "aux_loss_coef", None)
         coef = model_config.router_aux_loss_coef if coef is None else coef
         metrics[name] = aux_loss.detach()
-        return loss + coef * aux_loss
+        scaled = aux_loss * self._aux_loss_share(aux_loss, metrics)
+        return loss + coef * (scaled + (aux_loss - scaled).detach())  # aux's value, scaled's gradient
+
+    def _aux_loss_share(self, aux_loss: torch.Tensor, metrics: dict[str, Any]) -> float:
+        """1 in one process. Distributed, a training forward's load-balancing loss is the
+        global micro-batch's (each rank's gradient through its own tokens), but the trainer
+        weights each rank's loss by its share (``loss_weight``: w_r / sum of w; unweighted:
+        the ranks' mean); this factor undoes that share, so the ranks' gradients sum to the
+        one-process gradient."""
+        dist = self.run.dist
+        if not dist.enabled or not aux_loss.requires_grad:
+            return 1.0
+        weight = metrics.get("loss_weight")
+        if weight is None:
+            return float(dist.world_size)
+        local = float(weight)
+        total = dist.all_reduce_sum([local])[0]  # the ranks compute their losses in step
+        return total / local if local else 0.0
 
     def forward(self, batch: dict[str, torch.Tensor], **kwargs: Any) -> dict[str, Any]:
         """The policy's forward over a token batch (packed documents included)."""

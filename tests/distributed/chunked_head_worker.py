@@ -11,9 +11,6 @@ adapter disabled)."""
 from __future__ import annotations
 
 import copy
-import json
-import os
-import sys
 from pathlib import Path
 
 import torch
@@ -28,6 +25,7 @@ from astrai_core.model.lora import DisabledAdapterReference, inject_lora
 from astrai_core.rl.functional import entropy_from_logits, token_logprobs
 from astrai_core.rollout.batch import RolloutBatch
 from astrai_core.rollout.forward import policy_forward
+from tests.distributed.worker_kit import run_worker, write_rank_result
 
 VOCAB, CHUNK, TEMPERATURE = 41, 4, 0.8
 CONFIG = dict(vocab_size=VOCAB, hidden_size=24, intermediate_size=40, num_layers=2,
@@ -153,12 +151,8 @@ def main(out_dir: Path) -> None:
                       mesh=init_device_mesh("cpu", (dist.get_world_size(),)))
     head.CHUNK_LOGITS = CHUNK * VOCAB  # chunks of 4 tokens
     results = {case: check(case, ctx) for case in ("untied", "tied", "lora")}
-    (out_dir / f"rank{ctx.rank}.json").write_text(json.dumps(results))
-    dist.destroy_process_group()
+    write_rank_result(out_dir, ctx.rank, results)
 
 
 if __name__ == "__main__":
-    main(Path(sys.argv[1]))
-    sys.stdout.flush()
-    sys.stderr.flush()
-    os._exit(0)  # skip the interpreter's teardown, which gloo sometimes aborts (signal 6)
+    run_worker(main)

@@ -7,9 +7,6 @@ with activation checkpointing (each layer's recompute all-gathers it again)."""
 from __future__ import annotations
 
 import copy
-import json
-import os
-import sys
 from pathlib import Path
 
 import torch
@@ -21,6 +18,7 @@ from torch.distributed.tensor import init_device_mesh
 from astrai_core.config.trainer import TrainerConfig
 from astrai_core.model import CausalLM, ModelConfig, enable_activation_checkpointing
 from astrai_core.training.optim import build_optimizer
+from tests.distributed.worker_kit import run_worker, write_rank_result
 
 # Odd row counts: k/v 8 x 24 divide, gate/up 45 x 24 and the 41-token embedding do not.
 CONFIG = dict(vocab_size=41, hidden_size=24, intermediate_size=45, num_layers=2, num_heads=3,
@@ -69,12 +67,8 @@ def main(out_dir: Path) -> None:
     # The recompute stops early, so a post-hook would miss it; a pre-hook sees it start.
     result = {"diffs": diffs, "checkpointed_diffs": checkpointed_diffs, "losses": losses,
               "layer_calls_per_step": layer_calls[0] / TRAINER.max_steps}
-    (out_dir / f"rank{dist.get_rank()}.json").write_text(json.dumps(result))
-    dist.destroy_process_group()
+    write_rank_result(out_dir, dist.get_rank(), result)
 
 
 if __name__ == "__main__":
-    main(Path(sys.argv[1]))
-    sys.stdout.flush()
-    sys.stderr.flush()
-    os._exit(0)  # skip the interpreter's teardown, which gloo sometimes aborts (signal 6)
+    run_worker(main)

@@ -9,9 +9,6 @@ step, the shapes Newton–Schulz ran on, and the result of a DCP save/load of th
 
 from __future__ import annotations
 
-import json
-import os
-import sys
 from pathlib import Path
 
 import torch
@@ -23,6 +20,7 @@ from torch.distributed.fsdp import fully_shard
 from torch.distributed.tensor import DTensor, Shard, distribute_tensor, init_device_mesh
 
 from astrai_core.training import muon as muon_module
+from tests.distributed.worker_kit import run_worker, write_rank_result
 
 # Rows not divisible by 2 (5, 9, 3 experts), one matrix whose second shard is empty (1 row),
 # a tall one (9 x 3) and two 3-D expert stacks (one splits 2/2, one 2/1).
@@ -120,12 +118,8 @@ def main(out_dir: Path) -> None:
                       for a, b in zip(resumed.parameters(), module.parameters(), strict=True))
     result = {"shapes": list(SHAPES.values()), "diffs": diffs, "calls": calls, "resume_diff": resume_diff,
               "buffers_are_dtensors": buffers_are_dtensors}
-    (out_dir / f"rank{rank}.json").write_text(json.dumps(result))
-    dist.destroy_process_group()
+    write_rank_result(out_dir, rank, result)
 
 
 if __name__ == "__main__":
-    main(Path(sys.argv[1]))
-    sys.stdout.flush()
-    sys.stderr.flush()
-    os._exit(0)  # skip the interpreter's teardown, which gloo sometimes aborts (signal 6)
+    run_worker(main)

@@ -1,5 +1,6 @@
 """One rank of the bucketed-gather check, run by tests/distributed/test_weight_gather.py
-under ``python -m torch.distributed.run --nproc-per-node N`` (1 or 2).
+under ``python -m torch.distributed.run --nproc-per-node N`` (1 or 2). Every sharded
+tensor is gathered in pieces of a few rows, as a large tensor is.
 
 Each case holds sharded tensors (DTensors sharded on dim 0, unevenly where the size is
 odd, e.g. an embedding of 55 rows on 2 ranks) beside their plain full copies in this
@@ -9,20 +10,19 @@ equals the full copies bit for bit, and each bucket's size in bytes."""
 from __future__ import annotations
 
 import copy
-import json
-import os
-import sys
 from pathlib import Path
 
 import torch
 import torch.distributed as dist
 from torch.distributed.tensor import Shard, distribute_tensor, init_device_mesh
 
+import astrai_core.distributed.weight_gather as weight_gather
 from astrai_core.distributed.context import DistContext
 from astrai_core.distributed.fsdp import shard_module
 from astrai_core.distributed.weight_gather import iter_full_buckets, iter_push_buckets
 from astrai_core.model import CausalLM, ModelConfig
 from astrai_core.model.lora import inject_lora, merged_state_dict
+from tests.distributed.worker_kit import run_worker, write_rank_result
 
 CONFIG = dict(vocab_size=55, hidden_size=24, intermediate_size=40, num_layers=2,
               num_heads=3, num_kv_heads=1, head_dim=8)
@@ -83,17 +83,14 @@ def model_case(case: str, ctx: DistContext) -> dict:
 
 
 def main(out_dir: Path) -> None:
+    weight_gather.PIECE_BYTES = 40  # a gather in pieces of a row or a few (as big tensors are)
     dist.init_process_group("gloo")
     mesh = init_device_mesh("cpu", (dist.get_world_size(),))
     ctx = DistContext(rank=dist.get_rank(), world_size=dist.get_world_size(), mesh=mesh)
     results = {"tensors": tensors_case(mesh)}
     results.update({case: model_case(case, ctx) for case in ("untied", "tied", "lora")})
-    (out_dir / f"rank{ctx.rank}.json").write_text(json.dumps(results))
-    dist.destroy_process_group()
+    write_rank_result(out_dir, ctx.rank, results)
 
 
 if __name__ == "__main__":
-    main(Path(sys.argv[1]))
-    sys.stdout.flush()
-    sys.stderr.flush()
-    os._exit(0)  # skip the interpreter's teardown, which gloo sometimes aborts (signal 6)
+    run_worker(main)

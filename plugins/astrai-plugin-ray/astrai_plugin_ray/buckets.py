@@ -66,7 +66,3 @@ def unpack(bucket: Bucket, buffer: Tensor) -> dict[str, Tensor]:
     return {entry.name: buffer[entry.offset:entry.offset + entry.nbytes]
             .view(getattr(torch, entry.dtype)).view(entry.shape)
             for entry in bucket.entries}
-
-
-def total_bytes(buckets: list[Bucket]) -> int:
-    return sum(bucket.nbytes for bucket in buckets)

@@ -18,13 +18,14 @@ from __future__ import annotations
 
 import time
 import uuid
+from collections.abc import Iterable
 from datetime import timedelta
 from typing import Any
 
 import torch
 
 from astrai_core.api import DeviceBackend, get_logger, process_registry, resolve_device
-from astrai_plugin_ray.buckets import pack, plan_buckets, total_bytes
+from astrai_plugin_ray.buckets import pack, plan_buckets
 from astrai_plugin_ray.workers import WorkerSet
 
 log = get_logger("astrai.ray")
@@ -76,37 +77,46 @@ class WeightPusher:
         self.group_device = trainer.device(0) if on_device else torch.device("cpu")
         self.transport = f"collective ({backend.dist_backend})"
 
-    def push(self, tensors: dict[str, torch.Tensor]) -> dict[str, float]:
-        """Send ``tensors`` (names of the workers' policy) to every worker; the metrics."""
+    def push(self, groups: Iterable[dict[str, torch.Tensor]]) -> dict[str, float]:
+        """Send every group of tensors (names of the workers' policy; each group is a
+        size-bounded bucket of full tensors, gathered while the previous one travels out
+        of scope) to every worker, then tell the workers the push is whole; the metrics."""
         import ray
 
-        buckets = plan_buckets(tensors, self.bucket_bytes)
         start = time.perf_counter()
         actors = self.workers.actors
-        if self.group is None:
-            objects = [ray.put(pack(b, tensors, torch.device("cpu"))) for b in buckets]
-            refs = [actor.receive_weights.remote(buckets, objects) for actor in actors]
-        else:
-            refs = [actor.receive_weights.remote(buckets) for actor in actors]
-            self._broadcast(buckets, tensors, refs)
-        seconds = self.workers.get(refs, "a weight push", timeout=self.timeout_s)
+        calls: list[list[Any]] = [[] for _ in actors]  # each worker's calls, in order
+        pushed = 0
+        for group in groups:
+            for bucket in plan_buckets(group, self.bucket_bytes):
+                pushed += bucket.nbytes
+                if self.group is None:
+                    stored = [ray.put(pack(bucket, group, torch.device("cpu")))]
+                    refs = [actor.receive_bucket.remote(bucket, stored) for actor in actors]
+                else:
+                    refs = [actor.receive_bucket.remote(bucket) for actor in actors]
+                    self._broadcast(bucket, group, refs)
+                for index, ref in enumerate(refs):
+                    calls[index].append(ref)
+        for index, actor in enumerate(actors):
+            calls[index].append(actor.finish_push.remote())
+        seconds = [sum(self.workers.get_one(ref, index, "a weight push", self.timeout_s)
+                       for ref in refs) for index, refs in enumerate(calls)]
         return {"rollout/weight_push_seconds": max(seconds),
                 "rollout/weight_push_wait_seconds": time.perf_counter() - start,
-                "rollout/weight_push_mb": total_bytes(buckets) / 2**20}
+                "rollout/weight_push_mb": pushed / 2**20}
 
-    def _broadcast(self, buckets: list[Any], tensors: dict[str, torch.Tensor],
-                   refs: list[Any]) -> None:
+    def _broadcast(self, bucket: Any, tensors: dict[str, torch.Tensor], refs: list[Any]) -> None:
         import torch.distributed as dist
 
         options = dist.BroadcastOptions()
         options.rootRank = 0
-        for bucket in buckets:
-            buffer = pack(bucket, tensors, self.group_device)
-            try:
-                self.group.broadcast([buffer], options).wait(timedelta(seconds=self.timeout_s))
-            except RuntimeError as exc:  # a peer died (gloo sees it at once) or timed out
-                self.group = None
-                raise self.workers.first_death(refs, "a weight push", exc) from None
+        buffer = pack(bucket, tensors, self.group_device)
+        try:
+            self.group.broadcast([buffer], options).wait(timedelta(seconds=self.timeout_s))
+        except RuntimeError as exc:  # a peer died (gloo sees it at once) or timed out
+            self.group = None
+            raise self.workers.first_death(refs, "a weight push", exc) from None
 
     def close(self) -> None:
         self.group = None

@@ -20,6 +20,11 @@ and the sampler ``worker_sampler`` names (:mod:`astrai_plugin_ray.worker`).
   See :mod:`astrai_plugin_ray.push`.
 * ``close`` (also at interpreter exit) kills the workers, removes their placement group
   and stops Ray if this sampler started it.
+* Under a distributed (FSDP) trainer only rank 0 starts Ray and holds the workers
+  (:mod:`astrai_plugin_ray.ranks`). ``generate`` gathers every rank's prompts on rank 0,
+  which sends them all and hands each rank back its completions; ``update_weights``
+  gathers the sharded tensors one bucket at a time on every rank
+  (``iter_full_buckets``), and rank 0 pushes each bucket before the next is gathered.
 """
 
 from __future__ import annotations
@@ -31,10 +36,12 @@ from typing import Any
 
 import torch
 
-from astrai_core.api import Completion, SamplingParams, get_logger, process_registry
+from astrai_core.api import (Completion, SamplingParams, get_logger, iter_full_buckets,
+                             process_registry)
 from astrai_plugin_ray.cluster import RayConnection, place_workers
 from astrai_plugin_ray.config import RaySamplerConfig, engine_options
 from astrai_plugin_ray.push import WeightPusher
+from astrai_plugin_ray.ranks import TrainerRanks
 from astrai_plugin_ray.workers import WorkerSet
 
 log = get_logger("astrai.ray")
@@ -52,17 +59,22 @@ class RaySampler:
                  placement_strategy: str = "PACK", address: str | None = None,
                  init_kwargs: dict[str, Any] | None = None, weight_transport: str = "auto",
                  bucket_mb: float = 256.0, timeout_s: float = 600.0) -> None:
-        import ray
-
         section = dict(worker_sampler or {"name": "torch"})
         bundle = dict(worker_resources or {"CPU": 1.0})
         self.model = model            # the trainer's live policy: what update_weights pushes
         self.tokenizer = tokenizer
         self.policy_version = 0
+        self.bucket_bytes = int(bucket_mb * 2**20)
         self._metrics: dict[str, float] = {}
         self._pusher: WeightPusher | None = None
         self._workers: WorkerSet | None = None
         self._group: Any = None
+        self._ray: RayConnection | None = None
+        self._ranks = TrainerRanks()
+        if not self._ranks.leader:  # rank 0 of a distributed trainer holds the workers
+            return
+        import ray
+
         self._ray = RayConnection(address, dict(init_kwargs or {}))
         atexit.register(self.close)
         try:
@@ -73,7 +85,7 @@ class RaySampler:
                                       worker_device, timeout_s)
             del model_ref
             self._pusher = WeightPusher(self._workers, _trainer_backend(model), weight_transport,
-                                        int(bucket_mb * 2**20), timeout_s, self._ray.is_client)
+                                        self.bucket_bytes, timeout_s, self._ray.is_client)
         except BaseException:
             self.close()
             raise
@@ -94,19 +106,31 @@ class RaySampler:
         return completions
 
     def generate_async(self, prompts: Sequence[Sequence[int]],
-                       params: SamplingParams | Sequence[SamplingParams]) -> PendingGeneration:
-        """Send each worker its run of prompts now; ``.result()`` waits for the completions."""
+                       params: SamplingParams | Sequence[SamplingParams]
+                       ) -> PendingGeneration | RankShare:
+        """Send each worker its run of prompts now; ``.result()`` waits for the completions.
+        A distributed trainer's ranks call it in step: rank 0 sends every rank's prompts."""
         per_prompt = ([params] * len(prompts) if isinstance(params, SamplingParams)
                       else list(params))
         if len(per_prompt) != len(prompts):
             raise ValueError(f"got {len(per_prompt)} SamplingParams for {len(prompts)} prompts")
+        runs = [[int(t) for t in prompt] for prompt in prompts]
+        if not self._ranks.enabled:
+            return self._send(runs, per_prompt)
+        shares = self._ranks.gather((runs, per_prompt))
+        pending = (self._send([p for share, _ in shares for p in share],
+                              [q for _, share in shares for q in share])
+                   if self._ranks.leader else None)
+        return RankShare(pending, [len(share) for share, _ in shares], self._ranks)
+
+    def _send(self, prompts: list[list[int]], per_prompt: list[SamplingParams]) -> PendingGeneration:
         workers = self._live_workers()
         bounds = split_groups([p.n for p in per_prompt], len(workers))
         calls = []
         for index, (start, end) in enumerate(zip(bounds, bounds[1:])):
             if end > start:
-                runs = [[int(t) for t in prompt] for prompt in prompts[start:end]]
-                ref = workers.actors[index].generate.remote(runs, per_prompt[start:end])
+                ref = workers.actors[index].generate.remote(prompts[start:end],
+                                                            per_prompt[start:end])
                 calls.append((index, start, ref))
         return PendingGeneration(workers, calls)
 
@@ -114,13 +138,20 @@ class RaySampler:
     def update_weights(self, state_dict: dict[str, torch.Tensor] | None = None) -> int:
         """Push new weights to every worker; returns the new policy version.
 
-        None: the trainer's policy changed in place; its trained tensors are pushed.
+        None: the trainer's policy changed in place; its trained tensors are pushed. A
+        sharded (FSDP) trainer's tensors are gathered one bucket at a time on every rank
+        (the ranks call this in step); rank 0 sends each bucket on before the next.
         """
         tensors = trained_tensors(self.model) if state_dict is None else state_dict
-        if self._pusher is None:
+        if self._ranks.leader and self._pusher is None:
             raise RuntimeError("the ray sampler is closed")
-        self._metrics = self._pusher.push(tensors)
-        log.debug("weights pushed", **self._metrics)
+        groups = iter_full_buckets(tensors.items(), self.bucket_bytes)
+        if self._pusher is not None:
+            self._metrics = self._pusher.push(groups)
+            log.debug("weights pushed", **self._metrics)
+        else:
+            for _ in groups:  # this rank's part of each gather; rank 0 sends the buckets
+                pass
         self.policy_version += 1
         return self.policy_version
 
@@ -157,9 +188,13 @@ class RaySampler:
             except Exception as exc:  # Ray already gone
                 log.debug("placement group not removed", error=str(exc))
             self._group = None
-        self._ray.close()
+        if self._ray is not None:
+            self._ray.close()
+            self._ray = None
 
     def _live_workers(self) -> WorkerSet:
+        if not self._ranks.leader:
+            raise RuntimeError("the rollout workers are held by rank 0 of the trainer")
         if self._workers is None:
             raise RuntimeError("the ray sampler is closed")
         return self._workers
@@ -179,6 +214,28 @@ class PendingGeneration:
                 completion.prompt_index += start  # the worker numbered its own run from 0
                 completions.append(completion)
         return completions
+
+
+class RankShare:
+    """One trainer rank's completions of a generation rank 0 sent for every rank."""
+
+    def __init__(self, pending: PendingGeneration | None, counts: list[int],
+                 ranks: TrainerRanks) -> None:
+        self._pending, self._counts, self._ranks = pending, counts, ranks
+
+    def result(self) -> list[Completion]:
+        parts = None
+        if self._pending is not None:
+            completions = self._pending.result()
+            parts = []
+            start = 0
+            for count in self._counts:
+                part = [c for c in completions if start <= c.prompt_index < start + count]
+                for completion in part:
+                    completion.prompt_index -= start  # numbered within the rank's own prompts
+                parts.append(part)
+                start += count
+        return self._ranks.scatter(parts)
 
 
 def split_groups(sizes: Sequence[int], parts: int) -> list[int]:

@@ -2,10 +2,11 @@
 
 The actor gets the policy module once (through Ray's object store, on CPU), moves it to
 its device and builds the sampler the config names, found through this process's
-registry. Weights then arrive as buckets (:mod:`astrai_plugin_ray.buckets`), either by
-a broadcast over the trainer-and-workers group or from Ray's object store, are copied
-into the worker's policy in place, and the sampler is told that its policy changed
-(``update_weights(None)``, which a vLLM sampler turns into an engine reload). Ray runs an
+registry. Weights then arrive as buckets (:mod:`astrai_plugin_ray.buckets`), one call
+each, either by a broadcast over the trainer-and-workers group or from Ray's object
+store, are copied into the worker's policy in place, and once the push is whole the
+sampler is told that its policy changed (``update_weights(None)``, which a vLLM sampler
+turns into an engine reload). Ray runs an
 actor's calls one at a time in the order they were sent, so a generation requested
 before a weight push always samples with the weights before it.
 """
@@ -70,24 +71,29 @@ class RolloutWorker:
         self.group_device = self.device if on_device else torch.device("cpu")
         return backend.dist_backend
 
-    def receive_weights(self, buckets: list[Bucket], refs: list[Any] | None = None) -> float:
-        """Take new weights bucket by bucket (broadcast from rank 0, or ``refs`` from the
-        object store), copy them into the policy and tell the sampler; returns the seconds
-        the transfer took here."""
+    def receive_bucket(self, bucket: Bucket, refs: list[Any] | None = None) -> float:
+        """Take one bucket of new weights (broadcast from rank 0 of the weight-push group,
+        or ``refs[0]`` from the object store) and copy it into the policy; returns the
+        seconds it took here. The sampler is told once the push is whole (:meth:`finish_push`)."""
         import torch.distributed as dist
 
         start = time.perf_counter()
-        for number, bucket in enumerate(buckets):
-            if refs is None:
-                buffer = torch.empty(bucket.nbytes, dtype=torch.uint8, device=self.group_device)
-                options = dist.BroadcastOptions()
-                options.rootRank = 0
-                self.group.broadcast([buffer], options).wait()
-            else:
-                import ray
+        if refs is None:
+            buffer = torch.empty(bucket.nbytes, dtype=torch.uint8, device=self.group_device)
+            options = dist.BroadcastOptions()
+            options.rootRank = 0
+            self.group.broadcast([buffer], options).wait()
+        else:
+            import ray
 
-                buffer = ray.get(refs[number])
-            self._copy_in(unpack(bucket, buffer))
+            buffer = ray.get(refs[0])
+        self._copy_in(unpack(bucket, buffer))
+        return time.perf_counter() - start
+
+    def finish_push(self) -> float:
+        """Every bucket of a push is in: tell the sampler its policy changed (a vLLM
+        sampler reloads its engine); returns the seconds that took."""
+        start = time.perf_counter()
         self.sampler.update_weights(None)
         return time.perf_counter() - start
 

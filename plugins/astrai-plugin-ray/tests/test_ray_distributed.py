@@ -1,0 +1,98 @@
+"""The ray sampler under a distributed (FSDP) trainer: a 2-process GRPO run whose rollouts
+come from 2 torch rollout workers equals the 1-process ray run (the same completions,
+metrics and, after 3 steps, weights within 1e-4; the evaluation by generation, split
+over the ranks, too), for a fully trained policy and for a LoRA policy, whose pushes carry
+the adapter only. Rank 0 holds the workers; every rank sends its prompts through it
+and gathers the sharded weights bucket by bucket (the tiny model's embedding has an odd
+number of rows, so its shards are uneven)."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+from safetensors.torch import load_file
+
+from astrai_core.testing import read_metrics, tiny_run_config, write_arith_prompts
+
+pytestmark = pytest.mark.slow  # 2 trainer processes and 2 Ray workers per run
+STEPS = 3
+RAY = {"name": "ray", "workers": 2, "worker_sampler": {"name": "torch"},
+       "init_kwargs": {"num_cpus": 2}, "bucket_mb": 0.01}  # ~10 KB buckets: many per push
+SHARED = ("loss", "policy_loss", "grad_norm", "tokens", "rollout/reward_mean",
+          "rollout/advantage_std", "rollout/logprob_diff_max")
+
+
+LORA = {"r": 4, "alpha": 8, "target_modules": ["q_proj", "v_proj", "down_proj"]}
+
+
+def _train(tmp_path: Path, name: str, nproc: int, lora: bool = False) -> Path:
+    prompts = write_arith_prompts(tmp_path / "prompts.jsonl", count=16)
+    config = tiny_run_config(tmp_path, prompts, {"name": "grpo", "group_size": 4},
+                             sampler=RAY, data={"batch_size": 4}, max_steps=STEPS,
+                             save_every=STEPS, lr=2e-3, eps=1e-6, eval_every=STEPS,
+                             eval_max_new_tokens=3)
+    held_out = write_arith_prompts(tmp_path / "held_out.jsonl", count=5)  # shares of 3 and 2
+    config["data"]["eval"] = {"path": str(held_out), "format": "prompt"}
+    config["output_dir"] = str(tmp_path / name)
+    if lora:
+        config["model"]["lora"] = dict(LORA)
+    path = tmp_path / f"{name}.yaml"
+    path.write_text(yaml.safe_dump(config, sort_keys=False))
+    launch = ["--nproc-per-node", str(nproc)] if nproc > 1 else []
+    done = subprocess.run([sys.executable, "-m", "astrai_core.cli.main", "train", str(path),
+                           *launch], capture_output=True, text=True, timeout=600,
+                          env={**os.environ, "OMP_NUM_THREADS": "1"})
+    assert done.returncode == 0, done.stderr[-4000:]
+    return tmp_path / name
+
+
+def _trained_weights(run: Path, lora: bool) -> dict:
+    """The full model, or with LoRA the adapter (PEFT's files), of the last checkpoint."""
+    from astrai_core.checkpoints.lora_files import ADAPTER_DIR, ADAPTER_WEIGHTS
+
+    step = run / "checkpoints" / f"step_{STEPS}"
+    return load_file(str(step / ADAPTER_DIR / ADAPTER_WEIGHTS if lora else step / "model.safetensors"))
+
+
+@pytest.mark.parametrize("lora", [False, True], ids=["full", "lora"])
+def test_two_trainer_processes_with_ray_workers_equal_one(tmp_path, lora):
+    one, two = _train(tmp_path, "one", 1, lora), _train(tmp_path, "two", 2, lora)
+    first, second = read_metrics(one), read_metrics(two)
+    assert [m["step"] for m in second] == list(range(1, STEPS + 1))
+    for a, b in zip(first, second):
+        for name in SHARED:
+            assert b[name] == pytest.approx(a[name], rel=1e-4, abs=1e-6), (a["step"], name)
+        assert b["rollout/weight_push_mb"] == pytest.approx(a["rollout/weight_push_mb"])
+    # the evaluation by generation, split over the ranks, scores what one process scores
+    assert second[-1]["eval/response_length"] == pytest.approx(first[-1]["eval/response_length"])
+    assert second[-1]["eval/reward"] == pytest.approx(first[-1]["eval/reward"])
+    weights = [_trained_weights(run, lora) for run in (one, two)]
+    if lora:  # a push carries the adapter's tensors and nothing else (16-byte alignment aside)
+        adapter_mb = sum(t.numel() * t.element_size() for t in weights[1].values()) / 2**20
+        assert second[0]["rollout/weight_push_mb"] == pytest.approx(adapter_mb, rel=0.05)
+    assert weights[0].keys() == weights[1].keys()
+    for name, tensor in weights[0].items():
+        assert (tensor - weights[1][name]).abs().max().item() <= 1e-4, name
+
+
+def test_the_plan_takes_ray_on_several_processes_but_not_multi_turn_episodes(tmp_path,
+                                                                             monkeypatch):
+    from astrai_core.api import ConfigError, RunConfig
+    from astrai_core.config.plan import plan_run
+
+    prompts = write_arith_prompts(tmp_path / "prompts.jsonl", count=8)
+    config = tiny_run_config(tmp_path, prompts, {"name": "grpo", "group_size": 2},
+                             sampler=RAY, data={"batch_size": 4})
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    plan_run(RunConfig.model_validate(config), base_dir=tmp_path)
+    config["environment"] = {"name": "tools", "tools": ["math:sqrt"], "max_turns": 2}
+    with pytest.raises(ConfigError, match="^environment: multi-turn episodes with sampler 'ray' "
+                       "run on one trainer process only"):
+        plan_run(RunConfig.model_validate(config), base_dir=tmp_path)
+    monkeypatch.setenv("WORLD_SIZE", "1")
+    plan_run(RunConfig.model_validate(config), base_dir=tmp_path)
