@@ -15,6 +15,7 @@ streamed into vLLM's layerwise reload; no rank holds the whole state.
 
 from __future__ import annotations
 
+import os
 from collections.abc import Iterable, Iterator, Sequence
 from typing import Any
 
@@ -66,6 +67,30 @@ def hf_stream(importer: Any, config: Any, buckets: Iterable[dict[str, torch.Tens
     if waiting:
         raise RuntimeError(f"weight push incomplete: {sorted(waiting)[:3]} arrived without the "
                            "rest of their tensor group")
+
+
+# vLLM's CPU shared-memory communicator (tensor/pipeline-parallel groups) names its
+# segments after the group alone under the external launcher ("-tp:0-[0-1]-cpushm_0"),
+# and a process that exits without vLLM's teardown (torchrun workers leave with os._exit)
+# leaves them behind: the next such run on the machine would fail to create them (EEXIST).
+CPU_SHM_SEGMENTS = ("/dev/shm/-tp:*-cpushm_*", "/dev/shm/-pp:*-cpushm_*")
+
+
+def clear_stale_cpu_shm(tensor_parallel_size: int) -> None:
+    """Before a CPU tensor-parallel engine starts: rank 0 removes the segments an earlier
+    run left (a collective: every rank waits for it)."""
+    import glob
+
+    import torch.distributed as dist
+    from vllm.platforms import current_platform
+
+    rank, world_size = world()
+    if world_size == 1 or tensor_parallel_size == 1 or not current_platform.is_cpu():
+        return
+    if rank == 0:
+        for path in (p for pattern in CPU_SHM_SEGMENTS for p in glob.glob(pattern)):
+            os.unlink(path)
+    dist.barrier()
 
 
 class PromptPool:

@@ -113,6 +113,7 @@ class VllmSampler:
                            **engine_lib.sleep_args(sleep), **(engine_kwargs or {}))
         self.sleeps, self._asleep = sleep, False
         self._pool = colocated.PromptPool(tensor_parallel_size)
+        colocated.clear_stale_cpu_shm(tensor_parallel_size)
         self.engine = engine_lib.start_engine(
             hf_dir, dtype=dtype or engine_lib.policy_dtype(model), multiprocess=multiprocess,
             cpu_kv_cache_gib=cpu_kv_cache_gib, engine_args=engine_args)

@@ -3,7 +3,7 @@ per rank, each sampling its own share of the prompts, weights pushed from the FS
 shards bucket by bucket) equals the 1-process vllm run: the same completions at every
 step (seeded sampling: each completion carries its own vLLM seed), so every push landed,
 and the same weights after 3 steps. GRPO with a full policy; PPO with a LoRA policy and a
-full-parameter critic."""
+full-parameter critic. Both also evaluate before the first step, split over the ranks."""
 
 from __future__ import annotations
 
@@ -28,8 +28,12 @@ ENGINE = {"name": "vllm", "enforce_eager": True, "max_num_seqs": 16, "cpu_kv_cac
 
 def _config(tmp: Path, name: str, strategy: dict, model: dict | None = None) -> dict:
     prompts = write_arith_prompts(tmp / "prompts.jsonl", count=16)
-    config = tiny_run_config(tmp, prompts, strategy, data={"batch_size": 4}, sampler=ENGINE,
-                             max_steps=STEPS, save_every=1, lr=2e-3, eps=1e-6)
+    # evaluation before the first step: split over the ranks, each engine its share
+    config = tiny_run_config(tmp, prompts, strategy, sampler=ENGINE,
+                             data={"batch_size": 4, "eval": {"path": str(prompts), "format": "prompt"},
+                                   "eval_batch_size": 8},
+                             max_steps=STEPS, save_every=1, lr=2e-3, eps=1e-6,
+                             eval_at_start=True, eval_every=0, eval_max_new_tokens=3)
     # eps=1e-6: Adam's first step on a near-zero gradient stays of the gradient's size,
     # so reduction-order noise stays noise (as in the core's distributed tests)
     config["model"] = model or {**config["model"], "config": dict(MODEL)}
@@ -74,10 +78,13 @@ def _assert_same_rollouts(one: Path, two: Path) -> None:
         for name in ("prompt_ids", "response_ids", "response_mask", "rewards"):
             assert torch.equal(a[name], b[name]), (step, name)
         assert torch.allclose(a["old_logprobs"], b["old_logprobs"], atol=1e-4), step
+    rows = {run: read_metrics(run) for run in (one, two)}
     for run in (one, two):
-        rows = read_metrics(run)
-        assert [r["step"] for r in rows] == list(range(1, STEPS + 1))
-        assert all(r["rollout/logprob_diff_max"] <= 1e-3 for r in rows), rows
+        assert [r["step"] for r in rows[run]] == list(range(STEPS + 1))
+        assert all(r["rollout/logprob_diff_max"] <= 1e-3 for r in rows[run][1:]), rows[run]
+    # the split evaluation's result is the one-process evaluation's (the same weights)
+    evals = [{k: v for k, v in rows[run][0].items() if k.startswith("eval/")} for run in (one, two)]
+    assert evals[0] and evals[0] == pytest.approx(evals[1], abs=1e-6)
 
 
 def _assert_close(a: dict, b: dict, atol: float = 1e-4) -> None:
