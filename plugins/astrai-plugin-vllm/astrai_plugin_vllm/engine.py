@@ -84,6 +84,21 @@ def start_engine(hf_dir: Path, *, dtype: str, multiprocess: bool, cpu_kv_cache_g
                    **{k: v for k, v in engine_args.items() if v is not None})
 
 
+def sleep_args(sleep: bool) -> dict[str, Any]:
+    """The engine arguments of ``sampler.sleep``; an error where vLLM has no sleep mode
+    (its CPU backend, for one: there the engine's memory is the trainer's host memory)."""
+    if not sleep:
+        return {}
+    from vllm.platforms import current_platform
+
+    if not current_platform.is_sleep_mode_available():
+        from astrai_core.api import ConfigError
+
+        raise ConfigError(f"sampler.sleep: vLLM has no sleep mode on this platform "
+                          f"({current_platform.device_type}); leave sleep off")
+    return {"enable_sleep_mode": True}
+
+
 @contextmanager
 def _environment(settings: dict[str, str]) -> Iterator[None]:
     """Set environment variables for the engine's start, then restore them."""

@@ -4,8 +4,15 @@
 Hugging Face directory and starts ``vllm.LLM`` on it (in this process by default).
 ``generate`` maps astrai's SamplingParams onto vLLM's and returns the same
 :class:`~astrai_core.sampling.params.Completion` records as the torch sampler;
-``update_weights`` pushes the policy's weights into the running engine (no restart) and
-resets its prefix cache, whose KV blocks were computed with the old weights.
+``update_weights`` pushes the policy's weights into the running engine (no restart), in
+buckets of at most ``weight_bucket_mb``, and resets its prefix cache, whose KV blocks were
+computed with the old weights.
+
+In an N-process run (torchrun) every rank, or every group of ``tensor_parallel_size``
+ranks, drives its own engine colocated with its trainer shards and samples its own
+prompts (see :mod:`astrai_plugin_vllm.colocated`). ``sleep=True`` frees the engine's KV
+cache and offloads its weights while the trainer steps (vLLM's sleep mode; accelerators
+only), and brings them back before a push or a generation.
 
 Log-probs follow the contract (temperature-scaled, before top-k/top-p/min-p): vLLM's
 ``processed_logprobs`` for unfiltered requests, the trainer's forward for filtered ones
@@ -16,6 +23,7 @@ from __future__ import annotations
 
 import os
 import tempfile
+import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any, Literal
@@ -23,9 +31,10 @@ from typing import Any, Literal
 import torch
 from pydantic import Field
 
-from astrai_core.api import PER_EXPERT
+from astrai_core.api import PER_EXPERT, ConfigError, iter_push_buckets, unsharded
 from astrai_core.api import Completion, SamplingParams
 from astrai_core.api import Request, expand_requests
+from astrai_plugin_vllm import colocated
 from astrai_plugin_vllm import engine as engine_lib
 from astrai_plugin_vllm import weights as weights_lib
 from astrai_plugin_vllm.logprobs import is_truncated, trainer_logprobs
@@ -35,6 +44,10 @@ TokenCallback = Callable[[int, int], None]  # (completion index, token id)
 
 class VllmSampler:
     """A vLLM engine behind the sampler contract; see the module docstring."""
+
+    # It generates from the engine's own copy of the weights (pushed by update_weights),
+    # never from the trainer's parameters: a sharded trainer need not gather them for it.
+    owns_weights = True
 
     class Config(SamplingParams):
         """The ``sampler:`` section: default SamplingParams plus these engine options."""
@@ -56,6 +69,10 @@ class VllmSampler:
         fix_cpu_moe_reload: bool | None = Field(
             None, description="re-prepack CPU MoE experts after a weight push; None: where "
             "the installed vLLM needs it (0.31-0.32 on CPU)")
+        weight_bucket_mb: int = Field(512, ge=1, description="a weight push gathers and loads "
+                                      "at most this many MiB of full tensors at a time")
+        sleep: bool = Field(False, description="free the KV cache and offload the weights "
+                            "while the trainer steps (vLLM sleep mode; accelerators only)")
         engine_kwargs: dict[str, Any] = Field(default_factory=dict,
                                               description="more vllm.LLM keyword arguments")
 
@@ -66,6 +83,7 @@ class VllmSampler:
                  engine_seed: int = 0, enable_prefix_caching: bool = True,
                  multiprocess: bool = False, cpu_kv_cache_gib: int | None = None,
                  model_type: str | None = None, fix_cpu_moe_reload: bool | None = None,
+                 weight_bucket_mb: int = 512, sleep: bool = False,
                  engine_kwargs: dict[str, Any] | None = None) -> None:
         native_dir = None
         if isinstance(model, (str, os.PathLike)):
@@ -76,7 +94,13 @@ class VllmSampler:
         self.model = model            # the policy: log-prob recomputation and weight pushes
         self.tokenizer = tokenizer
         self.policy_version = 0
+        self._push_seconds: float | None = None
         self.multiprocess = multiprocess
+        self.weight_bucket_bytes = weight_bucket_mb * 2**20
+        self.world_size = colocated.world()[1]
+        if multiprocess and self.world_size > 1:
+            raise ConfigError("sampler.multiprocess: in an N-process run each rank's engine "
+                              "runs in that rank's process; leave multiprocess off")
         self._work_dir = tempfile.TemporaryDirectory(prefix="astrai-vllm-")
         hf_dir = engine_lib.export_policy(model, native_dir, Path(self._work_dir.name), model_type)
         self._importer = _importer_for(hf_dir)
@@ -84,7 +108,12 @@ class VllmSampler:
                            tensor_parallel_size=tensor_parallel_size, max_model_len=max_model_len,
                            max_num_seqs=max_num_seqs, enforce_eager=enforce_eager, seed=engine_seed,
                            enable_prefix_caching=enable_prefix_caching,
-                           worker_extension_cls=weights_lib.EXTENSION, **(engine_kwargs or {}))
+                           worker_extension_cls=weights_lib.EXTENSION,
+                           **colocated.launcher_args(self.world_size, tensor_parallel_size),
+                           **engine_lib.sleep_args(sleep), **(engine_kwargs or {}))
+        self.sleeps, self._asleep = sleep, False
+        self._pool = colocated.PromptPool(tensor_parallel_size)
+        colocated.clear_stale_cpu_shm(tensor_parallel_size)
         self.engine = engine_lib.start_engine(
             hf_dir, dtype=dtype or engine_lib.policy_dtype(model), multiprocess=multiprocess,
             cpu_kv_cache_gib=cpu_kv_cache_gib, engine_args=engine_args)
@@ -103,12 +132,25 @@ class VllmSampler:
 
             with torch.no_grad():
                 load_state_dict_strict(self.model, state_dict, "update_weights(state_dict)")
-        tensors = weights_lib.hf_weights(self._importer, self.model, PER_EXPERT)
-        payload = weights_lib.serialize(tensors) if self.multiprocess else tensors
+        started = time.perf_counter()
+        self._wake()
+        if self.multiprocess:  # tensors do not cross processes: one safetensors payload
+            payload: Any = weights_lib.serialize(
+                weights_lib.hf_weights(self._importer, self.model, PER_EXPERT))
+        else:  # streamed: full tensors exist one bucket at a time (a collective under FSDP)
+            payload = colocated.hf_stream(self._importer, self.model.config,
+                                          iter_push_buckets(self.model, self.weight_bucket_bytes),
+                                          PER_EXPERT)
         self.engine.collective_rpc("astrai_reload_weights", args=(payload, self.fix_cpu_moe_reload))
         self.engine.reset_prefix_cache()  # cached KV blocks hold the old weights' keys/values
+        self._push_seconds = time.perf_counter() - started
         self.policy_version += 1
         return self.policy_version
+
+    def metrics(self) -> dict[str, float]:
+        """The last weight push's time (gather, conversion and load), once per push."""
+        seconds, self._push_seconds = self._push_seconds, None
+        return {} if seconds is None else {"rollout/weight_push_seconds": seconds}
 
     # ---------------------------------------------------------------- generation
     def generate(self, prompts: Sequence[Sequence[int]],
@@ -124,8 +166,10 @@ class VllmSampler:
         requests = expand_requests(prompts, params)
         if self.tokenizer is None and any(r.params.stop for r in requests):
             raise ValueError("stop strings need a tokenizer: VllmSampler(model, tokenizer=...)")
-        outputs = self.engine.generate([TokensPrompt(prompt_token_ids=r.prompt_ids) for r in requests],
-                                       [_vllm_params(r) for r in requests], use_tqdm=False)
+        self._wake()
+        outputs = self._pool.run([TokensPrompt(prompt_token_ids=r.prompt_ids) for r in requests],
+                                 [_vllm_params(r) for r in requests], self._engine_generate)
+        self._sleep()
         for request, output in zip(requests, outputs, strict=True):
             self._record(request, output.outputs[0])
         self._recompute_truncated(requests)
@@ -134,6 +178,21 @@ class VllmSampler:
                 for token in request.token_ids:
                     on_token(request.index, token)
         return [r.completion(self.tokenizer) for r in requests]
+
+    def _engine_generate(self, prompts: list[Any], params: list[Any]) -> list[Any]:
+        return self.engine.generate(prompts, params, use_tqdm=False)
+
+    # ---------------------------------------------------------------- sleep mode
+    def _wake(self) -> None:
+        if self._asleep:
+            self.engine.wake_up()
+            self._asleep = False
+
+    def _sleep(self) -> None:
+        """Between generations the trainer steps: the engine gives its memory back."""
+        if self.sleeps:
+            self.engine.sleep(level=1)  # KV cache freed, weights offloaded to host memory
+            self._asleep = True
 
     def _record(self, request: Request, sequence: Any) -> None:
         if sequence.finish_reason not in ("stop", "length"):
@@ -162,6 +221,14 @@ class VllmSampler:
 
     def _recompute_truncated(self, requests: list[Request]) -> None:
         """Contract log-probs for filtered requests, from the trainer's forward (per temperature)."""
+        if not any(is_truncated(r.params) for r in requests):
+            return
+        # under FSDP the trainer's forward needs the gathered policy: every rank enters here
+        # together (the sampling params are the run's), gathers once, then runs alone
+        with torch.no_grad(), unsharded([self.model]):
+            self._recompute(requests)
+
+    def _recompute(self, requests: list[Request]) -> None:
         truncated = [r for r in requests if is_truncated(r.params) and r.token_ids]
         for temperature in sorted({r.params.temperature for r in truncated}):
             group = [r for r in truncated if r.params.temperature == temperature]

@@ -21,6 +21,7 @@ processes such heads again after every reload.
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from typing import Any
 
 import torch
@@ -51,13 +52,15 @@ class WeightSyncExtension:
     """Mixed into vLLM's worker class (``worker_extension_cls``), so the weight push is a
     named RPC that works in-process (tensors) and across processes (bytes)."""
 
-    def astrai_reload_weights(self, weights: dict[str, torch.Tensor] | bytes, repack_moe: bool) -> int:
-        """Reload every weight in place; returns how many MoE layers were repacked."""
+    def astrai_reload_weights(self, weights: Iterable[tuple[str, torch.Tensor]] | bytes,
+                              repack_moe: bool) -> int:
+        """Reload every weight in place from (HF name, tensor) pairs, streamed (in-process)
+        or as safetensors bytes; returns how many MoE layers were repacked."""
         if isinstance(weights, (bytes, bytearray, memoryview)):
             from safetensors.torch import load
 
-            weights = load(bytes(weights))
-        self.reload_weights(weights_iterator=iter(weights.items()), is_checkpoint_format=True)
+            weights = load(bytes(weights)).items()
+        self.reload_weights(weights_iterator=iter(weights), is_checkpoint_format=True)
         refresh_tied_heads(self.get_model())
         return repack_cpu_moe_experts(self.get_model()) if repack_moe else 0
 
