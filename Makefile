@@ -17,7 +17,7 @@ STAMP := $(VENV)/.astrai-installed
 SOURCES := pyproject.toml constraints.txt Makefile bench/requirements.txt \
 	$(wildcard plugins/*/pyproject.toml) $(CONTRIB)
 
-.PHONY: demo test test-vllm venv venv-vllm clean bench docs dist
+.PHONY: demo test test-vllm venv venv-vllm clean bench bench-vllm docs dist
 
 venv: $(STAMP)
 
@@ -90,6 +90,13 @@ bench: $(STAMP)
 	$(PY) bench/bench_ray.py
 	$(PY) bench/bench_distributed.py
 	$(PY) bench/bench_weight_push.py --lora
+
+# `make bench-vllm`: the vLLM rows of the README's table, in `.venv-vllm`.
+bench-vllm: $(VLLM_STAMP)
+	$(VLLM_PY) bench/bench_vllm.py
+	$(VLLM_PY) bench/bench_vllm.py --size tiny
+	$(VLLM_PY) bench/bench_grpo_vllm.py
+	$(VLLM_PY) bench/bench_vllm_lora_push.py
 
 # `make dist`: the sdist and wheel of every distribution (core, plugins, contrib) into
 # dist/, built offline by tools/build_dists.py in a small venv of its own (no torch).
