@@ -108,3 +108,35 @@ def test_partial_needs_staleness_and_the_decoupled_weight(tmp_path, change, mess
         config["strategy"].pop("rollout_correction")
     with pytest.raises(ConfigError, match=message):
         build_strategy(config, tmp_path)
+
+
+def test_a_partial_run_resumed_mid_flight_equals_the_uninterrupted_run(tmp_path):
+    """The checkpoint holds the sequences in flight (tokens, log-probs, versions), so a
+    run killed while some are carried resumes bit-identically."""
+    from safetensors.torch import load_file
+
+    from astrai_core.testing import read_metrics
+    from tests.training.conftest import astrai, write_config
+    from tests.training.test_resume import TIMING, killed_after_checkpoint
+
+    def config(name):
+        run = _config(tmp_path)
+        run["trainer"].update(max_steps=4, save_every=1)
+        run["output_dir"] = str(tmp_path / name)
+        return write_config(tmp_path, run, f"{name}.yaml")
+
+    assert astrai("train", str(config("reference"))).returncode == 0
+    path = config("interrupted")
+    assert killed_after_checkpoint(2, "train", str(path)).returncode == -9
+    state = torch.load(tmp_path / "interrupted" / "checkpoints" / "step_2" / "training_state.pt",
+                       weights_only=True)["batches"]["drawer"]
+    assert any(s["tokens"] for g in state["groups"] for s in g["sequences"])  # killed mid-flight
+    resumed = astrai("train", str(path), "--resume")
+    assert resumed.returncode == 0, resumed.stderr
+    weights = [load_file(str(tmp_path / n / "checkpoints" / "step_4" / "model.safetensors"))
+               for n in ("reference", "interrupted")]
+    assert all(torch.equal(weights[0][k], weights[1][k]) for k in weights[0])
+    strip = lambda r: {k: v for k, v in r.items() if k not in TIMING}  # noqa: E731
+    want = [strip(r) for r in read_metrics(tmp_path / "reference")]
+    have = [strip(r) for r in read_metrics(tmp_path / "interrupted")]
+    assert have == want and any(r["rollout/staleness"] > 0 for r in want)
