@@ -140,3 +140,19 @@ def test_a_partial_run_resumed_mid_flight_equals_the_uninterrupted_run(tmp_path)
     want = [strip(r) for r in read_metrics(tmp_path / "reference")]
     have = [strip(r) for r in read_metrics(tmp_path / "interrupted")]
     assert have == want and any(r["rollout/staleness"] > 0 for r in want)
+
+
+def test_partial_false_is_the_synchronous_rollout(tmp_path):
+    """Without rollout.partial the source draws from the runner itself, as before, and an
+    explicit `partial: false` gives the same rollout as no rollout section at all."""
+    batches = []
+    for rollout in ({}, {"partial": False, "partial_tokens": 3}):
+        config = _config(tmp_path)
+        config["rollout"] = rollout
+        strategy, run = build_strategy(config, tmp_path)
+        source = strategy.batch_source()
+        assert source.drawer is run.rollouts
+        batches.append(source.next_step()[0])
+    assert batches[0].token_versions is None
+    for name in ("response_ids", "response_mask", "advantages", "old_logprobs"):
+        assert torch.equal(getattr(batches[0], name), getattr(batches[1], name)), name
