@@ -142,17 +142,21 @@ class RolloutSource:
 
     def _staleness(self, rollout: RolloutBatch) -> dict[str, float]:
         """Policy versions between the rollout's sampling policy and the trainer's; with
-        per-token versions (rollout.partial), their spread over the response tokens:
-        ``rollout/staleness`` is the largest, ``_min`` and ``_mean`` the others."""
+        per-token versions (rollout.partial), their spread over the trained tokens
+        (``rollout/staleness`` the largest, ``_min`` and ``_mean``) and the share of the
+        sampled tokens masked for being older (``rollout/stale_masked_fraction``)."""
         current = getattr(self.drawer, "policy_version", rollout.policy_version)
         if rollout.token_versions is None:
             return {"rollout/staleness": float(current - rollout.policy_version)}
-        real = rollout.response_mask if rollout.context_mask is None else rollout.context_mask
-        lag = (current - rollout.token_versions[real]).float()
+        trained = rollout.response_mask
+        sampled = trained if rollout.context_mask is None else rollout.context_mask
+        lag = (current - rollout.token_versions[trained]).float()
         if not lag.numel():
             lag = torch.zeros(1)
+        masked = 1.0 - trained.sum().item() / max(1, sampled.sum().item())
         return {"rollout/staleness": lag.max().item(), "rollout/staleness_min": lag.min().item(),
-                "rollout/staleness_mean": lag.mean().item()}
+                "rollout/staleness_mean": lag.mean().item(),
+                "rollout/stale_masked_fraction": masked}
 
     def _schedule(self, count: int) -> list[torch.Tensor]:
         """Row indices of each optimizer step: a fresh shuffle per epoch, cut in parts."""

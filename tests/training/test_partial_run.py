@@ -93,7 +93,9 @@ def test_tokens_older_than_k_versions_are_not_trained_on(tmp_path):
     assert not (rollout.response_mask & stale).any()  # masked from the loss ...
     assert torch.equal(rollout.context_mask, rollout.response_mask | stale)  # ... kept as context
     staleness = source._staleness(rollout)
-    assert staleness["rollout/staleness"] == 2.0 and staleness["rollout/staleness_min"] == 0.0
+    assert staleness["rollout/staleness"] == 0.0  # trained: version 2 only (0 was masked)
+    assert staleness["rollout/stale_masked_fraction"] == pytest.approx(
+        stale.sum().item() / rollout.context_mask.sum().item())
 
 
 @pytest.mark.parametrize("change, message", [
