@@ -25,6 +25,7 @@ from typing import Any
 
 import torch
 
+from astrai_core.errors import ConfigError
 from astrai_core.rollout.batch import RolloutBatch, pad_rows
 from astrai_core.rollout.records import PromptRecord
 from astrai_core.sampling.params import Completion
@@ -152,8 +153,8 @@ class PartialRollouts:
 def _extend(sequence: _Sequence, completion: Completion, version: int, limit: int) -> None:
     """Append one segment's tokens to ``sequence``; it finishes on a stop or at ``limit``."""
     if completion.logprobs is None:
-        raise RuntimeError("rollout.partial records each token's behaviour log-prob, and "
-                           "the sampler returned none")
+        raise ConfigError("rollout.partial records each token's behaviour log-prob, and the "
+                          "sampler returned none: use a sampler that reports log-probs")
     sequence.tokens += completion.token_ids
     sequence.logprobs += completion.logprobs
     sequence.versions += [version] * len(completion.token_ids)
