@@ -133,7 +133,7 @@ def train_astrai(model_dir: Path, work: Path, args: argparse.Namespace, sampler:
                     "progress": False},
     }
     for section, options in (overrides or {}).items():
-        config[section].update(options)
+        config.setdefault(section, {}).update(options)
     path = work / "astrai.yaml"
     path.write_text(yaml.safe_dump(config))
     sys.path.insert(0, str(Path(__file__).parent))  # the reward is `bench_grpo_trl:digit_reward`

@@ -219,6 +219,7 @@ def plan_run(config: RunConfig, source: YamlSource | None = None,
         _check_logprob_limit(config, needs)
         _check_packing(config, needs)
         _check_staleness(config, needs, registry, sampler)
+        _check_partial(config, needs)
         config = resolve_max_prompt_len(config, needs, sampler.options)
     except FieldError as exc:
         raise resolve.error(exc.path, exc.message) from None
@@ -432,13 +433,31 @@ def _check_staleness(config: RunConfig, needs: StrategyNeeds, registry: Registry
         raise FieldError(path, f"strategy {config.strategy.name!r} trains offline: it draws "
                          "no rollouts, so there is nothing to overlap (remove rollout:)")
     spec = registry.get("sampler", sampler.name)
-    if getattr(spec, "asynchronous", False):
-        return
+    if getattr(spec, "asynchronous", False) or config.rollout.partial:
+        return  # partial rollouts carry sequences over steps with any sampler
     allowed = sorted(s.name for s in registry.specs("sampler") if getattr(s, "asynchronous", False))
     hint = (f"samplers that allow it: {', '.join(allowed)}" if allowed else
             "no installed sampler allows it (pip install astrai-plugin-ray for the ray sampler)")
     raise FieldError(path, f"sampler {sampler.name!r} generates inside the trainer's process, so "
                      f"rollouts cannot overlap training; {hint} (or set max_staleness: 0)")
+
+
+def _check_partial(config: RunConfig, needs: StrategyNeeds) -> None:
+    """``rollout.partial: true`` carries single-turn sequences across rollout steps, so
+    their tokens may be up to ``max_staleness`` policy versions old."""
+    if not config.rollout.partial:
+        return
+    path = ("rollout", "partial")
+    if not needs.rollouts:
+        raise FieldError(path, f"strategy {config.strategy.name!r} trains offline: it draws "
+                         "no rollouts to interrupt (remove rollout.partial)")
+    if config.rollout.max_staleness < 1:
+        raise FieldError(path, "carries unfinished sequences to the next rollout step, whose "
+                         "policy is newer: set rollout.max_staleness >= 1 (the versions a "
+                         "token may lag; older ones are not trained on)")
+    if config.environment is not None:
+        raise FieldError(path, "continues single-turn completions; a multi-turn "
+                         "environment's episodes cannot be carried over yet (remove one)")
 
 
 def _check_logprob_limit(config: RunConfig, needs: StrategyNeeds) -> None:

@@ -81,6 +81,14 @@ class RolloutSection(Section):
         "mismatch (rollout/logprob_diff_max) exceeds this: a weight push that did not reach "
         "the sampler is an error: 1e-4 for the torch sampler, 1e-3 for vllm on CPU in float32 "
         "(docs/rl-objectives.md); null = no check")
+    partial: bool = Field(
+        default=False, description="interruptible rollouts: each rollout step decodes at "
+        "most partial_tokens tokens per sequence, trains on the groups that finished and "
+        "carries the others to the next step, continued under the new weights; needs "
+        "max_staleness >= 1 and strategy.rollout_correction (docs/throughput.md)")
+    partial_tokens: int = Field(
+        default=64, ge=1, description="with partial: true, the tokens each sequence decodes "
+        "per segment; a rollout step runs segments until enough groups have finished")
 
 
 class RunConfig(Section):
@@ -97,7 +105,7 @@ class RunConfig(Section):
     trainer: TrainerConfig
     rollout: RolloutSection = Field(default_factory=RolloutSection, description=(
         "how online strategies draw rollouts: max_staleness (overlap of sampling and "
-        "training), max_logprob_diff (checked weight pushes); validated as the `rollout` table below"))
+        "training), max_logprob_diff (checked weight pushes), partial (interruptible rollouts); validated as the `rollout` table below"))
     parallel: ParallelConfig = Field(
         default_factory=ParallelConfig, description="the data-parallel mesh of a distributed "
         "run (torchrun): FSDP2 sharding, replication, activation checkpointing")

@@ -56,6 +56,9 @@ class RolloutBatch:
     # Trained without padding (trainer.micro_batch_tokens): policy_forward runs the rows
     # as one packed sequence (rollout/packing.py); the tensors above keep their layout.
     packed: bool = False
+    # Partial rollouts (rollout.partial): the policy version that sampled each response
+    # token ([N, R] long; None: every token by ``policy_version``).
+    token_versions: Tensor | None = None
 
     def __len__(self) -> int:
         return self.response_ids.shape[0]
@@ -127,7 +130,7 @@ class RolloutBatch:
 
 _ROW_TENSORS = ("prompt_ids", "prompt_mask", "response_ids", "response_mask", "old_logprobs",
                 "rewards", "group_ids", "advantages", "returns", "values", "ref_logprobs",
-                "context_mask")
+                "context_mask", "token_versions")
 _ROW_LISTS = ("prompts", "completions", "columns", "finish_reasons", "episode_stats")
 
 

@@ -83,7 +83,7 @@ class RolloutRunner:
     # ---------------------------------------------------------------- training rollouts
     def draw(self) -> RolloutBatch:
         """The next training rollout, from the next ``prompts_per_rollout`` prompts."""
-        rollout = self.rollout(self._next_prompts(), seed_offset=self.seed_offset,
+        rollout = self.rollout(self.next_prompts(), seed_offset=self.seed_offset,
                                routing=self.record_routing)
         self.rollouts_drawn += 1
         return rollout
@@ -94,14 +94,14 @@ class RolloutRunner:
         sampler's ``generate_async``): it takes the same prompts and seeds as :meth:`draw`
         would, and is sampled by the policy published so far, since the sampler serves
         requests and weight updates in the order they arrive."""
-        records = self._next_prompts()
+        records = self.next_prompts()
         params = self._per_prompt_params(self.sampling_params, len(records), self.group_size)
         with self._lock:
             version = self.policy_version
             handle = self.sampler.generate_async([r.prompt_ids for r in records], params,
                                                  **self._routing_request(self.record_routing))
         self.rollouts_drawn += 1
-        return PendingRollout(lambda: self._build(records, handle.result(), version,
+        return PendingRollout(lambda: self.build(records, handle.result(), version,
                                                   self.record_routing))
 
     def publish(self, state_dict: dict[str, torch.Tensor] | None = None) -> int:
@@ -111,6 +111,11 @@ class RolloutRunner:
             self.sampler.update_weights(state_dict)
             self.policy_version += 1
             return self.policy_version
+
+    @property
+    def lock(self) -> threading.Lock:
+        """Held while sampling or publishing: a publish never lands inside a generate call."""
+        return self._lock
 
     def sampler_metrics(self) -> dict[str, float]:
         """The sampler's own metrics since the last call (a ray sampler's push times)."""
@@ -170,7 +175,7 @@ class RolloutRunner:
             version = self.policy_version
             completions = self.sampler.generate([r.prompt_ids for r in records], params,
                                                 **self._routing_request(routing))
-        return self._build(records, completions, version, routing)
+        return self.build(records, completions, version, routing)
 
     @staticmethod
     def _routing_request(routing: bool) -> dict[str, bool]:
@@ -186,10 +191,13 @@ class RolloutRunner:
         base = params.seed + 1_000_003 * self.rollouts_drawn + seed_offset
         return [grouped.model_copy(update={"seed": base + i}) for i in range(count)]
 
-    def _next_prompts(self) -> list[PromptRecord]:
-        records = []
+    def next_prompts(self, count: int | None = None) -> list[PromptRecord]:
+        """The next ``count`` prompt records (default ``prompts_per_rollout``), restarting
+        the prompt source at its end (a new epoch)."""
+        count = self.prompts_per_rollout if count is None else count
+        records: list[PromptRecord] = []
         restarted = False
-        while len(records) < self.prompts_per_rollout:
+        while len(records) < count:
             try:
                 records.append(as_prompt_record(next(self._prompts)))
                 restarted = False
@@ -200,8 +208,9 @@ class RolloutRunner:
                 self._prompts, restarted = iter(self._source), True  # a new epoch
         return records
 
-    def _build(self, records: Sequence[PromptRecord], completions: list[Completion],
-               version: int, routing: bool = False) -> RolloutBatch:
+    def build(self, records: Sequence[PromptRecord], completions: list[Completion],
+              version: int, routing: bool = False) -> RolloutBatch:
+        """The scored rollout of ``completions`` (each naming its record by ``prompt_index``)."""
         rows = [records[c.prompt_index] for c in completions]
         texts = [c.text if c.text is not None else self._decode(c.token_ids) for c in completions]
         prompts = [r.prompt_text or self._decode(r.prompt_ids) for r in rows]

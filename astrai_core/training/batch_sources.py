@@ -115,7 +115,7 @@ class RolloutSource:
             drawn = self._ahead.pop(0).result() if self._ahead else self.drawer.draw()
             staleness = self._staleness(drawn)
             self._rollout, self.stats = self.process(drawn)
-            self.stats["rollout/staleness"] = staleness
+            self.stats.update(staleness)
             self.drawn += 1
             self._order = self._schedule(len(self._rollout))
             self._position = 0
@@ -140,10 +140,23 @@ class RolloutSource:
         while (len(self._ahead) + 1) * steps - self._position <= self.max_staleness:
             self._ahead.append(self.drawer.submit())
 
-    def _staleness(self, rollout: RolloutBatch) -> float:
-        """Policy versions between the rollout's sampling policy and the trainer's."""
+    def _staleness(self, rollout: RolloutBatch) -> dict[str, float]:
+        """Policy versions between the rollout's sampling policy and the trainer's; with
+        per-token versions (rollout.partial), their spread over the trained tokens
+        (``rollout/staleness`` the largest, ``_min`` and ``_mean``) and the share of the
+        sampled tokens masked for being older (``rollout/stale_masked_fraction``)."""
         current = getattr(self.drawer, "policy_version", rollout.policy_version)
-        return float(current - rollout.policy_version)
+        if rollout.token_versions is None:
+            return {"rollout/staleness": float(current - rollout.policy_version)}
+        trained = rollout.response_mask
+        sampled = trained if rollout.context_mask is None else rollout.context_mask
+        lag = (current - rollout.token_versions[trained]).float()
+        if not lag.numel():
+            lag = torch.zeros(1)
+        masked = 1.0 - trained.sum().item() / max(1, sampled.sum().item())
+        return {"rollout/staleness": lag.max().item(), "rollout/staleness_min": lag.min().item(),
+                "rollout/staleness_mean": lag.mean().item(),
+                "rollout/stale_masked_fraction": masked}
 
     def _schedule(self, count: int) -> list[torch.Tensor]:
         """Row indices of each optimizer step: a fresh shuffle per epoch, cut in parts."""

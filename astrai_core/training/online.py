@@ -47,6 +47,7 @@ from astrai_core.rl.rollout_correction import RolloutCorrectionConfig, correctio
 from astrai_core.rollout.batch import RolloutBatch
 from astrai_core.rollout.dynamic_sampling import DynamicSampler, DynamicSamplingConfig
 from astrai_core.rollout.forward import policy_forward
+from astrai_core.rollout.partial import PartialRollouts
 from astrai_core.rollout.metrics import rollout_metrics
 from astrai_core.config.strategy_needs import ComponentChoice, StrategyNeeds
 from astrai_core.training.batch_sources import RolloutSource
@@ -170,6 +171,8 @@ class OnlineStrategy(Strategy):
         if run_config.trainer.micro_batch_tokens is not None:
             cls._check_packing(config, run_config)
         world = launched_world_size()
+        if run_config.rollout.partial:
+            cls._check_partial(config, world)
         if rows // (config.mini_batches * accum) % world:
             raise FieldError(("trainer", "grad_accum_steps"),
                              f"a micro-batch of {rows // (config.mini_batches * accum)} "
@@ -190,6 +193,24 @@ class OnlineStrategy(Strategy):
                              "packed micro-batches cannot replay MoE routing yet; use "
                              "strategy.router_replay: disabled with them")
 
+    @staticmethod
+    def _check_partial(config: Any, world: int) -> None:
+        """rollout.partial trains on tokens of older policies with the decoupled objective."""
+        path = ("rollout", "partial")
+        if config.rollout_correction is None:
+            raise FieldError(path, "trains on tokens sampled by older policies with the "
+                             "decoupled objective, whose importance weight is "
+                             "strategy.rollout_correction: add it (e.g. {level: token, "
+                             "mode: truncate, threshold: 2})")
+        if config.dynamic_sampling is not None and config.dynamic_sampling.enabled:
+            raise FieldError(path, "cannot be combined with strategy.dynamic_sampling yet")
+        if config.router_replay == "R3":
+            raise FieldError(path, "cannot replay the sampler's routing (router_replay: R3) "
+                             "of sequences continued across policies; use R2")
+        if world > 1:
+            raise FieldError(path, "runs in one process for now (launched with "
+                             f"{world}); remove it or launch one process")
+
     def batch_source(self) -> RolloutSource:
         packing = self.run.trainer.micro_batch_tokens
         if packing is not None and not has_chunked_head(self.run.model):
@@ -199,6 +220,9 @@ class OnlineStrategy(Strategy):
             raise ConfigError(f"strategy.router_replay: {self.config.router_replay} replays MoE "
                               "routing, and the model has no MoE layer")
         drawer, process = self.run.rollouts, self.process_rollout
+        rollout = self.run.plan.config.rollout
+        if rollout.partial:  # carried sequences: the source requests nothing ahead
+            drawer = PartialRollouts(drawer, rollout.partial_tokens, rollout.max_staleness)
         dynamic = self.config.dynamic_sampling
         if dynamic is not None and dynamic.enabled:  # rollouts of informative groups only
             drawer = DynamicSampler(drawer, self.run.data.batch_size, dynamic.max_tries)
@@ -207,7 +231,7 @@ class OnlineStrategy(Strategy):
                              mini_batches=self.config.mini_batches,
                              micro_batches=self.run.trainer.grad_accum_steps,
                              seed=self.run.trainer.seed, device=self.run.device,
-                             max_staleness=self.run.plan.config.rollout.max_staleness,
+                             max_staleness=0 if rollout.partial else rollout.max_staleness,
                              shard=self.run.dist.shard_rows, micro_batch_tokens=packing,
                              world=self.run.dist.world_size)
 

@@ -1,0 +1,164 @@
+"""Partial rollouts (``rollout.partial: true``): long completions carried across steps.
+
+A synchronous rollout waits for its longest completion. Here each draw decodes in
+segments of at most ``segment_tokens`` tokens per sequence, keeping ``in_flight`` groups
+(prompt x ``group_size`` completions) going, and stops as soon as ``prompts_per_rollout``
+groups have every completion finished: those groups are the training rollout. The
+unfinished ones are carried to the next draw and continued there under the weights
+published since (the sampler recomputes their KV cache from ``prompt + tokens so far``).
+
+Every token records the policy version that sampled it (``RolloutBatch.token_versions``)
+next to its behaviour log-prob. When the rollout is drawn, tokens more than
+``max_staleness`` versions older than the current policy are masked out of the loss:
+they stay in the sequence as context (``context_mask``) but ``response_mask`` drops
+them, so they are never trained on. The loss over the others uses the decoupled
+objective (strategy.rollout_correction, see docs/throughput.md).
+
+The state (the sequences in flight, with their tokens, log-probs and versions) is part
+of the checkpoint, so a resume continues them exactly.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+import torch
+
+from astrai_core.errors import ConfigError
+from astrai_core.rollout.batch import RolloutBatch, pad_rows
+from astrai_core.rollout.records import PromptRecord
+from astrai_core.sampling.params import Completion
+
+
+@dataclass
+class _Sequence:
+    """One completion being sampled: its tokens so far, their log-probs and versions."""
+
+    tokens: list[int] = field(default_factory=list)
+    logprobs: list[float] = field(default_factory=list)
+    versions: list[int] = field(default_factory=list)
+    finish_reason: str | None = None  # set once finished
+
+
+@dataclass
+class _Group:
+    """One prompt's ``group_size`` completions."""
+
+    record: PromptRecord
+    index: int  # the group's admission number: seeds its sampling, orders the output
+    sequences: list[_Sequence]
+
+    @property
+    def finished(self) -> bool:
+        return all(s.finish_reason is not None for s in self.sequences)
+
+
+class PartialRollouts:
+    """The drawer of a partial-rollout run, around the run's :class:`RolloutRunner`."""
+
+    def __init__(self, runner: Any, segment_tokens: int, max_staleness: int,
+                 in_flight: int | None = None) -> None:
+        if segment_tokens < 1:
+            raise ValueError("segment_tokens must be >= 1")
+        self.runner = runner
+        self.segment_tokens = segment_tokens
+        self.max_staleness = max_staleness
+        self.in_flight = in_flight or 2 * runner.prompts_per_rollout
+        self.groups: list[_Group] = []
+        self.admitted = 0  # groups ever admitted: the next one's index
+        self.segments = 0  # decode segments run so far: seeds each segment's sampling
+
+    @property
+    def policy_version(self) -> int:
+        return self.runner.policy_version
+
+    # ---------------------------------------------------------------- one draw
+    def draw(self) -> RolloutBatch:
+        """The next ``prompts_per_rollout`` finished groups (oldest first)."""
+        wanted = self.runner.prompts_per_rollout
+        while sum(g.finished for g in self.groups) < wanted:
+            self._admit()
+            self._segment()
+        done = [g for g in self.groups if g.finished][:wanted]
+        self.groups = [g for g in self.groups if g not in done]
+        self.runner.rollouts_drawn += 1
+        return self._build(done)
+
+    def _admit(self) -> None:
+        """Top the groups in flight up to ``in_flight`` with the next prompts."""
+        missing = self.in_flight - len(self.groups)
+        if missing <= 0:
+            return
+        for record in self.runner.next_prompts(missing):
+            sequences = [_Sequence() for _ in range(self.runner.group_size)]
+            self.groups.append(_Group(record, self.admitted, sequences))
+            self.admitted += 1
+
+    def _segment(self) -> None:
+        """At most ``segment_tokens`` more tokens for every unfinished sequence, sampled
+        by the current policy."""
+        runner, params = self.runner, self.runner.sampling_params
+        todo = [(g, s) for g in self.groups for s in g.sequences if s.finish_reason is None]
+        requests, per_request = [], []
+        for number, (group, sequence) in enumerate(todo):
+            left = params.max_new_tokens - len(sequence.tokens)
+            update: dict[str, Any] = {"n": 1, "max_new_tokens": min(self.segment_tokens, left)}
+            if params.seed is not None:  # a fresh, reproducible stream per sequence and segment
+                update["seed"] = params.seed + 1_000_003 * self.segments + number
+            requests.append(group.record.prompt_ids + sequence.tokens)
+            per_request.append(params.model_copy(update=update))
+        with runner.lock:  # no publish in the middle of a segment
+            version = runner.policy_version
+            completions = runner.sampler.generate(requests, per_request)
+        self.segments += 1
+        for (group, sequence), completion in zip(todo, completions):
+            _extend(sequence, completion, version, params.max_new_tokens)
+
+    # ---------------------------------------------------------------- the rollout
+    def _build(self, groups: list[_Group]) -> RolloutBatch:
+        """The finished groups as a scored rollout, stale tokens masked from the loss."""
+        records = [g.record for g in groups]
+        completions = [Completion(token_ids=s.tokens, logprobs=s.logprobs,
+                                  finish_reason=s.finish_reason, prompt_index=i)
+                       for i, g in enumerate(groups) for s in g.sequences]
+        version = self.runner.policy_version
+        rollout = self.runner.build(records, completions, version)
+        versions, _ = pad_rows([s.versions for g in groups for s in g.sequences], left=False,
+                               pad_value=version, dtype=torch.long)
+        rollout.token_versions = versions
+        fresh = versions >= version - self.max_staleness
+        if not bool(fresh[rollout.response_mask].all()):
+            rollout.context_mask = rollout.response_mask.clone()
+            rollout.response_mask = rollout.response_mask & fresh
+        return rollout
+
+    # ---------------------------------------------------------------- resume
+    def state_dict(self) -> dict[str, Any]:
+        """The runner's state and the sequences in flight (JSON: exact floats)."""
+        return {"runner": self.runner.state_dict(), "admitted": self.admitted,
+                "segments": self.segments,
+                "groups": [{"record": asdict(g.record), "index": g.index,
+                            "sequences": [asdict(s) for s in g.sequences]}
+                           for g in self.groups]}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.runner.load_state_dict(state["runner"])
+        self.admitted, self.segments = int(state["admitted"]), int(state["segments"])
+        self.groups = [_Group(PromptRecord(**g["record"]), int(g["index"]),
+                              [_Sequence(**s) for s in g["sequences"]])
+                       for g in state["groups"]]
+
+
+def _extend(sequence: _Sequence, completion: Completion, version: int, limit: int) -> None:
+    """Append one segment's tokens to ``sequence``; it finishes on a stop or at ``limit``."""
+    if completion.logprobs is None:
+        raise ConfigError("rollout.partial records each token's behaviour log-prob, and the "
+                          "sampler returned none: use a sampler that reports log-probs")
+    sequence.tokens += completion.token_ids
+    sequence.logprobs += completion.logprobs
+    sequence.versions += [version] * len(completion.token_ids)
+    if completion.finish_reason == "stop":
+        sequence.finish_reason = "stop"
+    elif len(sequence.tokens) >= limit:
+        sequence.finish_reason = "length"

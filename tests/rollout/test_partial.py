@@ -1,0 +1,138 @@
+"""Partial rollouts with a scripted sampler: which sequences are carried, the version each
+token records, stale tokens masked from the loss, and an exact resume."""
+
+from __future__ import annotations
+
+import json
+
+import torch
+
+from astrai_core.rewards import RewardSet
+from astrai_core.rollout import RolloutRunner
+from astrai_core.rollout.partial import PartialRollouts
+from astrai_core.sampling import Completion, SamplingParams
+
+# completion j of prompt [v] stops after LENGTHS[v][j] tokens in all
+LENGTHS = {1: (1, 2), 2: (3, 5), 3: (1, 1), 4: (6, 6), 5: (1, 1), 6: (1, 1)}
+
+
+class ScriptedSampler:
+    """Token k of a completion is 20 + k; its log-prob is -(weights version + 1), so each
+    behaviour log-prob tells which weights sampled it."""
+
+    def __init__(self) -> None:
+        self.version = 0
+        self.calls: list[list[list[int]]] = []
+
+    def update_weights(self, state_dict=None) -> None:
+        self.version += 1
+
+    def generate(self, prompts, params, on_token=None):
+        self.calls.append([list(p) for p in prompts])
+        out = []
+        for i, (prompt, p) in enumerate(zip(prompts, params, strict=True)):
+            so_far, target = len(prompt) - 1, LENGTHS[prompt[0]][self._which(prompt, i)]
+            count = min(p.max_new_tokens, target - so_far)
+            out.append(Completion(
+                token_ids=[20 + so_far + k for k in range(count)],
+                logprobs=[-(self.version + 1.0)] * count,
+                finish_reason="stop" if so_far + count == target else "length", prompt_index=i))
+        return out
+
+    def _which(self, prompt, index):
+        # which completion of its group request `index` continues: scripted by the test
+        return self._order[index]
+
+    def expect(self, order):
+        self._order = order
+
+
+class Prompts:
+    """A resumable prompt source of records [1], [2], ..."""
+
+    def __init__(self) -> None:
+        self.position = 0
+
+    def __iter__(self):
+        while self.position < len(LENGTHS):
+            self.position += 1
+            yield {"prompt_ids": [self.position], "prompt_text": f"q{self.position}",
+                   "columns": {"answer": "x"}}
+
+    def state_dict(self):
+        return {"position": self.position}
+
+    def load_state_dict(self, state):
+        self.position = state["position"]
+
+
+def _drawer(sampler, source=None, staleness=1):
+    runner = RolloutRunner(sampler, tokenizer=None,
+                           rewards=RewardSet.from_config([{"name": "exact_match"}]),
+                           sampling_params=SamplingParams(max_new_tokens=8, seed=7),
+                           group_size=2, prompts_per_rollout=1,
+                           prompt_source=source or Prompts())
+    return PartialRollouts(runner, segment_tokens=2, max_staleness=staleness, in_flight=2)
+
+
+def _draw(drawer, order):
+    drawer.runner.sampler.expect(order)
+    return drawer.draw()
+
+
+def test_carried_sequences_record_each_tokens_version_and_stale_ones_are_masked():
+    sampler = ScriptedSampler()
+    drawer = _drawer(sampler)
+    # draw 1 (version 0): groups [1] and [2] in flight; [1] finishes, [2] is carried
+    first = _draw(drawer, [0, 1, 0, 1])
+    assert first.prompt_ids[:, -1].tolist() == [1, 1]
+    assert first.token_versions.tolist() == [[0, 0], [0, 0]]
+    assert sampler.calls[0] == [[1], [1], [2], [2]]
+    drawer.runner.publish()
+    # draw 2 (version 1): [2] continues from its 2 tokens; [3] is admitted and finishes
+    second = _draw(drawer, [0, 1, 0, 1])
+    assert sampler.calls[1] == [[2, 20, 21], [2, 20, 21], [3], [3]]
+    assert second.prompt_ids[:, -1].tolist() == [3, 3]
+    drawer.runner.publish()
+    # draw 3 (version 2): [2] finishes; its version-0 tokens are 2 versions old (> k = 1)
+    third = _draw(drawer, [1, 0, 1])
+    assert sampler.calls[2] == [[2, 20, 21, 22, 23], [4], [4]]  # [2]'s first one had stopped
+    assert third.prompt_ids[:, -1].tolist() == [2, 2]
+    assert third.response_ids.tolist() == [[20, 21, 22, 0, 0], [20, 21, 22, 23, 24]]
+    assert third.token_versions.tolist() == [[0, 0, 1, 2, 2], [0, 0, 1, 1, 2]]
+    assert third.old_logprobs.tolist() == [[-1.0, -1.0, -2.0, 0.0, 0.0],
+                                           [-1.0, -1.0, -2.0, -2.0, -3.0]]
+    assert third.context_mask.tolist() == [[True] * 3 + [False] * 2, [True] * 5]
+    assert third.response_mask.tolist() == [[False, False, True, False, False],
+                                            [False, False, True, True, True]]
+
+
+def test_nothing_is_masked_within_the_staleness_bound():
+    sampler = ScriptedSampler()
+    drawer = _drawer(sampler, staleness=2)
+    _draw(drawer, [0, 1, 0, 1])
+    drawer.runner.publish()
+    _draw(drawer, [0, 1, 0, 1])
+    drawer.runner.publish()
+    third = _draw(drawer, [1, 0, 1])
+    assert third.context_mask is None
+    assert third.response_mask.tolist() == [[True] * 3 + [False] * 2, [True] * 5]
+
+
+def test_resume_continues_the_sequences_in_flight_exactly():
+    reference_sampler = ScriptedSampler()
+    reference = _drawer(reference_sampler)
+    _draw(reference, [0, 1, 0, 1])
+    reference.runner.publish()
+    state = json.loads(json.dumps(reference.state_dict()))  # as a checkpoint stores it
+    expected = _draw(reference, [0, 1, 0, 1])
+
+    resumed_sampler = ScriptedSampler()
+    resumed_sampler.version = 1  # the checkpoint's weights
+    resumed = _drawer(resumed_sampler)
+    resumed.load_state_dict(state)
+    got = _draw(resumed, [0, 1, 0, 1])
+    assert resumed_sampler.calls == reference_sampler.calls[1:]
+    for name in ("prompt_ids", "response_ids", "old_logprobs", "token_versions", "response_mask"):
+        assert torch.equal(getattr(got, name), getattr(expected, name)), name
+    assert resumed.runner.policy_version == 1 and resumed.admitted == reference.admitted
