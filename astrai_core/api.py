@@ -28,6 +28,7 @@ from astrai_core.devices.base import DeviceBackend
 from astrai_core.devices.select import resolve_device
 from astrai_core.data.render import render_preference
 from astrai_core.data.tokenizer import load_tokenizer
+from astrai_core.distributed.hf_push import hf_name_prefix, iter_hf_push_buckets
 from astrai_core.distributed.weight_gather import Deferred, iter_full_buckets, iter_push_buckets
 from astrai_core.environments import AssistantTurn, EnvMessage, EnvStep, ToolCall, error_message
 from astrai_core.errors import (
@@ -128,7 +129,7 @@ __all__ = [
     "read_hf_config", "read_hf_weights", "rename", "require", "save_pretrained", "split_gate_up",
     "stack_experts", "staged_directory", "write_manifest",
     # weight pushes from a sharded trainer, one bucket of full tensors at a time
-    "Deferred", "iter_full_buckets", "iter_push_buckets",
+    "Deferred", "hf_name_prefix", "iter_full_buckets", "iter_hf_push_buckets", "iter_push_buckets",
     # LoRA and the chunked head
     "chunked_logits_map", "chunked_logprobs", "has_chunked_head", "has_lora", "merge_and_unload", "merged_state_dict",
     "target_logprobs",

@@ -29,3 +29,19 @@ def test_two_processes_equal_one(tmp_path, model_type, lora):
     assert_close_metrics(one, two, ("loss", "grad_norm", "tokens"))
     saved = adapter if lora else weights
     assert_close_weights(saved(tmp_path / "one", STEPS), saved(tmp_path / "two", STEPS))
+
+
+def test_mixtral_on_two_processes_equals_one_with_the_global_balancing_loss(tmp_path):
+    """The family's load-balancing loss takes the global batch's token fractions (summed
+    over the ranks, as the native MoE's), so the aux loss and the weights match."""
+    hf = write_hf_model_dir(tmp_path / "hf", "mixtral")
+    base = tiny_config(tmp_path, max_steps=STEPS, save_every=STEPS, grad_accum_steps=2,
+                       progress=False)
+    base["model"] = {"path": str(hf)}
+    base["strategy"]["aux_loss_coef"] = 0.5  # large enough to move the router visibly
+    for name, nproc in (("one", 1), ("two", 2)):
+        ok(train(dict(base, output_dir=str(tmp_path / name)), tmp_path, name, nproc))
+    one, two = read_metrics(tmp_path / "one"), read_metrics(tmp_path / "two")
+    assert len(two) == STEPS and all(m["moe/aux_loss"] > 0 for m in two)
+    assert_close_metrics(one, two, ("loss", "lm_loss", "moe/aux_loss", "grad_norm"))
+    assert_close_weights(weights(tmp_path / "one", STEPS), weights(tmp_path / "two", STEPS))
