@@ -25,7 +25,8 @@ def _collect(buckets) -> dict[str, torch.Tensor]:
 
 
 def _lora(model, targets):
-    inject_lora(model, peft_lora_config(r=4, alpha=8, dropout=0.0, target_modules=targets))
+    inject_lora(model, peft_lora_config(r=4, alpha=8, dropout=0.0, target_modules=targets,
+                                        use_rslora=False, use_dora=False))
     with torch.no_grad():  # a non-zero adapter, so merging changes the weights
         for name, parameter in model.named_parameters():
             if "lora_B" in name:

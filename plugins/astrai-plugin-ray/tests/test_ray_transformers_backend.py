@@ -24,7 +24,8 @@ def _policy(lora: bool):
     model = TransformersCausalLM(tiny_causal_lm("olmo2")).eval()
     if lora:
         inject_lora(model, peft_lora_config(r=4, alpha=8, dropout=0.0,
-                                            target_modules=["q_proj", "v_proj"]))
+                                            target_modules=["q_proj", "v_proj"],
+                                            use_rslora=False, use_dora=False))
     return model
 
 
