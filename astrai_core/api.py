@@ -28,7 +28,7 @@ from astrai_core.devices.base import DeviceBackend
 from astrai_core.devices.select import resolve_device
 from astrai_core.data.render import render_preference
 from astrai_core.data.tokenizer import load_tokenizer
-from astrai_core.distributed.hf_push import hf_name_prefix, iter_hf_push_buckets
+from astrai_core.checkpoints.hf_push import hf_name_prefix, iter_hf_push_buckets
 from astrai_core.distributed.weight_gather import Deferred, iter_full_buckets, iter_push_buckets
 from astrai_core.environments import AssistantTurn, EnvMessage, EnvStep, ToolCall, error_message
 from astrai_core.errors import (
