@@ -8,8 +8,8 @@ import pytest
 
 from astrai_core.testing import read_metrics
 from astrai_core.testing.hf_models import write_hf_model_dir
-from tests.distributed.conftest import (adapter, assert_close_metrics, assert_close_weights, ok,
-                                        train, weights)
+from tests.distributed.conftest import (adapter, assert_close_metrics, assert_close_weights,
+                                        assert_moe_two_processes_equal_one, ok, train, weights)
 from tests.training.conftest import tiny_config
 
 pytestmark = pytest.mark.slow  # runs of 2 processes under torchrun
@@ -38,10 +38,4 @@ def test_mixtral_on_two_processes_equals_one_with_the_global_balancing_loss(tmp_
     base = tiny_config(tmp_path, max_steps=STEPS, save_every=STEPS, grad_accum_steps=2,
                        progress=False)
     base["model"] = {"path": str(hf)}
-    base["strategy"]["aux_loss_coef"] = 0.5  # large enough to move the router visibly
-    for name, nproc in (("one", 1), ("two", 2)):
-        ok(train(dict(base, output_dir=str(tmp_path / name)), tmp_path, name, nproc))
-    one, two = read_metrics(tmp_path / "one"), read_metrics(tmp_path / "two")
-    assert len(two) == STEPS and all(m["moe/aux_loss"] > 0 for m in two)
-    assert_close_metrics(one, two, ("loss", "lm_loss", "moe/aux_loss", "grad_norm"))
-    assert_close_weights(weights(tmp_path / "one", STEPS), weights(tmp_path / "two", STEPS))
+    assert_moe_two_processes_equal_one(base, tmp_path, STEPS)
