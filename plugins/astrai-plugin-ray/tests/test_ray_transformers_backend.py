@@ -88,3 +88,24 @@ def test_grpo_with_ray_workers_logs_the_local_samplers_metrics(ray_session, tmp_
         assert mine.keys() == theirs.keys()
         for key, value in theirs.items():
             assert mine[key] == pytest.approx(value, rel=1e-4, abs=1e-5), key
+
+
+def test_a_worker_sampler_other_than_torch_is_one_plan_error(ray_session, tmp_path):
+    """The workers' own sampler must generate with the transformers model they hold."""
+    from astrai_core.api import ConfigError
+    from astrai_core.config.plan import plan_run
+
+    hf = write_hf_model_dir(tmp_path / "hf", "olmo2")
+    config = tiny_run_config(tmp_path, write_arith_prompts(tmp_path / "p.jsonl", count=8),
+                             {"name": "grpo", "group_size": 4},
+                             sampler={"name": "ray", "worker_sampler": {"name": "slow_torch"}})
+    config["model"] = {"path": str(hf)}
+    with pytest.raises(ConfigError) as caught:
+        plan_run(RunConfig.model_validate(config))
+    message = str(caught.value)
+    assert message.startswith("sampler.worker_sampler.name: worker sampler 'slow_torch' cannot "
+                              "take the weights of model_type 'olmo2' on the transformers "
+                              "backend"), message
+    assert "\n" not in message
+    config["sampler"]["worker_sampler"] = {"name": "torch"}
+    assert plan_run(RunConfig.model_validate(config)).sampler.name == "ray"
