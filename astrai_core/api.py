@@ -30,6 +30,7 @@ from astrai_core.data.render import render_preference
 from astrai_core.data.tokenizer import load_tokenizer
 from astrai_core.checkpoints.hf_push import hf_name_prefix, iter_hf_push_buckets
 from astrai_core.distributed.weight_gather import Deferred, iter_full_buckets, iter_push_buckets
+from astrai_core.model_backends.transformers_lm import shipped_code_modules
 from astrai_core.environments import AssistantTurn, EnvMessage, EnvStep, ToolCall, error_message
 from astrai_core.errors import (
     AstraiError,
@@ -130,6 +131,7 @@ __all__ = [
     "stack_experts", "staged_directory", "write_manifest",
     # weight pushes from a sharded trainer, one bucket of full tensors at a time
     "Deferred", "hf_name_prefix", "iter_full_buckets", "iter_hf_push_buckets", "iter_push_buckets",
+    "shipped_code_modules",
     # LoRA and the chunked head
     "chunked_logits_map", "chunked_logprobs", "has_chunked_head", "has_lora", "merge_and_unload", "merged_state_dict",
     "target_logprobs",

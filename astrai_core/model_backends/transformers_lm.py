@@ -27,6 +27,7 @@ import inspect
 import sys
 from collections.abc import Callable
 from dataclasses import dataclass
+from types import ModuleType
 from typing import Any
 
 import torch
@@ -249,6 +250,18 @@ def is_transformers_model(module: nn.Module) -> bool:
 def transformers_models(module: nn.Module) -> list[TransformersCausalLM]:
     """Every :class:`TransformersCausalLM` inside ``module`` (a policy, a critic's backbone)."""
     return [sub for sub in module.modules() if isinstance(sub, TransformersCausalLM)]
+
+
+def shipped_code_modules(module: nn.Module) -> list[ModuleType]:
+    """The Python modules of model code a checkpoint directory ships (``auto_map``, run
+    with ``trust_remote_code``) that ``module``'s transformers models are built from:
+    transformers imports them under ``transformers_modules``, a package another process
+    has only once it loaded the same directory, so a copy of the model sent to another
+    process carries them by value."""
+    names = {type(sub).__module__ for model in transformers_models(module)
+             for sub in (*model.hf.modules(), model.hf.config)}
+    return [sys.modules[name] for name in sorted(names)
+            if name.split(".")[0] == "transformers_modules" and name in sys.modules]
 
 
 def decoder_layers(module: nn.Module) -> list[nn.Module]:

@@ -18,7 +18,8 @@ and the sampler ``worker_sampler`` names (:mod:`astrai_plugin_ray.worker`).
   only the tensors that train (``requires_grad``), so with LoRA only the adapter moves;
   ``update_weights(state_dict)`` pushes exactly the tensors given (a subset is fine).
   A transformers-backend policy's tensors travel under the family's own (Hugging Face)
-  names, its wrapper's prefix removed; the workers hold the same transformers model.
+  names, its wrapper's prefix removed; the workers hold the same transformers model
+  (model code a checkpoint directory ships travels with it, by value).
   See :mod:`astrai_plugin_ray.push`.
 * ``close`` (also at interpreter exit) kills the workers, removes their placement group
   and stops Ray if this sampler started it.
@@ -39,7 +40,7 @@ from typing import Any
 import torch
 
 from astrai_core.api import (Completion, SamplingParams, get_logger, hf_name_prefix,
-                             iter_full_buckets, process_registry)
+                             iter_full_buckets, process_registry, shipped_code_modules)
 from astrai_plugin_ray.cluster import RayConnection, place_workers
 from astrai_plugin_ray.config import RaySamplerConfig, engine_options
 from astrai_plugin_ray.push import WeightPusher
@@ -81,6 +82,8 @@ class RaySampler:
         atexit.register(self.close)
         try:
             self._group = place_workers(bundle, workers, placement_strategy, timeout_s)
+            for code in shipped_code_modules(model):  # the workers have no such module
+                ray.cloudpickle.register_pickle_by_value(code)
             model_ref = ray.put(_cpu_module(model))
             self._workers = WorkerSet(workers, bundle, self._group, model_ref, tokenizer,
                                       section["name"], engine_options(section["name"], section),

@@ -109,3 +109,42 @@ def test_a_worker_sampler_other_than_torch_is_one_plan_error(ray_session, tmp_pa
     assert "\n" not in message
     config["sampler"]["worker_sampler"] = {"name": "torch"}
     assert plan_run(RunConfig.model_validate(config)).sampler.name == "ray"
+
+
+MODEL_CODE = '''
+from transformers import Olmo2Config, Olmo2ForCausalLM
+
+
+class ShippedConfig(Olmo2Config):
+    model_type = "shipped_lm"
+
+
+class ShippedLM(Olmo2ForCausalLM):
+    config_class = ShippedConfig
+'''
+
+
+def test_model_code_the_directory_ships_reaches_the_workers(ray_session, tmp_path):
+    """A model built from the directory's own code (trust_remote_code) lives in a module
+    only the trainer's process imported; the workers get it with the model."""
+    import json
+
+    from astrai_core.checkpoints.hf_model import load_transformers_model
+    from astrai_core.sampling.torch_sampler import TorchSampler
+
+    hf = write_hf_model_dir(tmp_path / "shipped_code_model", "olmo2")
+    (hf / "modeling_shipped.py").write_text(MODEL_CODE)
+    config = json.loads((hf / "config.json").read_text())
+    config.update(model_type="shipped_lm",
+                  auto_map={"AutoConfig": "modeling_shipped.ShippedConfig",
+                            "AutoModelForCausalLM": "modeling_shipped.ShippedLM"})
+    (hf / "config.json").write_text(json.dumps(config))
+    model = load_transformers_model(hf, trust_remote_code=True)
+    assert type(model.hf).__module__.startswith("transformers_modules.")
+    sampler = RaySampler(model=model, workers=1, worker_resources={"CPU": 0.5})
+    try:
+        params = SamplingParams(max_new_tokens=4, seed=5, n=2)
+        assert ([c.token_ids for c in sampler.generate(PROMPTS, params)]
+                == [c.token_ids for c in TorchSampler(model).generate(PROMPTS, params)])
+    finally:
+        sampler.close()
