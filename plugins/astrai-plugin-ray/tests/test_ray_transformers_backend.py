@@ -109,6 +109,12 @@ def test_a_worker_sampler_other_than_torch_is_one_plan_error(ray_session, tmp_pa
     assert "\n" not in message
     config["sampler"]["worker_sampler"] = {"name": "torch"}
     assert plan_run(RunConfig.model_validate(config)).sampler.name == "ray"
+    config["sampler"] = {**config["sampler"], "name": "slow_torch"}  # any other sampler
+    del config["sampler"]["worker_sampler"]
+    with pytest.raises(ConfigError, match="^sampler.name: sampler 'slow_torch' cannot take the "
+                       "weights of model_type 'olmo2' on the transformers backend yet; use the "
+                       "torch or ray sampler$"):
+        plan_run(RunConfig.model_validate(config))
 
 
 MODEL_CODE = '''
