@@ -96,12 +96,14 @@ def hf_state_dict(model: nn.Module, state: dict[str, torch.Tensor] | None = None
     state = model.state_dict() if state is None else state
     tensors = {name.removeprefix(PREFIX): t for name, t in state.items()}
     if model.config.tie_word_embeddings:
-        for name in _output_head_names(model):
+        for name in output_head_names(model):
             tensors.pop(name, None)
     return tensors
 
 
-def _output_head_names(model: nn.Module) -> list[str]:
+def output_head_names(model: nn.Module) -> list[str]:
+    """The family's names of the output head's weight (a tied head: the names that
+    ``save_pretrained`` leaves out)."""
     hf = model.hf
     head = hf.get_output_embeddings()
     return [f"{name}.weight" for name, module in hf.named_modules() if module is head]

@@ -247,6 +247,10 @@ def plan_run(config: RunConfig, source: YamlSource | None = None,
                    episode=episode, trackers=trackers, model_source=model_source)
 
 
+# The samplers that generate with a transformers-backend policy (docs/models.md).
+TRANSFORMERS_SAMPLERS = ("torch", "ray")
+
+
 def _check_transformers_backend(resolve: Resolver, config: RunConfig, strategy: Component,
                                 sampler: Component, needs: StrategyNeeds,
                                 source: ModelSource) -> None:
@@ -261,10 +265,20 @@ def _check_transformers_backend(resolve: Resolver, config: RunConfig, strategy: 
                             "router_replay: disabled")
     generates = needs.rollouts or needs.generates or any(
         e.format == "prompt" for _, e in config.data.named_evals())
-    if generates and sampler.name != "torch":
+    if not generates:
+        return
+    # The ray sampler's workers hold a copy of the transformers model; their own sampler
+    # must be one that generates with it (torch).
+    inner = (sampler.options.get("worker_sampler") or {"name": "torch"}
+             if sampler.name == "ray" else None)
+    if sampler.name not in TRANSFORMERS_SAMPLERS:
         raise resolve.error(("sampler", "name"), f"sampler {sampler.name!r} cannot take the "
-                            f"weights of model_type {model_type!r} on {backend} yet; use the "
-                            "torch sampler")
+                            f"weights of model_type {model_type!r} on {backend} yet; use "
+                            "the torch or ray sampler")
+    if inner is not None and inner.get("name", "torch") != "torch":
+        raise resolve.error(("sampler", "worker_sampler", "name"),
+                            f"worker sampler {inner.get('name')!r} cannot take the weights of "
+                            f"model_type {model_type!r} on {backend} yet; use torch")
 
 
 def plan_trackers(resolve: Resolver, entries: list[Any]) -> tuple[Component, ...]:

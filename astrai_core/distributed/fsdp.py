@@ -62,13 +62,15 @@ def shard_run(run: Any, strategy: Any) -> None:
 
 
 def balance_over_ranks(modules: Iterable[nn.Module], dist: DistContext) -> None:
-    """The MoE load-balancing loss of every native model inside ``modules`` (the trained
-    ones) takes its token fractions from the global batch (model/moe.py)."""
+    """The MoE load-balancing loss of every model inside ``modules`` (the trained ones),
+    native or transformers, takes its token fractions from the global batch
+    (model/moe.py)."""
     from astrai_core.model.decoder import CausalLM
+    from astrai_core.model_backends.transformers_lm import TransformersCausalLM
 
     for module in modules:
         for sub in module.modules():
-            if isinstance(sub, CausalLM) and sub.config.num_experts:
+            if isinstance(sub, (CausalLM, TransformersCausalLM)) and sub.config.num_experts:
                 sub.balance_over_ranks = dist.sum_tensor
 
 

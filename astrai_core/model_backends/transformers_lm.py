@@ -13,7 +13,8 @@
   families built on its mask functions;
 - ``kv_cache``: a :class:`TransformersKVCache` (transformers' ``DynamicCache``) made by
   :meth:`TransformersCausalLM.new_kv_cache`, for the torch sampler;
-- ``aux_loss``: the family's own load-balancing loss for MoE models (router logits).
+- ``aux_loss``: the family's own load-balancing loss for MoE models (router logits); in
+  a distributed training forward the same loss over the global batch's token fractions.
 
 Only the LM head is computed here instead of by the transformers model; everything
 below it (embeddings, layers, final norm) is the family's own code, so the numbers are
@@ -26,6 +27,7 @@ import inspect
 import sys
 from collections.abc import Callable
 from dataclasses import dataclass
+from types import ModuleType
 from typing import Any
 
 import torch
@@ -104,6 +106,9 @@ class TransformersCausalLM(nn.Module):
         self.hf = hf_model
         self.config = BackendConfig.of(hf_model.config)
         self._cache_argument = _cache_argument(self.decoder())
+        # Set for the trained policy of a distributed run (distributed/fsdp.py): the MoE
+        # load-balancing loss then takes the global batch's token fractions.
+        self.balance_over_ranks: Callable[[torch.Tensor], torch.Tensor] | None = None
 
     @property
     def model_type(self) -> str:
@@ -193,15 +198,41 @@ class TransformersCausalLM(nn.Module):
 
     def _aux_loss(self, out: Any, attention_mask: torch.Tensor | None,
                   device: torch.device) -> torch.Tensor:
-        """The family's load-balancing loss over the router logits of this forward."""
+        """The family's load-balancing loss over the router logits of this forward; in a
+        distributed training forward, over the global batch's token fractions."""
         router_logits = getattr(out, "router_logits", None)
         loss_fn = getattr(sys.modules[type(self.hf).__module__], "load_balancing_loss_func", None)
         if not router_logits or loss_fn is None:
             return torch.zeros((), device=device)
         mask = None if attention_mask is None else attention_mask[:, -out.last_hidden_state.shape[1]:]
+        if self.balance_over_ranks is not None and self.training and torch.is_grad_enabled():
+            return global_switch_loss(router_logits, self.config.num_experts,
+                                      self.config.num_experts_per_tok, mask,
+                                      self.balance_over_ranks)
         loss = loss_fn(router_logits, self.config.num_experts, self.config.num_experts_per_tok,
                        mask)
         return loss if torch.is_tensor(loss) else torch.zeros((), device=device)
+
+
+def global_switch_loss(router_logits: tuple[torch.Tensor, ...], num_experts: int, top_k: int,
+                       attention_mask: torch.Tensor | None,
+                       sum_over_ranks: Callable[[torch.Tensor], torch.Tensor]) -> torch.Tensor:
+    """The Switch load-balancing loss transformers' ``load_balancing_loss_func`` computes
+    (the layers' router logits taken as one token set: E * sum_e f_e * P_e, f_e counting
+    every top-k slot), with f_e and the token count those of the global batch (summed over
+    the data-parallel ranks by ``sum_over_ranks``, as the native MoE does). On one process
+    it equals the family's own function."""
+    from astrai_core.model.moe import (RouterOutput, balancing_loss, balancing_terms,
+                                       global_balancing_terms)
+
+    valid = None if attention_mask is None else attention_mask.reshape(-1)
+    terms = []
+    for logits in router_logits:
+        probs = torch.softmax(logits.reshape(-1, num_experts).float(), dim=-1)
+        selected = torch.topk(probs, top_k, dim=-1).indices
+        terms.append(balancing_terms(RouterOutput(probs, selected), num_experts, valid))
+    total = global_balancing_terms(torch.stack(terms).sum(0), sum_over_ranks)
+    return balancing_loss(total, num_experts)
 
 
 def _cache_argument(decoder: nn.Module) -> str:
@@ -219,6 +250,18 @@ def is_transformers_model(module: nn.Module) -> bool:
 def transformers_models(module: nn.Module) -> list[TransformersCausalLM]:
     """Every :class:`TransformersCausalLM` inside ``module`` (a policy, a critic's backbone)."""
     return [sub for sub in module.modules() if isinstance(sub, TransformersCausalLM)]
+
+
+def shipped_code_modules(module: nn.Module) -> list[ModuleType]:
+    """The Python modules of model code a checkpoint directory ships (``auto_map``, run
+    with ``trust_remote_code``) that ``module``'s transformers models are built from:
+    transformers imports them under ``transformers_modules``, a package another process
+    has only once it loaded the same directory, so a copy of the model sent to another
+    process carries them by value."""
+    names = {type(sub).__module__ for model in transformers_models(module)
+             for sub in (*model.hf.modules(), model.hf.config)}
+    return [sys.modules[name] for name in sorted(names)
+            if name.split(".")[0] == "transformers_modules" and name in sys.modules]
 
 
 def decoder_layers(module: nn.Module) -> list[nn.Module]:

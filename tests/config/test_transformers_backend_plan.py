@@ -40,3 +40,30 @@ def test_a_from_scratch_model_is_native(tmp_path):
     config["model"]["backend"] = "transformers"
     with pytest.raises(ValueError, match="a from-scratch `config` is a native model"):
         RunConfig.model_validate(config)
+
+
+def test_the_ray_sampler_with_torch_workers_is_planned(mixtral_config):
+    pytest.importorskip("astrai_plugin_ray")
+    mixtral_config["sampler"] = {**mixtral_config["sampler"], "name": "ray", "workers": 2,
+                                 "worker_sampler": {"name": "torch"}}
+    plan = plan_run(RunConfig.model_validate(mixtral_config))
+    assert plan.sampler.name == "ray"
+
+
+@pytest.mark.parametrize("section, field, name", [
+    ({"name": "vllm"}, "sampler.name", "sampler 'vllm'"),
+    ({"name": "ray", "worker_sampler": {"name": "vllm"}}, "sampler.worker_sampler.name",
+     "worker sampler 'vllm'"),
+])
+def test_samplers_that_cannot_take_its_weights_are_one_plan_error(mixtral_config, section,
+                                                                  field, name):
+    pytest.importorskip("vllm")  # the vllm sampler is only registered with vLLM installed
+    if section["name"] == "ray":
+        pytest.importorskip("astrai_plugin_ray")
+    mixtral_config["sampler"] = {**mixtral_config["sampler"], **section}
+    with pytest.raises(ConfigError) as caught:
+        plan_run(RunConfig.model_validate(mixtral_config))
+    message = str(caught.value)
+    assert message.startswith(f"{field}: {name} cannot take the weights of model_type "
+                              "'mixtral' on the transformers backend"), message
+    assert "\n" not in message

@@ -89,3 +89,17 @@ def copy_checkpoint(source: Path, target: Path, step: int) -> None:
     shutil.copytree(source / "checkpoints" / f"step_{step}",
                     target / "checkpoints" / f"step_{step}")
     shutil.copy2(source / "metrics.jsonl", target / "metrics.jsonl")
+
+
+def assert_moe_two_processes_equal_one(base: dict, tmp_path: Path, steps: int) -> None:
+    """An MoE run of ``base`` (aux loss coefficient 0.5, large enough to move the router
+    visibly) on 2 processes equals the 1-process run: loss, aux loss, weights."""
+    from astrai_core.testing import read_metrics
+
+    base["strategy"]["aux_loss_coef"] = 0.5
+    for name, nproc in (("one", 1), ("two", 2)):
+        ok(train(dict(base, output_dir=str(tmp_path / name)), tmp_path, name, nproc))
+    one, two = read_metrics(tmp_path / "one"), read_metrics(tmp_path / "two")
+    assert len(two) == steps and all(m["moe/aux_loss"] > 0 for m in two)
+    assert_close_metrics(one, two, ("loss", "lm_loss", "moe/aux_loss", "grad_norm"))
+    assert_close_weights(weights(tmp_path / "one", steps), weights(tmp_path / "two", steps))

@@ -8,8 +8,8 @@ import pytest
 
 from astrai_core.testing import read_metrics
 from astrai_core.testing.hf_models import write_hf_model_dir
-from tests.distributed.conftest import (adapter, assert_close_metrics, assert_close_weights, ok,
-                                        train, weights)
+from tests.distributed.conftest import (adapter, assert_close_metrics, assert_close_weights,
+                                        assert_moe_two_processes_equal_one, ok, train, weights)
 from tests.training.conftest import tiny_config
 
 pytestmark = pytest.mark.slow  # runs of 2 processes under torchrun
@@ -29,3 +29,13 @@ def test_two_processes_equal_one(tmp_path, model_type, lora):
     assert_close_metrics(one, two, ("loss", "grad_norm", "tokens"))
     saved = adapter if lora else weights
     assert_close_weights(saved(tmp_path / "one", STEPS), saved(tmp_path / "two", STEPS))
+
+
+def test_mixtral_on_two_processes_equals_one_with_the_global_balancing_loss(tmp_path):
+    """The family's load-balancing loss takes the global batch's token fractions (summed
+    over the ranks, as the native MoE's), so the aux loss and the weights match."""
+    hf = write_hf_model_dir(tmp_path / "hf", "mixtral")
+    base = tiny_config(tmp_path, max_steps=STEPS, save_every=STEPS, grad_accum_steps=2,
+                       progress=False)
+    base["model"] = {"path": str(hf)}
+    assert_moe_two_processes_equal_one(base, tmp_path, STEPS)

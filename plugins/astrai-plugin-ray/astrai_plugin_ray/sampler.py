@@ -17,6 +17,9 @@ and the sampler ``worker_sampler`` names (:mod:`astrai_plugin_ray.worker`).
 * ``update_weights(None)`` pushes the trainer's policy (``self.model``) to every worker:
   only the tensors that train (``requires_grad``), so with LoRA only the adapter moves;
   ``update_weights(state_dict)`` pushes exactly the tensors given (a subset is fine).
+  A transformers-backend policy's tensors travel under the family's own (Hugging Face)
+  names, its wrapper's prefix removed; the workers hold the same transformers model
+  (model code a checkpoint directory ships travels with it, by value).
   See :mod:`astrai_plugin_ray.push`.
 * ``close`` (also at interpreter exit) kills the workers, removes their placement group
   and stops Ray if this sampler started it.
@@ -36,8 +39,8 @@ from typing import Any
 
 import torch
 
-from astrai_core.api import (Completion, SamplingParams, get_logger, iter_full_buckets,
-                             process_registry)
+from astrai_core.api import (Completion, SamplingParams, get_logger, hf_name_prefix,
+                             iter_full_buckets, process_registry, shipped_code_modules)
 from astrai_plugin_ray.cluster import RayConnection, place_workers
 from astrai_plugin_ray.config import RaySamplerConfig, engine_options
 from astrai_plugin_ray.push import WeightPusher
@@ -79,6 +82,8 @@ class RaySampler:
         atexit.register(self.close)
         try:
             self._group = place_workers(bundle, workers, placement_strategy, timeout_s)
+            for code in shipped_code_modules(model):  # the workers have no such module
+                ray.cloudpickle.register_pickle_by_value(code)
             model_ref = ray.put(_cpu_module(model))
             self._workers = WorkerSet(workers, bundle, self._group, model_ref, tokenizer,
                                       section["name"], engine_options(section["name"], section),
@@ -143,6 +148,9 @@ class RaySampler:
         (the ranks call this in step); rank 0 sends each bucket on before the next.
         """
         tensors = trained_tensors(self.model) if state_dict is None else state_dict
+        prefix = hf_name_prefix(self.model)
+        if prefix is not None:  # a transformers-backend policy pushes its family's own names
+            tensors = {name.removeprefix(prefix): t for name, t in tensors.items()}
         if self._ranks.leader and self._pusher is None:
             raise RuntimeError("the ray sampler is closed")
         groups = iter_full_buckets(tensors.items(), self.bucket_bytes)

@@ -21,7 +21,8 @@ from typing import Any
 
 import torch
 
-from astrai_core.api import Completion, SamplingParams, process_registry, resolve_device
+from astrai_core.api import (Completion, SamplingParams, hf_name_prefix, process_registry,
+                             resolve_device)
 from astrai_plugin_ray.buckets import Bucket, unpack
 
 
@@ -38,6 +39,10 @@ class RolloutWorker:
         # Every name, tied ones included: a push may name either of two tied tensors.
         self._parameters = dict(self.model.named_parameters(remove_duplicate=False))
         self._parameters.update(self.model.named_buffers(remove_duplicate=False))
+        prefix = hf_name_prefix(self.model)
+        if prefix is not None:  # a transformers-backend policy: pushes carry the family's names
+            self._parameters.update({name.removeprefix(prefix): tensor for name, tensor
+                                     in list(self._parameters.items()) if name.startswith(prefix)})
         sampler_class = registry.load("sampler", sampler_name)
         self.sampler = sampler_class(model=self.model, tokenizer=tokenizer, **sampler_options)
         self.group: Any = None

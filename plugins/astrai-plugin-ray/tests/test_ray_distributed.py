@@ -4,7 +4,8 @@ metrics and, after 3 steps, weights within 1e-4; the evaluation by generation, s
 over the ranks, too), for a fully trained policy and for a LoRA policy, whose pushes carry
 the adapter only. Rank 0 holds the workers; every rank sends its prompts through it
 and gathers the sharded weights bucket by bucket (the tiny model's embedding has an odd
-number of rows, so its shards are uneven)."""
+number of rows, so its shards are uneven); and for a policy on the transformers backend,
+whose pushes carry the family's own names."""
 
 from __future__ import annotations
 
@@ -30,7 +31,8 @@ SHARED = ("loss", "policy_loss", "grad_norm", "tokens", "rollout/reward_mean",
 LORA = {"r": 4, "alpha": 8, "target_modules": ["q_proj", "v_proj", "down_proj"]}
 
 
-def _train(tmp_path: Path, name: str, nproc: int, lora: bool = False) -> Path:
+def _train(tmp_path: Path, name: str, nproc: int, lora: bool = False,
+           hf: Path | None = None) -> Path:
     prompts = write_arith_prompts(tmp_path / "prompts.jsonl", count=16)
     config = tiny_run_config(tmp_path, prompts, {"name": "grpo", "group_size": 4},
                              sampler=RAY, data={"batch_size": 4}, max_steps=STEPS,
@@ -39,6 +41,8 @@ def _train(tmp_path: Path, name: str, nproc: int, lora: bool = False) -> Path:
     held_out = write_arith_prompts(tmp_path / "held_out.jsonl", count=5)  # shares of 3 and 2
     config["data"]["eval"] = {"path": str(held_out), "format": "prompt"}
     config["output_dir"] = str(tmp_path / name)
+    if hf is not None:  # a Hugging Face directory on the transformers backend
+        config["model"] = {"path": str(hf)}
     if lora:
         config["model"]["lora"] = dict(LORA)
     path = tmp_path / f"{name}.yaml"
@@ -59,9 +63,15 @@ def _trained_weights(run: Path, lora: bool) -> dict:
     return load_file(str(step / ADAPTER_DIR / ADAPTER_WEIGHTS if lora else step / "model.safetensors"))
 
 
-@pytest.mark.parametrize("lora", [False, True], ids=["full", "lora"])
-def test_two_trainer_processes_with_ray_workers_equal_one(tmp_path, lora):
-    one, two = _train(tmp_path, "one", 1, lora), _train(tmp_path, "two", 2, lora)
+@pytest.mark.parametrize("lora, model_type", [(False, None), (True, None), (False, "olmo2")],
+                         ids=["full", "lora", "transformers"])
+def test_two_trainer_processes_with_ray_workers_equal_one(tmp_path, lora, model_type):
+    hf = None
+    if model_type is not None:
+        from astrai_core.testing.hf_models import write_hf_model_dir
+
+        hf = write_hf_model_dir(tmp_path / "hf", model_type)
+    one, two = _train(tmp_path, "one", 1, lora, hf), _train(tmp_path, "two", 2, lora, hf)
     first, second = read_metrics(one), read_metrics(two)
     assert [m["step"] for m in second] == list(range(1, STEPS + 1))
     for a, b in zip(first, second):
