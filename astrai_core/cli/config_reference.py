@@ -127,9 +127,9 @@ SHIPPED_PREFIXES = ("astrai-core", "astrai-plugin-", "astrai-contrib-")
 def component_tables() -> list[Table]:
     """One table per component registered by this repository's installed distributions."""
     from astrai_core.cli.describe import WHERE_CONFIGURED, component_options
-    from astrai_core.plugins import load_plugins
+    from astrai_core.plugins import process_registry
 
-    registry = load_plugins()
+    registry = process_registry()
     found = []
     for kind, section in COMPONENT_SECTIONS.items():
         for spec in registry.specs(kind):
