@@ -123,6 +123,7 @@ def test_a_hub_name_offline_is_one_error_line(tmp_path):
     config = _sft_config(tmp_path, "hf://astrai-test/no-such-dataset", "prompt")
     config["strategy"] = {"name": "grpo", "group_size": 2}
     config["rewards"] = [{"name": "exact_match"}]
+    config["sampler"] = {"name": "torch", "max_new_tokens": 8}  # fits the 64-token context
     config["data"]["eval"] = {"path": str(prompts), "format": "prompt"}
     path = tmp_path / "run.yaml"
     path.write_text(yaml.safe_dump(config))

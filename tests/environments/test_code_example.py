@@ -35,14 +35,20 @@ def test_held_out_functions_never_appear_in_training_and_solutions_pass(data):
     held_out = {_question(r) for r in data["eval"]}
     assert len(held_out) == 20
     assert not held_out & {_question(r) for r in data["sft_train"] + data["rl_prompts"]}
-    # each demonstration passes the tests its prompt gets, and a near miss fails them
+    # each general demonstration passes the tests its prompt gets, a near miss fails them,
+    # and a demonstration that hard-codes the prompt's two values fails them too
     tests = {_question(r): r["tests"] for r in data["rl_prompts"]}
-    rows = [r for r in data["sft_train"] if _question(r) in tests][:6]
-    solutions = [r["messages"][1]["content"] for r in rows]
+    rows = [r for r in data["sft_train"] if _question(r) in tests]
+    answers = [r["messages"][1]["content"] for r in rows]
+    general = [(r, a) for r, a in zip(rows, answers) if " and " not in a][:6]
+    hard_coded = [(r, a) for r, a in zip(rows, answers) if " and " in a][:4]
+    assert len(general) == 6 and len(hard_coded) == 4
+    solutions = [a for _, a in general]
     off_by_one = [s + "+1" for s in solutions]
     reward = CodeTests(mode="all", max_workers=6)
-    scores = reward([""] * 12, solutions + off_by_one, tests=[tests[_question(r)] for r in rows] * 2)
-    assert scores == [1.0] * 6 + [0.0] * 6
+    cases = [tests[_question(r)] for r, _ in general] * 2 + [tests[_question(r)] for r, _ in hard_coded]
+    scores = reward([""] * 16, solutions + off_by_one + [a for _, a in hard_coded], tests=cases)
+    assert scores == [1.0] * 6 + [0.0] * 10
 
 
 def test_the_tokenizer_spells_the_code_exactly():
