@@ -28,6 +28,7 @@ from astrai_core.devices.base import DeviceBackend
 from astrai_core.devices.select import resolve_device
 from astrai_core.data.render import render_preference
 from astrai_core.data.tokenizer import load_tokenizer
+from astrai_core.checkpoints.hf_model import save_hf_directory
 from astrai_core.checkpoints.hf_push import hf_name_prefix, iter_hf_push_buckets
 from astrai_core.distributed.fsdp import unsharded
 from astrai_core.distributed.weight_gather import Deferred, iter_full_buckets, iter_push_buckets
@@ -134,6 +135,7 @@ __all__ = [
     "unsharded",
     # weight pushes from a sharded trainer, one bucket of full tensors at a time
     "Deferred", "hf_name_prefix", "iter_full_buckets", "iter_hf_push_buckets", "iter_push_buckets",
+    "save_hf_directory",
     "shipped_code_modules",
     # LoRA and the chunked head
     "chunked_logits_map", "chunked_logprobs", "has_chunked_head", "has_lora", "merge_and_unload", "merged_state_dict",

@@ -134,6 +134,19 @@ def write_hf_files(model: nn.Module, staging: Path, state: dict[str, torch.Tenso
         (staging / "config.json").write_text(json.dumps(config, indent=2, sort_keys=True) + "\n")
 
 
+def save_hf_directory(model: nn.Module, directory: str | os.PathLike) -> Path:
+    """A transformers-backend ``model`` as a plain Hugging Face directory (config,
+    generation config, safetensors; a LoRA model merged), what an inference engine loads;
+    written aside, then renamed."""
+    from astrai_core.model.lora import merged_state_dict
+
+    target = Path(directory)
+    with staged_directory(target) as stage:
+        stage.mkdir()
+        write_hf_files(model, stage, merged_state_dict(model))
+    return target
+
+
 def copy_hf_checkpoint(src: Path, dst: Path) -> Path:
     """``astrai export`` of a transformers-backend checkpoint: its Hugging Face files
     (config, generation config, weights, tokenizer), without the training state."""

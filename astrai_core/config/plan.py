@@ -248,7 +248,7 @@ def plan_run(config: RunConfig, source: YamlSource | None = None,
 
 
 # The samplers that generate with a transformers-backend policy (docs/models.md).
-TRANSFORMERS_SAMPLERS = ("torch", "ray")
+TRANSFORMERS_SAMPLERS = ("torch", "ray", "vllm")
 
 
 def _check_transformers_backend(resolve: Resolver, config: RunConfig, strategy: Component,
@@ -274,7 +274,7 @@ def _check_transformers_backend(resolve: Resolver, config: RunConfig, strategy: 
     if sampler.name not in TRANSFORMERS_SAMPLERS:
         raise resolve.error(("sampler", "name"), f"sampler {sampler.name!r} cannot take the "
                             f"weights of model_type {model_type!r} on {backend} yet; use "
-                            "the torch or ray sampler")
+                            "the torch, vllm or ray sampler")
     if inner is not None and inner.get("name", "torch") != "torch":
         raise resolve.error(("sampler", "worker_sampler", "name"),
                             f"worker sampler {inner.get('name')!r} cannot take the weights of "

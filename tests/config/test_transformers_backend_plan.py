@@ -26,11 +26,15 @@ def test_the_plan_says_which_backend_runs_the_model(mixtral_config):
     assert plan.model_source.model_type == "mixtral"
 
 
-def test_router_replay_is_a_plan_error_naming_the_model_type(mixtral_config):
-    mixtral_config["strategy"]["router_replay"] = "R2"
-    with pytest.raises(ConfigError, match="strategy.router_replay: R2 replays MoE routing "
-                       "through astrai's own router, and model_type 'mixtral' runs on the "
-                       "transformers backend"):
+@pytest.mark.parametrize("replay, sampler", [("R2", "torch"), ("R3", "vllm")])
+def test_router_replay_is_a_plan_error_naming_the_model_type(mixtral_config, replay, sampler):
+    if sampler == "vllm":
+        pytest.importorskip("vllm")  # the vllm sampler is only registered with vLLM installed
+    mixtral_config["sampler"] = {**mixtral_config["sampler"], "name": sampler}
+    mixtral_config["strategy"]["router_replay"] = replay
+    with pytest.raises(ConfigError, match=f"strategy.router_replay: {replay} replays MoE "
+                       "routing through astrai's own router, and model_type 'mixtral' runs "
+                       "on the transformers backend"):
         plan_run(RunConfig.model_validate(mixtral_config))
 
 
@@ -50,20 +54,22 @@ def test_the_ray_sampler_with_torch_workers_is_planned(mixtral_config):
     assert plan.sampler.name == "ray"
 
 
-@pytest.mark.parametrize("section, field, name", [
-    ({"name": "vllm"}, "sampler.name", "sampler 'vllm'"),
-    ({"name": "ray", "worker_sampler": {"name": "vllm"}}, "sampler.worker_sampler.name",
-     "worker sampler 'vllm'"),
-])
-def test_samplers_that_cannot_take_its_weights_are_one_plan_error(mixtral_config, section,
-                                                                  field, name):
+def test_the_vllm_sampler_is_planned(mixtral_config):
     pytest.importorskip("vllm")  # the vllm sampler is only registered with vLLM installed
-    if section["name"] == "ray":
-        pytest.importorskip("astrai_plugin_ray")
-    mixtral_config["sampler"] = {**mixtral_config["sampler"], **section}
+    mixtral_config["sampler"] = {**mixtral_config["sampler"], "name": "vllm"}
+    plan = plan_run(RunConfig.model_validate(mixtral_config))
+    assert plan.sampler.name == "vllm"
+
+
+def test_a_ray_worker_sampler_that_cannot_take_its_weights_is_one_plan_error(mixtral_config):
+    pytest.importorskip("vllm")  # the vllm sampler is only registered with vLLM installed
+    pytest.importorskip("astrai_plugin_ray")
+    mixtral_config["sampler"] = {**mixtral_config["sampler"], "name": "ray",
+                                 "worker_sampler": {"name": "vllm"}}
     with pytest.raises(ConfigError) as caught:
         plan_run(RunConfig.model_validate(mixtral_config))
     message = str(caught.value)
-    assert message.startswith(f"{field}: {name} cannot take the weights of model_type "
-                              "'mixtral' on the transformers backend"), message
+    assert message.startswith("sampler.worker_sampler.name: worker sampler 'vllm' cannot take "
+                              "the weights of model_type 'mixtral' on the transformers "
+                              "backend"), message
     assert "\n" not in message

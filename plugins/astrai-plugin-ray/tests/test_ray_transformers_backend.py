@@ -113,7 +113,7 @@ def test_a_worker_sampler_other_than_torch_is_one_plan_error(ray_session, tmp_pa
     del config["sampler"]["worker_sampler"]
     with pytest.raises(ConfigError, match="^sampler.name: sampler 'slow_torch' cannot take the "
                        "weights of model_type 'olmo2' on the transformers backend yet; use the "
-                       "torch or ray sampler$"):
+                       "torch, vllm or ray sampler$"):
         plan_run(RunConfig.model_validate(config))
 
 

@@ -1,8 +1,8 @@
 """Starting a vLLM engine on an astrai policy.
 
-The policy is exported to a Hugging Face directory with its importer's
-``export_checkpoint`` (the same code as ``astrai export``), and ``vllm.LLM`` loads that
-directory with an explicit dtype: left to ``auto``, vLLM downcasts float32 checkpoints
+A native policy is exported to a Hugging Face directory with its importer's
+``export_checkpoint`` (the same code as ``astrai export``), a transformers-backend policy
+written as the Hugging Face directory it is. ``vllm.LLM`` loads that directory with an explicit dtype: left to ``auto``, vLLM downcasts float32 checkpoints
 to bfloat16 without a word, and the sampler's log-probs would no longer match the
 trainer's. vLLM is imported here, never by the plugin's hook module.
 """
@@ -30,11 +30,16 @@ def export_policy(model: torch.nn.Module, native_dir: Path | None, work_dir: Pat
 
     ``native_dir`` is the native checkpoint the model was loaded from, if any: its export
     keeps the original ``config.json``. A live model is first saved as a native checkpoint.
+    A transformers-backend policy is written as its own Hugging Face directory (its
+    family's names and config; ``model_type`` does not apply).
     """
     from astrai_core.api import export_model_type, load_importer
+    from astrai_core.api import hf_name_prefix, save_hf_directory
     from astrai_core.api import save_pretrained
     from astrai_core.api import process_registry
 
+    if hf_name_prefix(model) is not None:
+        return save_hf_directory(model, work_dir / "hf")
     if native_dir is None:
         native_dir = save_pretrained(model, work_dir / "native")
     model_type = model_type or export_model_type(native_dir)

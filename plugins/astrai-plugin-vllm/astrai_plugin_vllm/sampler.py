@@ -5,7 +5,9 @@ Hugging Face directory and starts ``vllm.LLM`` on it (in this process by default
 ``generate`` maps astrai's SamplingParams onto vLLM's and returns the same
 :class:`~astrai_core.sampling.params.Completion` records as the torch sampler;
 ``update_weights`` pushes the policy's weights into the running engine (no restart), in
-buckets of at most ``weight_bucket_mb``, and resets its prefix cache, whose KV blocks were
+buckets of at most ``weight_bucket_mb``, under Hugging Face names (a native policy's
+converted by its family's importer, a transformers-backend policy's as they are), and
+resets its prefix cache, whose KV blocks were
 computed with the old weights.
 
 In an N-process run (torchrun) every rank, or every group of ``tensor_parallel_size``
@@ -32,6 +34,7 @@ import torch
 from pydantic import Field
 
 from astrai_core.api import PER_EXPERT, ConfigError, iter_push_buckets, unsharded
+from astrai_core.api import hf_name_prefix, iter_hf_push_buckets
 from astrai_core.api import Completion, SamplingParams
 from astrai_core.api import Request, expand_requests
 from astrai_plugin_vllm import colocated
@@ -103,7 +106,8 @@ class VllmSampler:
                               "runs in that rank's process; leave multiprocess off")
         self._work_dir = tempfile.TemporaryDirectory(prefix="astrai-vllm-")
         hf_dir = engine_lib.export_policy(model, native_dir, Path(self._work_dir.name), model_type)
-        self._importer = _importer_for(hf_dir)
+        # a transformers-backend policy's names are already the family's: no importer
+        self._importer = None if hf_name_prefix(model) is not None else _importer_for(hf_dir)
         engine_args = dict(gpu_memory_utilization=gpu_memory_utilization,
                            tensor_parallel_size=tensor_parallel_size, max_model_len=max_model_len,
                            max_num_seqs=max_num_seqs, enforce_eager=enforce_eager, seed=engine_seed,
@@ -134,8 +138,12 @@ class VllmSampler:
                 load_state_dict_strict(self.model, state_dict, "update_weights(state_dict)")
         started = time.perf_counter()
         self._wake()
-        if self.multiprocess:  # tensors do not cross processes: one safetensors payload
-            payload: Any = weights_lib.serialize(
+        if self._importer is None:  # transformers backend: the family's own names
+            pairs = (item for bucket in iter_hf_push_buckets(self.model, self.weight_bucket_bytes)
+                     for item in bucket.items())
+            payload: Any = weights_lib.serialize(dict(pairs)) if self.multiprocess else pairs
+        elif self.multiprocess:  # tensors do not cross processes: one safetensors payload
+            payload = weights_lib.serialize(
                 weights_lib.hf_weights(self._importer, self.model, PER_EXPERT))
         else:  # streamed: full tensors exist one bucket at a time (a collective under FSDP)
             payload = colocated.hf_stream(self._importer, self.model.config,
