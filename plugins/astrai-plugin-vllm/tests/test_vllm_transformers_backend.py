@@ -26,8 +26,9 @@ def _qwen3_dir(directory, tie: bool):
     return write_hf_model_dir(directory, "qwen3", tie_word_embeddings=tie, **ENGINE_SHAPE)
 
 
-@pytest.mark.parametrize("tie", [False, True])
-def test_a_push_reaches_the_engine_under_the_familys_names(tie, tmp_path, helpers):
+# multiprocess: the engine core in its own process, the weights as one safetensors payload
+@pytest.mark.parametrize(("tie", "multiprocess"), [(False, False), (True, False), (True, True)])
+def test_a_push_reaches_the_engine_under_the_familys_names(tie, multiprocess, tmp_path, helpers):
     import torch
 
     from astrai_core.checkpoints.hf_model import load_transformers_model
@@ -36,7 +37,7 @@ def test_a_push_reaches_the_engine_under_the_familys_names(tie, tmp_path, helper
 
     policy = load_transformers_model(_qwen3_dir(tmp_path / "hf", tie))
     assert policy.config.tie_word_embeddings == tie
-    sampler = VllmSampler(policy, **helpers.engine_options)
+    sampler = VllmSampler(policy, multiprocess=multiprocess, **helpers.engine_options)
     try:
         assert sampler._importer is None  # no conversion: the names are the family's
         before = sampler.generate(PROMPTS, SAMPLED)
