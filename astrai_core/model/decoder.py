@@ -6,13 +6,12 @@ from collections.abc import Callable
 from typing import Any
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 from torch.utils.checkpoint import checkpoint
 
 from astrai_core.model.attention import Attention
 from astrai_core.model.config import ModelConfig
-from astrai_core.model.head import head_logprobs
+from astrai_core.model.head import head_outputs
 from astrai_core.model.kv_cache import KVCache
 from astrai_core.model.layers import RMSNorm, SwiGLU
 from astrai_core.model.masks import AttentionBias, build_attention_bias
@@ -150,14 +149,9 @@ class CausalLM(nn.Module):
             kv_cache.advance(seq)
 
         hidden = self.norm(x)
-        head_input = hidden[:, -logits_to_keep:] if 0 < logits_to_keep < seq else hidden
-        if head is not None:
-            out = dict(head(hidden, self.head_weight()))
-        elif target_ids is not None:
-            out = head_logprobs(hidden, self.head_weight(), target_ids, temperature, return_entropy)
-        else:
-            logits = F.linear(head_input, self.head_weight())  # at least float32; float64 stays
-            out = {"logits": logits.to(torch.promote_types(logits.dtype, torch.float32))}
+        out = head_outputs(hidden, self.head_weight(), logits_to_keep=logits_to_keep,
+                           target_ids=target_ids, temperature=temperature,
+                           return_entropy=return_entropy, head=head)
         if return_hidden_states:
             out["hidden_states"] = hidden
         out.update(self._router_outputs(routers, attention_mask, seq, x.device))

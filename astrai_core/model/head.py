@@ -76,6 +76,24 @@ def head_logprobs(hidden: Tensor, weight: Tensor, target_ids: Tensor, temperatur
     return out
 
 
+def head_outputs(hidden: Tensor, weight: Tensor, *, logits_to_keep: int = 0,
+                 target_ids: Tensor | None = None, temperature: float = 1.0,
+                 return_entropy: bool = False,
+                 head: Callable[[Tensor, Tensor], dict[str, Any]] | None = None,
+                 softcap: float | None = None) -> dict[str, Any]:
+    """What a causal LM's forward returns from its final hidden states [B, S, H] and head
+    ``weight`` [V, H], for either backend: a custom ``head``'s dict, the chunked
+    log-probs of ``target_ids``, or the logits of the last ``logits_to_keep`` positions
+    (0: all)."""
+    if head is not None:
+        return dict(head(hidden, weight))
+    if target_ids is not None:
+        return head_logprobs(hidden, weight, target_ids, temperature, return_entropy, softcap)
+    seq = hidden.shape[1]
+    kept = hidden[:, -logits_to_keep:] if 0 < logits_to_keep < seq else hidden
+    return {"logits": head_logits(kept, weight, softcap)}
+
+
 def predicting_positions(seq: int, targets: int) -> slice:
     """The positions predicting the last ``targets`` tokens of a ``seq``-token sequence."""
     if not 0 <= targets < seq:

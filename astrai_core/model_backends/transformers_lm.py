@@ -33,7 +33,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from astrai_core.model.head import head_logits, head_logprobs
+from astrai_core.model.head import head_outputs
 
 # Config attributes under which families spell their number of routed experts.
 _EXPERT_COUNTS = ("num_local_experts", "num_experts", "n_routed_experts")
@@ -180,15 +180,10 @@ class TransformersCausalLM(nn.Module):
         if kv_cache is not None:
             kv_cache.advance(seq)
         hidden = out.last_hidden_state
-        softcap = self.config.final_logit_softcapping
-        if head is not None:
-            result = dict(head(hidden, self.head_weight()))
-        elif target_ids is not None:
-            result = head_logprobs(hidden, self.head_weight(), target_ids, temperature,
-                                   return_entropy, softcap)
-        else:
-            kept = hidden[:, -logits_to_keep:] if 0 < logits_to_keep < seq else hidden
-            result = {"logits": head_logits(kept, self.head_weight(), softcap)}
+        result = head_outputs(hidden, self.head_weight(), logits_to_keep=logits_to_keep,
+                              target_ids=target_ids, temperature=temperature,
+                              return_entropy=return_entropy, head=head,
+                              softcap=self.config.final_logit_softcapping)
         if return_hidden_states:
             result["hidden_states"] = hidden
         result["aux_loss"] = self._aux_loss(out, attention_mask, hidden.device) if moe \
