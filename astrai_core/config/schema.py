@@ -89,6 +89,11 @@ class RolloutSection(Section):
     partial_tokens: int = Field(
         default=64, ge=1, description="with partial: true, the tokens each sequence decodes "
         "per segment; a rollout step runs segments until enough groups have finished")
+    partial_overlap: bool = Field(
+        default=True, description="with partial: true and an asynchronous sampler (ray): the "
+        "workers keep decoding while the trainer steps, and each weight push interrupts them "
+        "between two decode steps (not bit-reproducible); false: segments run only while "
+        "the trainer waits, reproducibly. No effect with a sampler in the trainer's process")
 
 
 class RunConfig(Section):

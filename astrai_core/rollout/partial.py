@@ -7,6 +7,18 @@ groups have every completion finished: those groups are the training rollout. Th
 unfinished ones are carried to the next draw and continued there under the weights
 published since (the sampler recomputes their KV cache from ``prompt + tokens so far``).
 
+With ``overlap`` and an asynchronous sampler (one with ``generate_async``: ray), the
+sampler does not wait for the trainer: each draw ends by sending the next segment, which
+the workers decode while the trainer steps, without a token limit (when the sampler is
+``interruptible``; else ``segment_tokens``), and the trainer's next weight push interrupts
+it after its current decode step (its sequences come back
+``finish_reason="abort"``, as they stand). The next draw collects it, so the weight
+update lands between two decode steps of the sequences in flight, which continue under
+the new weights. Each segment's tokens are stamped with the version that was published
+when it was sent: the push waits for the segment to stop, so no token of it is sampled
+by newer weights. How many tokens a segment gets before the interrupt depends on timing,
+so such a run is not bit-reproducible (``overlap: false`` is).
+
 Every token records the policy version that sampled it (``RolloutBatch.token_versions``)
 next to its behaviour log-prob. When the rollout is drawn, tokens more than
 ``max_staleness`` versions older than the current policy are masked out of the loss:
@@ -54,11 +66,31 @@ class _Group:
         return all(s.finish_reason is not None for s in self.sequences)
 
 
+@dataclass
+class _Segment:
+    """A segment sent to the sampler: its sequences, the policy version that samples
+    them, and the handle whose ``result()`` gives one completion per sequence."""
+
+    sequences: list[_Sequence]
+    version: int
+    handle: Any
+
+
+@dataclass
+class _Done:
+    """The handle of a segment sampled already (a sampler in the trainer's process)."""
+
+    completions: list[Completion]
+
+    def result(self) -> list[Completion]:
+        return self.completions
+
+
 class PartialRollouts:
     """The drawer of a partial-rollout run, around the run's :class:`RolloutRunner`."""
 
     def __init__(self, runner: Any, segment_tokens: int, max_staleness: int,
-                 in_flight: int | None = None) -> None:
+                 in_flight: int | None = None, overlap: bool = False) -> None:
         if segment_tokens < 1:
             raise ValueError("segment_tokens must be >= 1")
         self.runner = runner
@@ -68,6 +100,9 @@ class PartialRollouts:
         self.groups: list[_Group] = []
         self.admitted = 0  # groups ever admitted: the next one's index
         self.segments = 0  # decode segments run so far: seeds each segment's sampling
+        # decode while the trainer steps: only a sampler apart from the trainer can
+        self.overlap = overlap and hasattr(runner.sampler, "generate_async")
+        self._pending: _Segment | None = None  # a segment sent and not yet collected
 
     @property
     def policy_version(self) -> int:
@@ -78,12 +113,21 @@ class PartialRollouts:
         """The next ``prompts_per_rollout`` finished groups (oldest first)."""
         wanted = self.runner.prompts_per_rollout
         while sum(g.finished for g in self.groups) < wanted:
-            self._admit()
-            self._segment()
+            if self._pending is None:
+                self._admit()
+                self._send(self.segment_tokens)
+            self._collect()
         done = [g for g in self.groups if g.finished][:wanted]
         self.groups = [g for g in self.groups if g not in done]
         self.runner.rollouts_drawn += 1
-        return self._build(done)
+        rollout = self._build(done)
+        if self.overlap:  # the sampler decodes on while the trainer steps
+            self._admit()
+            # until the next push interrupts it; a sampler that cannot be interrupted
+            # gets one segment, which the push waits for
+            interruptible = getattr(self.runner.sampler, "interruptible", False)
+            self._send(None if interruptible else self.segment_tokens)
+        return rollout
 
     def _admit(self) -> None:
         """Top the groups in flight up to ``in_flight`` with the next prompts."""
@@ -95,25 +139,38 @@ class PartialRollouts:
             self.groups.append(_Group(record, self.admitted, sequences))
             self.admitted += 1
 
-    def _segment(self) -> None:
-        """At most ``segment_tokens`` more tokens for every unfinished sequence, sampled
-        by the current policy."""
+    def _send(self, limit: int | None) -> None:
+        """Send a segment: at most ``limit`` more tokens (None: as many as are left, until
+        interrupted) for every unfinished sequence, sampled by the current policy."""
         runner, params = self.runner, self.runner.sampling_params
         todo = [(g, s) for g in self.groups for s in g.sequences if s.finish_reason is None]
+        if not todo:
+            return
         requests, per_request = [], []
         for number, (group, sequence) in enumerate(todo):
             left = params.max_new_tokens - len(sequence.tokens)
-            update: dict[str, Any] = {"n": 1, "max_new_tokens": min(self.segment_tokens, left)}
+            update: dict[str, Any] = {"n": 1, "max_new_tokens": min(limit or left, left)}
             if params.seed is not None:  # a fresh, reproducible stream per sequence and segment
                 update["seed"] = params.seed + 1_000_003 * self.segments + number
             requests.append(group.record.prompt_ids + sequence.tokens)
             per_request.append(params.model_copy(update=update))
-        with runner.lock:  # no publish in the middle of a segment
+        with runner.lock:  # no publish while a segment is being sent or sampled in-process
             version = runner.policy_version
-            completions = runner.sampler.generate(requests, per_request)
+            if self.overlap:  # the next weight push may cut it short
+                handle = runner.sampler.generate_async(requests, per_request, interruptible=True)
+            else:
+                handle = _Done(runner.sampler.generate(requests, per_request))
         self.segments += 1
-        for (group, sequence), completion in zip(todo, completions):
-            _extend(sequence, completion, version, params.max_new_tokens)
+        self._pending = _Segment([s for _, s in todo], version, handle)
+
+    def _collect(self) -> None:
+        """Wait for the segment sent last and add its tokens to their sequences."""
+        segment, self._pending = self._pending, None
+        if segment is None:
+            return
+        limit = self.runner.sampling_params.max_new_tokens
+        for sequence, completion in zip(segment.sequences, segment.handle.result(), strict=True):
+            _extend(sequence, completion, segment.version, limit)
 
     # ---------------------------------------------------------------- the rollout
     def _build(self, groups: list[_Group]) -> RolloutBatch:
@@ -135,7 +192,10 @@ class PartialRollouts:
 
     # ---------------------------------------------------------------- resume
     def state_dict(self) -> dict[str, Any]:
-        """The runner's state and the sequences in flight (JSON: exact floats)."""
+        """The runner's state and the sequences in flight (JSON: exact floats), with the
+        tokens of a segment still being decoded (collected first: after a weight push it
+        has stopped already)."""
+        self._collect()
         return {"runner": self.runner.state_dict(), "admitted": self.admitted,
                 "segments": self.segments,
                 "groups": [{"record": asdict(g.record), "index": g.index,

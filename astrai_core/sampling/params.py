@@ -7,7 +7,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
-FinishReason = Literal["stop", "length"]
+FinishReason = Literal["stop", "length", "abort"]
 
 
 class SamplingParams(BaseModel):
@@ -54,6 +54,11 @@ class Completion:
     when ``generate(..., record_routing=True)`` asks: the MoE experts each position of
     ``prompt + token_ids`` went through, an int16 tensor ``[MoE layers, positions,
     top-k]``; -1 where the model never saw the token (the last one). Else ``None``.
+
+    ``finish_reason`` is ``stop`` (a stop token or string), ``length`` (``max_new_tokens``)
+    or ``abort``: the generate call was interrupted (a sampler's ``interrupt``, used by
+    partial rollouts when a weight update arrives) before this completion finished, and
+    it holds the tokens sampled so far.
     """
 
     token_ids: list[int]

@@ -11,6 +11,9 @@ samples from its own random stream, so its tokens do not depend on what shares i
 log_softmax(logits / T) of the chosen token before filtering: exactly what the trainer's
 ``policy_forward`` computes for the same tokens. With ``record_routing=True`` each
 completion also reports the MoE experts of every position (``sampling/routing.py``).
+A call given an ``interrupt`` event stops after the decode step during which the event
+is set: its unfinished completions come back as they stand, ``finish_reason="abort"``
+(partial rollouts continue them later under newer weights).
 """
 
 from __future__ import annotations
@@ -19,6 +22,8 @@ from collections import deque
 from collections.abc import Callable, Sequence
 from contextlib import nullcontext
 from typing import Any
+
+import threading
 
 import torch
 from pydantic import Field
@@ -67,12 +72,15 @@ class TorchSampler:
     def generate(self, prompts: Sequence[Sequence[int]],
                  params: SamplingParams | Sequence[SamplingParams],
                  on_token: TokenCallback | None = None,
-                 record_routing: bool = False) -> list[Completion]:
+                 record_routing: bool = False,
+                 interrupt: threading.Event | None = None) -> list[Completion]:
         """Completions for each prompt (``n`` per prompt, grouped in prompt order).
 
         ``params`` is one SamplingParams for all prompts or one per prompt. ``on_token``
         is called with (completion index, token id) as each token is produced.
         ``record_routing``: fill each completion's ``routed_experts`` (an MoE model).
+        ``interrupt``: once set, the call ends after the current decode step; completions
+        not finished by then have ``finish_reason="abort"`` and the tokens so far.
         """
         requests = expand_requests(prompts, params)
         if self.tokenizer is None and any(r.params.stop for r in requests):
@@ -87,13 +95,16 @@ class TorchSampler:
             with torch.inference_mode(), (routing_recorder(self.model) if record_routing
                                           else nullcontext()) as tape:
                 if len(ordered) > self.max_batch_size and not record_routing:
-                    _ContinuousDecode(self, ordered, on_token).run()
+                    _ContinuousDecode(self, ordered, on_token, interrupt).run()
                 else:  # one batch (routing is recorded batch by batch)
                     for start in range(0, len(ordered), self.max_batch_size):
                         _DecodeBatch(self, ordered[start:start + self.max_batch_size],
-                                     on_token, tape).run()
+                                     on_token, tape, interrupt).run()
         finally:
             self.model.train(was_training)
+        for request in requests:
+            if request.finish_reason is None:  # only an interrupted call leaves one unfinished
+                request.finish_reason = "abort"
         return [r.completion(self.tokenizer) for r in requests]
 
 
@@ -101,8 +112,10 @@ class _DecodeBatch:
     """One batch of requests decoded together; rows are dropped as they finish."""
 
     def __init__(self, sampler: TorchSampler, requests: list[Request],
-                 on_token: TokenCallback | None, tape: RoutingTape | None = None) -> None:
+                 on_token: TokenCallback | None, tape: RoutingTape | None = None,
+                 interrupt: threading.Event | None = None) -> None:
         self.model = sampler.model
+        self.interrupt = interrupt
         self.tokenizer = sampler.tokenizer
         self.on_token = on_token
         self.requests = list(requests)
@@ -119,6 +132,8 @@ class _DecodeBatch:
             self.routing.assign(self.requests)
 
     def _decode(self) -> None:
+        if _interrupted(self.interrupt):
+            return
         prompt_len = max(len(r.prompt_ids) for r in self.rows)
         max_new = max(r.params.max_new_tokens for r in self.rows)
         input_ids, prompt_mask = self._left_pad(prompt_len)
@@ -144,7 +159,7 @@ class _DecodeBatch:
         while True:
             tokens = self._choose(logits)
             keep = self._record(tokens.tolist())
-            if not keep:
+            if not keep or _interrupted(self.interrupt):
                 return
             if len(keep) < len(tokens):
                 full_mask, next_position, tokens = self._drop_finished(keep, cache, full_mask,
@@ -216,15 +231,16 @@ class _ContinuousDecode:
     merged into the running batch)."""
 
     def __init__(self, sampler: TorchSampler, requests: list[Request],
-                 on_token: TokenCallback | None) -> None:
+                 on_token: TokenCallback | None, interrupt: threading.Event | None = None) -> None:
         self.model, self.tokenizer, self.on_token = sampler.model, sampler.tokenizer, on_token
+        self.interrupt = interrupt
         self.max_batch_size = sampler.max_batch_size
         self.device = next(self.model.parameters()).device
         self.waiting = deque(requests)
         self.batch: RunningBatch | None = None
 
     def run(self) -> None:
-        while self.waiting or self.batch is not None:
+        while (self.waiting or self.batch is not None) and not _interrupted(self.interrupt):
             self._admit()
             if self.batch is not None:
                 self.batch = self._step(self.batch, decode(self.model, self.batch))
@@ -281,6 +297,10 @@ def record(rows: list[Request], tokens: list[int], on_token: TokenCallback | Non
         else:
             keep.append(row)
     return keep
+
+
+def _interrupted(interrupt: threading.Event | None) -> bool:
+    return interrupt is not None and interrupt.is_set()
 
 
 def _hit_stop_string(request: Request, tokenizer: Any) -> bool:

@@ -222,7 +222,8 @@ class OnlineStrategy(Strategy):
         drawer, process = self.run.rollouts, self.process_rollout
         rollout = self.run.plan.config.rollout
         if rollout.partial:  # carried sequences: the source requests nothing ahead
-            drawer = PartialRollouts(drawer, rollout.partial_tokens, rollout.max_staleness)
+            drawer = PartialRollouts(drawer, rollout.partial_tokens, rollout.max_staleness,
+                                     overlap=rollout.partial_overlap)
         dynamic = self.config.dynamic_sampling
         if dynamic is not None and dynamic.enabled:  # rollouts of informative groups only
             drawer = DynamicSampler(drawer, self.run.data.batch_size, dynamic.max_tries)

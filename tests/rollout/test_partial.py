@@ -136,3 +136,98 @@ def test_resume_continues_the_sequences_in_flight_exactly():
     for name in ("prompt_ids", "response_ids", "old_logprobs", "token_versions", "response_mask"):
         assert torch.equal(getattr(got, name), getattr(expected, name)), name
     assert resumed.runner.policy_version == 1 and resumed.admitted == reference.admitted
+
+
+# ---------------------------------------------------------------- overlapped segments
+class InterruptibleSampler(ScriptedSampler):
+    """An asynchronous sampler: ``generate_async`` decodes in the background, and a weight
+    update cuts an interruptible call in flight after ``cut`` more tokens per sequence
+    (``finish_reason="abort"``), before the new weights land."""
+
+    def __init__(self, cut: int) -> None:
+        super().__init__()
+        self.cut = cut
+        self.running: Call | None = None
+        self.sent: list[tuple[int, list[int]]] = []  # (version, max_new_tokens) of each call
+
+    interruptible = True
+
+    def generate_async(self, prompts, params, interruptible=False):
+        self.calls.append([list(p) for p in prompts])
+        self.sent.append((self.version, [p.max_new_tokens for p in params]))
+        self.running = Call(self, prompts, params, self.version, interruptible, self._order)
+        return self.running
+
+    def update_weights(self, state_dict=None) -> None:
+        if self.running is not None and self.running.interruptible:
+            self.running.cut = self.cut
+        self.running = None
+        self.version += 1
+
+
+class Call:
+    def __init__(self, sampler, prompts, params, version, interruptible, order):
+        self.sampler, self.prompts, self.params = sampler, prompts, params
+        self.version, self.interruptible, self.order = version, interruptible, order
+        self.cut = None
+
+    def result(self):
+        out = []
+        for i, (prompt, p) in enumerate(zip(self.prompts, self.params, strict=True)):
+            so_far, target = len(prompt) - 1, LENGTHS[prompt[0]][self.order[i]]
+            count = min(p.max_new_tokens, target - so_far)
+            reason = "stop" if so_far + count == target else "length"
+            if self.cut is not None and self.cut < count:
+                count, reason = self.cut, "abort"
+            out.append(Completion(token_ids=[20 + so_far + k for k in range(count)],
+                                  logprobs=[-(self.version + 1.0)] * count,
+                                  finish_reason=reason, prompt_index=i))
+        return out
+
+
+def test_overlapped_segments_decode_while_the_trainer_steps_and_stop_at_the_update():
+    sampler = InterruptibleSampler(cut=1)
+    runner = RolloutRunner(sampler, tokenizer=None,
+                           rewards=RewardSet.from_config([{"name": "exact_match"}]),
+                           sampling_params=SamplingParams(max_new_tokens=8, seed=7),
+                           group_size=2, prompts_per_rollout=1, prompt_source=Prompts())
+    drawer = PartialRollouts(runner, segment_tokens=2, max_staleness=2, in_flight=2,
+                             overlap=True)
+    # draw 1 (version 0): one waited-on segment of 2 tokens; [1] finishes. Then the next
+    # segment is sent at once, without a token limit: [2] continued, [3] admitted.
+    first = _draw(drawer, [0, 1, 0, 1])
+    assert first.prompt_ids[:, -1].tolist() == [1, 1]
+    assert sampler.calls[1] == [[2, 20, 21], [2, 20, 21], [3], [3]]
+    assert sampler.sent[1] == (0, [6, 6, 8, 8])  # all that is left of max_new_tokens
+    # the trainer steps, then publishes: the update cuts the segment after 1 token each
+    runner.publish()
+    # a checkpoint now holds the cut segment's tokens (version 0), nothing left pending
+    state = drawer.state_dict()
+    carried = [s["tokens"] for g in state["groups"] for s in g["sequences"]]
+    assert carried == [[20, 21, 22], [20, 21, 22], [20], [20]]
+    assert drawer._pending is None
+    # draw 2 (version 1): the cut segment is collected; [2]'s second completion was
+    # interrupted ("abort") with 3 of its 5 tokens and is continued under version 1
+    sampler.expect([1, 0, 1])
+    second = drawer.draw()
+    assert second.prompt_ids[:, -1].tolist() == [3, 3]
+    assert second.token_versions.tolist() == [[0], [0]]
+    assert sampler.calls[2] == [[2, 20, 21, 22], [4], [4]]
+    assert sampler.sent[2] == (1, [5, 8, 8])
+    runner.publish()  # cuts [2] after one more token (version 1), [4] after one
+    sampler.expect([1, 0, 1])
+    third = drawer.draw()  # waits on a segment of version 2 until [2] finishes
+    assert third.prompt_ids[:, -1].tolist() == [2, 2]
+    assert third.response_ids.tolist() == [[20, 21, 22, 0, 0], [20, 21, 22, 23, 24]]
+    assert third.token_versions.tolist() == [[0, 0, 0, 2, 2], [0, 0, 0, 1, 2]]
+    assert third.old_logprobs.tolist() == [[-1.0, -1.0, -1.0, 0.0, 0.0],
+                                           [-1.0, -1.0, -1.0, -2.0, -3.0]]
+    assert third.finish_reasons == ["stop", "stop"]
+
+
+def test_without_overlap_an_asynchronous_sampler_samples_only_while_the_trainer_waits():
+    sampler = InterruptibleSampler(cut=1)
+    drawer = _drawer(sampler)
+    _draw(drawer, [0, 1, 0, 1])
+    assert len(sampler.calls) == 1  # no segment left running behind the draw
+    assert sampler.running is None or not sampler.running.interruptible

@@ -13,7 +13,10 @@ and the sampler ``worker_sampler`` names (:mod:`astrai_plugin_ray.worker`).
 * ``generate_async`` returns at once with a handle (``.result()``): the runner requests a
   rollout ahead with it (``rollout.max_staleness``). Each actor serves its calls in the
   order sent, so a rollout requested before a weight push is sampled by the weights
-  before it.
+  before it. ``generate_async(..., interruptible=True)`` (partial rollouts) may be cut
+  short by the next weight push: the workers end it after their current decode step, its
+  unfinished completions come back with ``finish_reason="abort"``, and the push lands
+  then (workers whose sampler cannot be interrupted finish the call first).
 * ``update_weights(None)`` pushes the trainer's policy (``self.model``) to every worker:
   only the tensors that train (``requires_grad``), so with LoRA only the adapter moves;
   ``update_weights(state_dict)`` pushes exactly the tensors given (a subset is fine).
@@ -74,6 +77,7 @@ class RaySampler:
         self._group: Any = None
         self._ray: RayConnection | None = None
         self._ranks = TrainerRanks()
+        self._interruptible_sent = False  # an interruptible call may be running
         if not self._ranks.leader:  # rank 0 of a distributed trainer holds the workers
             return
         import ray
@@ -111,31 +115,34 @@ class RaySampler:
         return completions
 
     def generate_async(self, prompts: Sequence[Sequence[int]],
-                       params: SamplingParams | Sequence[SamplingParams]
-                       ) -> PendingGeneration | RankShare:
+                       params: SamplingParams | Sequence[SamplingParams],
+                       interruptible: bool = False) -> PendingGeneration | RankShare:
         """Send each worker its run of prompts now; ``.result()`` waits for the completions.
-        A distributed trainer's ranks call it in step: rank 0 sends every rank's prompts."""
+        A distributed trainer's ranks call it in step: rank 0 sends every rank's prompts.
+        ``interruptible``: the next :meth:`update_weights` may end it early (see above)."""
         per_prompt = ([params] * len(prompts) if isinstance(params, SamplingParams)
                       else list(params))
         if len(per_prompt) != len(prompts):
             raise ValueError(f"got {len(per_prompt)} SamplingParams for {len(prompts)} prompts")
         runs = [[int(t) for t in prompt] for prompt in prompts]
         if not self._ranks.enabled:
-            return self._send(runs, per_prompt)
+            return self._send(runs, per_prompt, interruptible)
         shares = self._ranks.gather((runs, per_prompt))
         pending = (self._send([p for share, _ in shares for p in share],
-                              [q for _, share in shares for q in share])
+                              [q for _, share in shares for q in share], interruptible)
                    if self._ranks.leader else None)
         return RankShare(pending, [len(share) for share, _ in shares], self._ranks)
 
-    def _send(self, prompts: list[list[int]], per_prompt: list[SamplingParams]) -> PendingGeneration:
+    def _send(self, prompts: list[list[int]], per_prompt: list[SamplingParams],
+              interruptible: bool = False) -> PendingGeneration:
         workers = self._live_workers()
+        self._interruptible_sent |= interruptible and workers.interruptible
         bounds = split_groups([p.n for p in per_prompt], len(workers))
         calls = []
         for index, (start, end) in enumerate(zip(bounds, bounds[1:])):
             if end > start:
                 ref = workers.actors[index].generate.remote(prompts[start:end],
-                                                            per_prompt[start:end])
+                                                            per_prompt[start:end], interruptible)
                 calls.append((index, start, ref))
         return PendingGeneration(workers, calls)
 
@@ -155,6 +162,7 @@ class RaySampler:
             raise RuntimeError("the ray sampler is closed")
         groups = iter_full_buckets(tensors.items(), self.bucket_bytes)
         if self._pusher is not None:
+            self._interrupt_generation()
             self._metrics = self._pusher.push(groups)
             log.debug("weights pushed", **self._metrics)
         else:
@@ -162,6 +170,22 @@ class RaySampler:
                 pass
         self.policy_version += 1
         return self.policy_version
+
+    @property
+    def interruptible(self) -> bool:
+        """Whether a weight push can interrupt the workers' generations (their sampler's
+        ``generate`` takes ``interrupt``: the torch sampler's does, vLLM's does not)."""
+        return self._workers is not None and self._workers.interruptible
+
+    def _interrupt_generation(self) -> None:
+        """Before a push: end the interruptible generations in flight after their current
+        decode step (acknowledged, so the push's calls queue behind a stopping one)."""
+        if not self._interruptible_sent:
+            return
+        workers = self._live_workers()
+        workers.get([actor.interrupt.options(concurrency_group="control").remote()
+                     for actor in workers.actors], "an interrupt")
+        self._interruptible_sent = False
 
     def metrics(self) -> dict[str, float]:
         """The last weight push's metrics (logged with the optimizer step that made them)."""

@@ -9,11 +9,20 @@ sampler is told that its policy changed (``update_weights(None)``, which a vLLM 
 turns into an engine reload). Ray runs an
 actor's calls one at a time in the order they were sent, so a generation requested
 before a weight push always samples with the weights before it.
+
+A worker whose sampler can be interrupted (its ``generate`` takes ``interrupt``, as the
+torch sampler's does) also serves :meth:`RolloutWorker.interrupt` in a concurrency group
+of its own, beside a running generation: a generation asked for as ``interruptible``
+then ends after its current decode step and returns its unfinished completions as they
+stand (``finish_reason="abort"``), so a weight push waiting behind it lands between two
+decode steps. The interrupt holds until that push is whole.
 """
 
 from __future__ import annotations
 
+import inspect
 import os
+import threading
 import time
 from collections.abc import Sequence
 from datetime import timedelta
@@ -45,6 +54,7 @@ class RolloutWorker:
                                      in list(self._parameters.items()) if name.startswith(prefix)})
         sampler_class = registry.load("sampler", sampler_name)
         self.sampler = sampler_class(model=self.model, tokenizer=tokenizer, **sampler_options)
+        self._interrupt = threading.Event()  # set by interrupt(), cleared by finish_push()
         self.group: Any = None
         self.group_device = torch.device("cpu")
 
@@ -59,8 +69,19 @@ class RolloutWorker:
 
     # ---------------------------------------------------------------- generation
     def generate(self, prompts: Sequence[Sequence[int]],
-                 params: SamplingParams | Sequence[SamplingParams]) -> list[Completion]:
+                 params: SamplingParams | Sequence[SamplingParams],
+                 interruptible: bool = False) -> list[Completion]:
+        """The sampler's completions; ``interruptible``: :meth:`interrupt` may end the call
+        early (a sampler that cannot be interrupted runs it to the end)."""
+        if interruptible and interruptible_sampler(type(self.sampler)):
+            return self.sampler.generate(prompts, params, interrupt=self._interrupt)
         return self.sampler.generate(prompts, params)
+
+    def interrupt(self) -> None:
+        """A weight push is on its way: an interruptible generation stops after its current
+        decode step, and one that starts before the push is whole returns at once. Runs
+        in the ``control`` concurrency group, beside a generation."""
+        self._interrupt.set()
 
     # ---------------------------------------------------------------- weights
     def join_group(self, host: str, port: int, prefix: str, rank: int, world_size: int,
@@ -100,6 +121,7 @@ class RolloutWorker:
         sampler reloads its engine); returns the seconds that took."""
         start = time.perf_counter()
         self.sampler.update_weights(None)
+        self._interrupt.clear()  # generations from here on sample the new weights
         return time.perf_counter() - start
 
     def _copy_in(self, tensors: dict[str, torch.Tensor]) -> None:
@@ -119,3 +141,8 @@ class RolloutWorker:
         if close is not None:
             close()
         self.group = None
+
+
+def interruptible_sampler(sampler_class: type) -> bool:
+    """Whether a sampler's ``generate`` can be interrupted (takes ``interrupt``)."""
+    return "interrupt" in inspect.signature(sampler_class.generate).parameters

@@ -1,6 +1,7 @@
 """Samplers for the ray sampler's tests, loaded as a plugin (ASTRAI_PLUGINS) by the test
-process and by every Ray worker: a torch sampler that is deliberately slow, and one whose
-process dies at a given generate call."""
+process and by every Ray worker: a torch sampler that is deliberately slow (per call, or
+per token, the latter interruptible as the torch sampler is), and one whose process dies
+at a given generate call."""
 
 from __future__ import annotations
 
@@ -15,6 +16,8 @@ from astrai_core.sampling.torch_sampler import TorchSampler
 def astrai_samplers():
     return [SamplerSpec(name="slow_torch", target="ray_test_samplers:SlowTorchSampler",
                         summary="the torch sampler, delay_s slower per generate call"),
+            SamplerSpec(name="slow_step_torch", target="ray_test_samplers:SlowStepTorchSampler",
+                        summary="the torch sampler, token_delay_s slower per token"),
             SamplerSpec(name="dying_torch", target="ray_test_samplers:DyingTorchSampler",
                         summary="the torch sampler, whose process exits at call die_at_call")]
 
@@ -30,6 +33,23 @@ class SlowTorchSampler(TorchSampler):
     def generate(self, prompts, params, on_token=None):
         time.sleep(self.delay_s)  # slower than a training step: sampling is the bottleneck
         return super().generate(prompts, params, on_token)
+
+
+class SlowStepTorchSampler(TorchSampler):
+    class Config(TorchSampler.Config):
+        token_delay_s: float = 0.0
+
+    def __init__(self, model, tokenizer=None, max_batch_size: int = 64, token_delay_s: float = 0.0):
+        super().__init__(model, tokenizer, max_batch_size)
+        self.token_delay_s = token_delay_s
+
+    def generate(self, prompts, params, on_token=None, record_routing=False, interrupt=None):
+        def slowly(index, token):  # long decoding, so that a weight push finds it running
+            time.sleep(self.token_delay_s)
+            if on_token is not None:
+                on_token(index, token)
+
+        return super().generate(prompts, params, slowly, record_routing, interrupt)
 
 
 class DyingTorchSampler(TorchSampler):

@@ -55,6 +55,29 @@ def test_staleness_one_with_a_slow_worker_stays_within_one_step(ray_session, tmp
     assert [r["rollout/policy_version"] for r in rows] == [0, 0, 1, 2, 3]
 
 
+def test_overlapped_partial_rollouts_train_on_tokens_of_several_versions(ray_session, tmp_path):
+    """rollout.partial on Ray workers overlaps by default (the worker decodes while the
+    trainer steps; test_ray_partial_overlap.py checks the interrupts token by token): a
+    run trains within max_staleness on tokens of several versions."""
+    from astrai_core.training.run import train
+
+    prompts = write_arith_prompts(tmp_path / "prompts.jsonl", count=32)
+    config = tiny_run_config(
+        tmp_path, prompts, {**GRPO, "rollout_correction": {"level": "token", "threshold": 100.0}},
+        sampler={**RAY, "workers": 1, "worker_sampler": {"name": "slow_step_torch",
+                                                        "token_delay_s": 0.004},
+                 "max_new_tokens": 24, "stop_token_ids": list(range(8, 12))},
+        max_steps=5, data={"batch_size": 2})
+    config["rollout"] = {"partial": True, "max_staleness": 2, "partial_tokens": 24}
+    train(RunConfig.model_validate(config))
+    rows = read_metrics(tmp_path / "run")
+    assert [r["step"] for r in rows] == [1, 2, 3, 4, 5]
+    # sampled ahead of the trainer: rollouts hold tokens of older and newer versions
+    assert any(r["rollout/staleness"] > r["rollout/staleness_min"] for r in rows)
+    assert all(r["rollout/staleness"] <= 2 for r in rows)
+    assert all(r["loss"] == r["loss"] for r in rows)  # finite
+
+
 def test_a_dying_worker_stops_the_run_with_its_name_and_node(ray_session, tmp_path):
     from astrai_plugin_ray.workers import RolloutWorkerDied
 
@@ -145,7 +168,9 @@ def test_partial_rollouts_on_ray_workers_equal_the_local_sampler(ray_session, tm
             {**GRPO, "rollout_correction": {"level": "token", "threshold": 100.0}},
             sampler={"max_new_tokens": 8, "stop_token_ids": list(range(8, 24)), **sampler},
             max_steps=4, data={"batch_size": 2})
-        config["rollout"] = {"partial": True, "max_staleness": 1, "partial_tokens": 2}
+        # segments only while the trainer waits: the same tokens wherever they are sampled
+        config["rollout"] = {"partial": True, "max_staleness": 1, "partial_tokens": 2,
+                             "partial_overlap": False}
         train(RunConfig.model_validate(config))
         return read_metrics(tmp_path / name / "run")
 
