@@ -9,7 +9,8 @@ fresh process:
 - ``partial``: ``rollout.partial: true`` (``max_staleness``, ``partial_tokens`` below): a
   step trains on the groups that finished and carries the others to later steps;
 - ``stale1`` (``--sampler ray`` only): synchronous rollouts requested one step ahead
-  (``rollout.max_staleness: 1``), the sampler generating while the trainer steps.
+  (``rollout.max_staleness: 1``, the sampler's log-probs as PPO's old ones), the
+  sampler generating while the trainer steps.
 
 ``--sampler torch`` samples in the trainer's process. ``--sampler ray`` samples in one
 Ray worker (``sampler: {name: ray, workers: 1, worker_resources: {CPU: 1}}``, a local Ray
@@ -23,10 +24,12 @@ trainer's process, or in the Ray worker through Ray's ``worker_process_setup_hoo
 the bench stops with an error unless that process reports every finished completion at
 its planned length.
 
-Reported per peer: seconds per step and trained completion tokens per second (tokens
-masked for staleness are not counted), medians over steps, the first step of every run
-left out; the stale-masked fraction of the trained tokens; the share of the run's time
-the sampler spent generating; and each peer's throughput over ``sync``'s.
+Reported per peer: seconds per step (median) and trained completion tokens per second
+(over all steps; tokens masked for staleness are not counted), the first step of every
+run left out; the stale-masked fraction of the trained tokens; the share of the run's
+time the sampler spent generating (``sampler busy``) and the trainer spent waiting for
+rollouts (``trainer waiting``; the rest is the trainer's own work); and each peer's
+throughput over ``sync``'s.
 
     .venv/bin/python bench/bench_rl_partial.py [--sampler torch|ray] [--steps 8]
         [--prompts 4] [--group 8] [--max-tokens 512] [--staleness 2]
@@ -43,6 +46,7 @@ import os
 import statistics
 import sys
 import tempfile
+import time
 from pathlib import Path
 
 import torch
@@ -63,9 +67,9 @@ def peer_overrides(who: str, args: argparse.Namespace) -> dict:
         overrides["rollout"] = {"partial": True, "max_staleness": args.staleness,
                                 "partial_tokens": args.partial_tokens}
         overrides["strategy"] = CORRECTION
-    elif who == "stale1":
+    elif who == "stale1":  # PPO's old log-probs are the sampler's: no extra forward
         overrides["rollout"] = {"max_staleness": 1}
-        overrides["strategy"] = CORRECTION
+        overrides["strategy"] = {"recompute_old_logprobs": False}
     return overrides
 
 
@@ -90,6 +94,7 @@ def time_astrai(model_dir: Path, work: Path, args: argparse.Namespace) -> dict:
     report = work / "lengths.json"
     if args.sampler == "torch":
         install(args.max_tokens, eos, str(report))
+    waits = time_waits(args.sampler)
     records = train_astrai(model_dir, work, args, sampler_section(args.only, args, eos, report),
                            peer_overrides(args.only, args))
     steps = [r for r in records if "time/step_seconds" in r]
@@ -103,7 +108,48 @@ def time_astrai(model_dir: Path, work: Path, args: argparse.Namespace) -> dict:
     return {"seconds": [r["time/step_seconds"] for r in steps],
             "tokens": [r["rollout/response_length_mean"] * rows for r in steps],
             "masked": [r.get("rollout/stale_masked_fraction", 0.0) for r in steps],
-            "plan": plan}
+            "plan": {**plan, "wait_seconds": waits[0]}}
+
+
+def time_waits(sampler: str) -> list[float]:
+    """The seconds the trainer spends waiting on the sampler (``[total]``, growing): the
+    torch sampler's generate calls, or the ray sampler's rollouts from request to result
+    minus the time until ``.result()`` is asked for (a rollout requested ahead)."""
+    waits = [0.0]
+    if sampler == "torch":
+        from astrai_core.sampling.torch_sampler import TorchSampler as Sampler
+
+        plain = Sampler.generate
+
+        def generate(self, *positional, **kwargs):
+            start = time.perf_counter()
+            try:
+                return plain(self, *positional, **kwargs)
+            finally:
+                waits[0] += time.perf_counter() - start
+
+        Sampler.generate = generate
+        return waits
+    from astrai_plugin_ray.sampler import RaySampler
+
+    plain_async = RaySampler.generate_async
+
+    def generate_async(self, *positional, **kwargs):
+        handle = plain_async(self, *positional, **kwargs)
+        result = handle.result
+
+        def timed_result():
+            start = time.perf_counter()
+            try:
+                return result()
+            finally:
+                waits[0] += time.perf_counter() - start
+
+        handle.result = timed_result
+        return handle
+
+    RaySampler.generate_async = generate_async
+    return waits
 
 
 def check_trained_lengths(means: list[float], rows: int, max_tokens: int) -> None:
@@ -118,7 +164,7 @@ def check_trained_lengths(means: list[float], rows: int, max_tokens: int) -> Non
 def run_peers(args: argparse.Namespace, argv: list[str]) -> dict[str, dict]:
     """Every peer ``--rounds`` times, each run in a fresh process, on one model."""
     runs: dict[str, dict] = {who: {"seconds": [], "tokens": [], "masked": [], "busy": [],
-                                   "plan": []} for who in args.peers}
+                                   "wait": [], "plan": []} for who in args.peers}
     with tempfile.TemporaryDirectory() as tmp:
         model_dir = Path(tmp) / "hf"
         make_model(model_dir, args.size, max_positions=args.max_tokens + 64)
@@ -127,6 +173,7 @@ def run_peers(args: argparse.Namespace, argv: list[str]) -> dict[str, dict]:
                 result = child_json(__file__, "RESULT", who, model_dir, argv)
                 plan = result.pop("plan")
                 run["busy"].append(plan["generate_seconds"] / sum(result["seconds"]))
+                run["wait"].append(plan["wait_seconds"] / sum(result["seconds"]))
                 run["plan"].append(plan)
                 for key, values in result.items():
                     run[key] += values[1:]  # the first step pays one-off costs
@@ -150,8 +197,9 @@ def report(args: argparse.Namespace, runs: dict[str, dict]) -> None:
         aborted = sum(p["aborted"] for p in run["plan"])
         print(f"  {who:<8} {statistics.median(run['seconds']):7.3f} s/step "
               f"{rate[who]:7.0f} trained tok/s  stale-masked {statistics.mean(run['masked']):5.1%}"
-              f"  sampler busy {statistics.mean(run['busy']):5.1%}  ({finished} completions "
-              f"at their planned length, {aborted} aborted segments)")
+              f"  sampler busy {statistics.mean(run['busy']):5.1%}  trainer waiting "
+              f"{statistics.mean(run['wait']):5.1%}  ({finished} completions at their "
+              f"planned length, {aborted} aborted)")
     if "sync" in rate:
         for who in rate:
             if who != "sync":
