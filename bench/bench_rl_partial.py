@@ -21,15 +21,19 @@ Each completion's length is drawn once, in the order its sequence enters the sam
 from one seeded stream shared by all peers; a carried sequence keeps its length across
 segments (``forced_lengths.py``). The forcing runs where the sampler runs: in the
 trainer's process, or in the Ray worker through Ray's ``worker_process_setup_hook``, and
-the bench stops with an error unless that process reports every finished completion at
-its planned length.
+the bench stops with an error unless that process (the worker's, not the trainer's, with
+Ray) reports every finished completion at its planned length, and, for ``sync`` and
+``stale1``, unless every step trained exactly the planned lengths. ``--max-tokens`` is at
+least 64 (the long completions take [64, max]).
 
 Reported per peer: seconds per step (median) and trained completion tokens per second
 (over all steps; tokens masked for staleness are not counted), the first step of every
-run left out; the stale-masked fraction of the trained tokens; the share of the run's
-time the sampler spent generating (``sampler busy``) and the trainer spent waiting for
-rollouts (``trainer waiting``; the rest is the trainer's own work); and each peer's
-throughput over ``sync``'s.
+run left out; the stale-masked fraction of the trained tokens; the share of the whole
+run's step time the sampler spent generating (``sampler busy``) and the trainer spent
+waiting for rollouts (``trainer waiting``; the rest is the trainer's own work); how many
+completions the sampling process finished at their planned length, and how many an
+interrupted generate call returned unfinished (``abort``: carried like a segment's end);
+and each peer's throughput over ``sync``'s.
 
     .venv/bin/python bench/bench_rl_partial.py [--sampler torch|ray] [--steps 8]
         [--prompts 4] [--group 8] [--max-tokens 512] [--staleness 2]

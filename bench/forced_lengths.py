@@ -63,7 +63,8 @@ class Lengths:
         self.stats["planned"] += len(out)
         return out
 
-    def carry(self, prompts: list[list[int]], completions: list, plan: list[tuple[int, int]]) -> None:
+    def carry(self, prompts: list[list[int]], completions: list,
+              plan: list[tuple[int, int]]) -> None:
         for completion, (target, done) in zip(completions, plan, strict=True):
             total = done + len(completion.token_ids)
             self.stats["aborted"] += completion.finish_reason == "abort"
