@@ -87,6 +87,7 @@ bench: $(STAMP)
 	$(PY) bench/bench_grpo_trl.py
 	$(PY) bench/bench_rl_longtail.py
 	$(PY) bench/bench_rl_partial.py
+	$(PY) bench/bench_rl_partial.py --sampler ray
 	$(PY) bench/bench_serve.py
 	$(PY) bench/bench_ray.py
 	$(PY) bench/bench_distributed.py

@@ -125,8 +125,7 @@ def train_astrai(model_dir: Path, work: Path, args: argparse.Namespace, sampler:
         "strategy": {"name": "grpo", "group_size": args.group, "eps_low": 0.2, "eps_high": 0.2,
                      "loss_aggregation": "token-mean"},
         "rewards": [{"name": f"{Path(__file__).stem}:digit_reward"}],
-        "sampler": {"name": "torch", "temperature": 1.0,
-                    "max_batch_size": args.prompts * args.group, **sampler},
+        "sampler": {"temperature": 1.0, **_engine_defaults(args, sampler), **sampler},
         "device": {"name": "cpu"},
         "trainer": {"max_steps": args.steps, "lr": args.lr, "schedule": "constant",
                     "max_grad_norm": 1.0, "eval_at_start": False, "save_every": 0,
@@ -140,6 +139,14 @@ def train_astrai(model_dir: Path, work: Path, args: argparse.Namespace, sampler:
     train(load_config(path))
     return [json.loads(line) for line in (work / "astrai" / "metrics.jsonl").read_text()
             .splitlines()]
+
+
+def _engine_defaults(args: argparse.Namespace, sampler: dict) -> dict:
+    """The torch sampler with one decode batch of a rollout, unless ``sampler`` names
+    another (whose engine options are its own business)."""
+    if sampler.get("name", "torch") != "torch":
+        return {}
+    return {"name": "torch", "max_batch_size": args.prompts * args.group}
 
 
 def time_astrai(model_dir: Path, work: Path, args: argparse.Namespace) -> list[float]:

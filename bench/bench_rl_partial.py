@@ -2,110 +2,230 @@
 
 The workload of bench_rl_longtail.py (the same model, prompts, reward and length
 distribution: 90% of completions uniform in [4, 63] tokens, 10% in [64, 512], forced by
-the same logits processor), trained by astrai with packed micro-batches, in one process
-with the torch sampler:
+the same logits processor), trained by astrai with packed micro-batches, each peer in a
+fresh process:
 
 - ``sync``: every rollout step waits for its longest completion;
 - ``partial``: ``rollout.partial: true`` (``max_staleness``, ``partial_tokens`` below): a
-  step trains on the groups that finished and carries the others to later steps.
+  step trains on the groups that finished and carries the others to later steps;
+- ``stale1`` (``--sampler ray`` only): synchronous rollouts requested one step ahead
+  (``rollout.max_staleness: 1``, the sampler's log-probs as PPO's old ones), the
+  sampler generating while the trainer steps.
 
-Each completion's length is drawn once, in the order its group enters the sampler, from
-one seeded stream shared by both; a carried sequence keeps its length across segments.
-Reported: seconds per step and trained completion tokens per second (tokens masked for
-staleness are not counted), medians over steps, the first step of every run left out.
+``--sampler torch`` samples in the trainer's process. ``--sampler ray`` samples in one
+Ray worker (``sampler: {name: ray, workers: 1, worker_resources: {CPU: 1}}``, a local Ray
+started by the run) running the torch sampler with one thread: one core for the trainer,
+one for the worker.
 
-    .venv/bin/python bench/bench_rl_partial.py [--steps 8] [--prompts 4] [--group 8]
-        [--max-tokens 512] [--staleness 2] [--partial-tokens 64] [--rounds 1]
+Each completion's length is drawn once, in the order its sequence enters the sampler,
+from one seeded stream shared by all peers; a carried sequence keeps its length across
+segments (``forced_lengths.py``). The forcing runs where the sampler runs: in the
+trainer's process, or in the Ray worker through Ray's ``worker_process_setup_hook``, and
+the bench stops with an error unless that process (the worker's, not the trainer's, with
+Ray) reports every finished completion at its planned length, and, for ``sync`` and
+``stale1``, unless every step trained exactly the planned lengths. ``--max-tokens`` is at
+least 64 (the long completions take [64, max]).
+
+Reported per peer: seconds per step (median) and trained completion tokens per second
+(over all steps; tokens masked for staleness are not counted), the first step of every
+run left out; the stale-masked fraction of the trained tokens; the share of the whole
+run's step time the sampler spent generating (``sampler busy``) and the trainer spent
+waiting for rollouts (``trainer waiting``; the rest is the trainer's own work); how many
+completions the sampling process finished at their planned length, and how many an
+interrupted generate call returned unfinished (``abort``: carried like a segment's end);
+and each peer's throughput over ``sync``'s.
+
+    .venv/bin/python bench/bench_rl_partial.py [--sampler torch|ray] [--steps 8]
+        [--prompts 4] [--group 8] [--max-tokens 512] [--staleness 2]
+        [--partial-tokens 64] [--rounds 1] [--peers sync,partial,stale1]
+
+``make bench`` runs it with both samplers.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import statistics
 import sys
 import tempfile
+import time
 from pathlib import Path
 
 import torch
 
 sys.path.insert(0, str(Path(__file__).parent))
 from bench_grpo_trl import add_run_arguments, child_json, make_model, train_astrai  # noqa: E402
-from bench_rl_longtail import force_lengths, length_schedule  # noqa: E402
+from forced_lengths import install, planned, ray_runtime_env, read_report  # noqa: E402
+
+PEERS = {"torch": ("sync", "partial"), "ray": ("sync", "partial", "stale1")}
+# the importance weight of tokens sampled by an older policy (partial, stale1)
+CORRECTION = {"rollout_correction": {"level": "token", "mode": "truncate", "threshold": 2.0}}
 
 
-class Lengths:
-    """Each new sequence's target length from one seeded stream; a carried sequence (its
-    request is its prompt plus the tokens it already has) keeps its own."""
+def peer_overrides(who: str, args: argparse.Namespace) -> dict:
+    """The config sections that make ``who`` (packed micro-batches for all)."""
+    overrides: dict = {"trainer": {"micro_batch_tokens": 4096}}
+    if who == "partial":
+        overrides["rollout"] = {"partial": True, "max_staleness": args.staleness,
+                                "partial_tokens": args.partial_tokens}
+        overrides["strategy"] = CORRECTION
+    elif who == "stale1":  # PPO's old log-probs are the sampler's: no extra forward
+        overrides["rollout"] = {"max_staleness": 1}
+        overrides["strategy"] = {"recompute_old_logprobs": False}
+    return overrides
 
-    def __init__(self, args: argparse.Namespace) -> None:
-        self.stream = iter([x for row in length_schedule(200, 64, args.max_tokens) for x in row])
-        self.carried: dict[tuple[int, ...], tuple[int, int]] = {}  # prefix -> (target, done)
 
-    def for_requests(self, prompts: list[list[int]], counts: list[int]) -> list[tuple[int, int]]:
-        out = []
-        for prompt, count in zip(prompts, counts, strict=True):
-            for _ in range(count):
-                out.append(self.carried.pop(tuple(prompt), None) or (next(self.stream), 0))
-        return out
-
-    def carry(self, prompts: list[list[int]], completions: list, plan: list[tuple[int, int]]) -> None:
-        for completion, (target, done) in zip(completions, plan, strict=True):
-            total = done + len(completion.token_ids)
-            if completion.finish_reason == "length" and total < target:
-                prompt = prompts[completion.prompt_index]
-                self.carried[tuple(prompt) + tuple(completion.token_ids)] = (target, total)
+def sampler_section(who: str, args: argparse.Namespace, eos: int, report: Path) -> dict:
+    """The sampler: one decode batch of every sequence in flight (partial keeps twice a
+    rollout's groups going), in this process or in one Ray worker."""
+    rows = args.prompts * args.group * (2 if who == "partial" else 1)
+    if args.sampler == "torch":
+        return {"max_new_tokens": args.max_tokens, "max_batch_size": rows}
+    return {"name": "ray", "workers": 1, "worker_resources": {"CPU": 1},
+            "max_new_tokens": args.max_tokens,
+            "worker_sampler": {"name": "torch", "max_batch_size": rows},
+            "init_kwargs": {"runtime_env": ray_runtime_env(args.max_tokens, eos, report,
+                                                           args.threads or 1),
+                            "object_store_memory": 256 * 2**20}}
 
 
 def time_astrai(model_dir: Path, work: Path, args: argparse.Namespace) -> dict:
-    from astrai_core.sampling import torch_sampler
     from transformers import AutoTokenizer
 
     eos = AutoTokenizer.from_pretrained(str(model_dir)).eos_token_id
-    plain_choose, plain_generate = torch_sampler.choose, torch_sampler.TorchSampler.generate
-    lengths, plan = Lengths(args), []
-
-    def choose(rows, sampling, logits):
-        forced = force_lengths(logits, [plan[r.index][1] + len(r.token_ids) for r in rows],
-                               [plan[r.index][0] for r in rows], eos)
-        return plain_choose(rows, sampling, forced)
-
-    def generate(self, prompts, params, *positional, **kwargs):
-        per_prompt = params if isinstance(params, list) else [params] * len(prompts)
-        plan[:] = lengths.for_requests([list(p) for p in prompts], [p.n for p in per_prompt])
-        out = plain_generate(self, prompts, params, *positional, **kwargs)
-        lengths.carry([list(p) for p in prompts], out, list(plan))
-        return out
-
-    torch_sampler.choose = choose
-    torch_sampler.TorchSampler.generate = generate
-    overrides: dict = {"trainer": {"micro_batch_tokens": 4096}}
-    if args.only == "partial":
-        overrides["rollout"] = {"partial": True, "max_staleness": args.staleness,
-                                "partial_tokens": args.partial_tokens}
-        overrides["strategy"] = {"rollout_correction": {"level": "token", "mode": "truncate",
-                                                        "threshold": 2.0}}
-    # one decode batch of every sequence in flight, as sync has one of its rollout's rows
-    rows = args.prompts * args.group * (2 if args.only == "partial" else 1)
-    records = train_astrai(model_dir, work, args, {"max_new_tokens": args.max_tokens,
-                                                   "max_batch_size": rows}, overrides)
+    report = work / "lengths.json"
+    if args.sampler == "torch":
+        install(args.max_tokens, eos, str(report))
+    waits = time_waits(args.sampler)
+    records = train_astrai(model_dir, work, args, sampler_section(args.only, args, eos, report),
+                           peer_overrides(args.only, args))
     steps = [r for r in records if "time/step_seconds" in r]
     rows = args.prompts * args.group  # trained per step
+    plan = read_report(report)
+    if args.sampler == "ray" and plan["pid"] == os.getpid():
+        raise SystemExit("the lengths were forced in the trainer's process, not the Ray worker's")
+    if args.only != "partial":  # rollout k holds the k-th run of planned lengths, in order
+        check_trained_lengths([r["rollout/response_length_mean"] for r in steps], rows,
+                              args.max_tokens)
     return {"seconds": [r["time/step_seconds"] for r in steps],
             "tokens": [r["rollout/response_length_mean"] * rows for r in steps],
-            "masked": [r.get("rollout/stale_masked_fraction", 0.0) for r in steps]}
+            "masked": [r.get("rollout/stale_masked_fraction", 0.0) for r in steps],
+            "plan": {**plan, "wait_seconds": waits[0]}}
 
 
-def main() -> None:
+def time_waits(sampler: str) -> list[float]:
+    """The seconds the trainer spends waiting on the sampler (``[total]``, growing): the
+    torch sampler's generate calls, or the ray sampler's rollouts from request to result
+    minus the time until ``.result()`` is asked for (a rollout requested ahead)."""
+    waits = [0.0]
+    if sampler == "torch":
+        from astrai_core.sampling.torch_sampler import TorchSampler as Sampler
+
+        plain = Sampler.generate
+
+        def generate(self, *positional, **kwargs):
+            start = time.perf_counter()
+            try:
+                return plain(self, *positional, **kwargs)
+            finally:
+                waits[0] += time.perf_counter() - start
+
+        Sampler.generate = generate
+        return waits
+    from astrai_plugin_ray.sampler import RaySampler
+
+    plain_async = RaySampler.generate_async
+
+    def generate_async(self, *positional, **kwargs):
+        handle = plain_async(self, *positional, **kwargs)
+        result = handle.result
+
+        def timed_result():
+            start = time.perf_counter()
+            try:
+                return result()
+            finally:
+                waits[0] += time.perf_counter() - start
+
+        handle.result = timed_result
+        return handle
+
+    RaySampler.generate_async = generate_async
+    return waits
+
+
+def check_trained_lengths(means: list[float], rows: int, max_tokens: int) -> None:
+    """A synchronous run trains exactly the planned lengths: else the forcing missed."""
+    stream = planned(max_tokens)
+    expected = [statistics.mean(stream[k * rows:(k + 1) * rows]) for k in range(len(means))]
+    if any(abs(m - e) > 1e-6 for m, e in zip(means, expected)):
+        raise SystemExit(f"trained mean completion lengths {means} are not the planned "
+                         f"{expected}: the length forcing did not act")
+
+
+def run_peers(args: argparse.Namespace, argv: list[str]) -> dict[str, dict]:
+    """Every peer ``--rounds`` times, each run in a fresh process, on one model."""
+    runs: dict[str, dict] = {who: {"seconds": [], "tokens": [], "masked": [], "busy": [],
+                                   "wait": [], "plan": []} for who in args.peers}
+    with tempfile.TemporaryDirectory() as tmp:
+        model_dir = Path(tmp) / "hf"
+        make_model(model_dir, args.size, max_positions=args.max_tokens + 64)
+        for _ in range(args.rounds):
+            for who, run in runs.items():
+                result = child_json(__file__, "RESULT", who, model_dir, argv)
+                plan = result.pop("plan")
+                run["busy"].append(plan["generate_seconds"] / sum(result["seconds"]))
+                run["wait"].append(plan["wait_seconds"] / sum(result["seconds"]))
+                run["plan"].append(plan)
+                for key, values in result.items():
+                    run[key] += values[1:]  # the first step pays one-off costs
+    return runs
+
+
+def report(args: argparse.Namespace, runs: dict[str, dict]) -> None:
+    where = ("torch sampler in the trainer's process" if args.sampler == "torch" else
+             "ray sampler: 1 Ray worker (1 CPU) running the torch sampler")
+    print(f"GRPO step, long-tailed completions (<= {args.max_tokens} tokens), {args.size} "
+          f"model, {args.prompts} prompts x {args.group}, packed micro-batches, "
+          f"{args.threads} thread(s), CPU; partial: max_staleness {args.staleness}, "
+          f"partial_tokens {args.partial_tokens}")
+    plan = runs[args.peers[0]]["plan"][-1]
+    print(f"  sampler: {where}; lengths forced in process {plan['pid']} "
+          f"({plan['threads']} torch thread(s))")
+    rate = {}
+    for who, run in runs.items():
+        rate[who] = sum(run["tokens"]) / sum(run["seconds"])
+        finished = sum(p["at_target"] for p in run["plan"])
+        aborted = sum(p["aborted"] for p in run["plan"])
+        print(f"  {who:<8} {statistics.median(run['seconds']):7.3f} s/step "
+              f"{rate[who]:7.0f} trained tok/s  stale-masked {statistics.mean(run['masked']):5.1%}"
+              f"  sampler busy {statistics.mean(run['busy']):5.1%}  trainer waiting "
+              f"{statistics.mean(run['wait']):5.1%}  ({finished} completions at their "
+              f"planned length, {aborted} aborted)")
+    if "sync" in rate:
+        for who in rate:
+            if who != "sync":
+                print(f"  {who} / sync throughput: {rate[who] / rate['sync']:.2f}x"
+                      + (" (goal >= 1.5x)" if who == "partial" else ""))
+
+
+def main(argv: list[str] | None = None) -> None:
+    argv = sys.argv[1:] if argv is None else argv
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     add_run_arguments(parser, steps=8, prompts=4, size="tiny")
     parser.add_argument("--max-tokens", type=int, default=512, help="longest completion")
     parser.add_argument("--staleness", type=int, default=2, help="rollout.max_staleness")
     parser.add_argument("--partial-tokens", type=int, default=64, help="rollout.partial_tokens")
     parser.add_argument("--rounds", type=int, default=1)
-    parser.add_argument("--only", choices=("sync", "partial"), help=argparse.SUPPRESS)
+    parser.add_argument("--sampler", choices=tuple(PEERS), default="torch",
+                        help="where the rollouts are sampled (default: torch, in the trainer)")
+    parser.add_argument("--peers", help="comma-separated, of " + ", ".join(PEERS["ray"])
+                        + " (default: all the sampler supports)")
+    parser.add_argument("--only", choices=PEERS["ray"], help=argparse.SUPPRESS)
     parser.add_argument("--model-dir", help=argparse.SUPPRESS)
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
     if args.only:
         if args.threads:
             torch.set_num_threads(args.threads)
@@ -113,26 +233,12 @@ def main() -> None:
             result = time_astrai(Path(args.model_dir), Path(tmp), args)
         print("RESULT " + json.dumps(result), flush=True)
         return
-    runs: dict[str, dict[str, list[float]]] = {
-        who: {"seconds": [], "tokens": [], "masked": []} for who in ("sync", "partial")}
-    with tempfile.TemporaryDirectory() as tmp:
-        model_dir = Path(tmp) / "hf"
-        make_model(model_dir, args.size, max_positions=args.max_tokens + 64)
-        for _ in range(args.rounds):
-            for who in runs:
-                result = child_json(__file__, "RESULT", who, model_dir, sys.argv[1:])
-                for key, values in result.items():
-                    runs[who][key] += values[1:]  # the first step pays one-off costs
-    print(f"GRPO step, long-tailed completions (<= {args.max_tokens} tokens), {args.size} "
-          f"model, {args.prompts} prompts x {args.group}, packed micro-batches, "
-          f"{args.threads} thread(s), CPU; partial: max_staleness {args.staleness}, "
-          f"partial_tokens {args.partial_tokens}")
-    rate = {}
-    for who, run in runs.items():
-        rate[who] = sum(run["tokens"]) / sum(run["seconds"])
-        print(f"  {who:<8} {statistics.median(run['seconds']):7.3f} s/step "
-              f"{rate[who]:7.0f} trained tok/s  stale-masked {statistics.mean(run['masked']):.1%}")
-    print(f"  partial / sync throughput: {rate['partial'] / rate['sync']:.2f}x (goal >= 1.5x)")
+    args.peers = args.peers.split(",") if args.peers else list(PEERS[args.sampler])
+    unknown = [who for who in args.peers if who not in PEERS[args.sampler]]
+    if unknown:
+        parser.error(f"--peers: {', '.join(unknown)} not available with --sampler "
+                     f"{args.sampler} (choose from {', '.join(PEERS[args.sampler])})")
+    report(args, run_peers(args, argv))
 
 
 if __name__ == "__main__":
