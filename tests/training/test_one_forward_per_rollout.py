@@ -12,6 +12,8 @@ import pytest
 import torch
 
 from astrai_core.testing import build_strategy, read_metrics, tiny_run_config, write_arith_prompts
+from astrai_core.training.online import OnlineConfig
+from astrai_core.training.online_logprobs import may_defer
 from astrai_core.training.trainer import Trainer
 
 TIMING = ("time/", "throughput/")
@@ -74,12 +76,18 @@ PERTURBED = {"name": "perturbed", "every_other_row": True, "sign": -1, "max_new_
              "stop_token_ids": list(range(8, 24))}  # lengths 1 to 3
 
 
-@pytest.mark.parametrize("trainer", [{"grad_accum_steps": 2}, {"micro_batch_tokens": 24}],
-                         ids=["padded", "packed"])
-@pytest.mark.parametrize("correction", sorted(CORRECTIONS))
+PADDED, PACKED = {"grad_accum_steps": 2}, {"micro_batch_tokens": 24}
+CASES = [pytest.param("grpo", correction, trainer, id=f"grpo {correction} {layout}")
+         for correction in sorted(CORRECTIONS)
+         for layout, trainer in (("padded", PADDED), ("packed", PACKED))]
+CASES.append(pytest.param("ppo", "token truncate", PACKED, id="ppo token truncate packed"))
+
+
+@pytest.mark.parametrize(("name", "correction", "trainer"), CASES)
 def test_rollout_correction_is_computed_on_each_micro_batch(tmp_path, perturbed_sampler,
-                                                            correction, trainer):
-    strategy = {"name": "grpo", "group_size": 2, "rollout_correction": CORRECTIONS[correction]}
+                                                            name, correction, trainer):
+    strategy = {"name": name, "group_size": 2, "rollout_correction": CORRECTIONS[correction],
+                "epochs": 1, "mini_batches": 1}  # ppo's default is more steps per rollout
     weights, metrics, calls = _fit(tmp_path, "one", strategy, True, PERTURBED, **trainer)
     ref_weights, ref_metrics, ref_calls = _fit(tmp_path, "two", strategy, False, PERTURBED,
                                                **trainer)
@@ -97,3 +105,17 @@ def test_rollout_correction_is_computed_on_each_micro_batch(tmp_path, perturbed_
                 "rollout_correction/kl", cut} <= want.keys()
         for key in want:
             assert got[key] == pytest.approx(want[key], rel=1e-5, abs=1e-5), key
+
+
+@pytest.mark.parametrize(("options", "deferred"), [
+    ({}, True),
+    ({"router_replay": "R3"}, True),  # the sampler's routing: no forward records it
+    ({"mini_batches": 2}, False),  # the old policy is the one before the first step
+    ({"epochs": 2}, False),
+    ({"router_replay": "R2"}, False),  # the no-grad forward records the routing to replay
+    ({"kl_in_reward_coef": 0.1}, False),  # the shaping reads the old log-probs
+])
+def test_which_runs_with_rollout_correction_keep_the_no_grad_forward(options, deferred):
+    config = OnlineConfig(rollout_correction={"level": "token"}, **options)
+    assert may_defer(config, capable=True, recompute=True) is deferred
+    assert not may_defer(config, capable=False, recompute=True)
