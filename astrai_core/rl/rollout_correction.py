@@ -81,13 +81,14 @@ def correction_weights(trainer_logprobs: Tensor, sampler_logprobs: Tensor,
         return torch.where(valid, kept, 0.0), metrics
 
 
-def metric_counts(response_mask: Tensor, config: RolloutCorrectionConfig) -> dict[str, int]:
-    """How many units each mean metric of :func:`correction_weights` averages over
-    (``weight_max`` is a maximum): so that the means of batches weighed apart (micro-batches,
-    ranks) combine into the mean over all of them."""
+def metric_counts(response_mask: Tensor, config: RolloutCorrectionConfig
+                  ) -> dict[str, Tensor]:
+    """How many units (a scalar tensor) each mean metric of :func:`correction_weights`
+    averages over (``weight_max`` is a maximum): so that the means of batches weighed apart
+    (micro-batches, ranks) combine into the mean over all of them."""
     valid = response_mask.to(torch.bool)
-    tokens = int(valid.sum())
-    units = int(valid.any(-1).sum()) if config.level == "sequence" else tokens
+    tokens = valid.sum()
+    units = valid.any(-1).sum() if config.level == "sequence" else tokens
     return {"weight_mean": units, _fraction_name(config): units, "kl": tokens}
 
 

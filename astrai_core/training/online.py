@@ -352,8 +352,7 @@ class OnlineStrategy(Strategy):
 
     def step_metrics(self) -> dict[str, float]:
         """The mismatch and correction metrics gathered by :meth:`old_logprobs_for` during
-        the step, and
-        ``router/replay_mismatch`` (:meth:`replaying_routing`)."""
+        the step, and ``router/replay_mismatch`` (:meth:`replaying_routing`)."""
         return {**self.deferred.pop_metrics(), **self.routing.pop_metrics()}
 
     def policy_loss_terms(self, batch: RolloutBatch, objective: PolicyObjective
@@ -365,8 +364,8 @@ class OnlineStrategy(Strategy):
                                  return_entropy=True)
         old = self.old_logprobs_for(batch, out["logprobs"])  # deferred: sets rollout_weights
         loss, metrics = objective(
-            logprobs=out["logprobs"], old_logprobs=old, advantages=batch.advantages, response_mask=batch.response_mask,
-            ref_logprobs=batch.ref_logprobs, entropy=out["entropy"], extras=batch.extras)
+            logprobs=out["logprobs"], old_logprobs=old, advantages=batch.advantages,
+            response_mask=batch.response_mask, ref_logprobs=batch.ref_logprobs, entropy=out["entropy"], extras=batch.extras)
         return loss, metrics, out
 
     # -- MoE router replay (router_replay: R2, R3) --------------------------------------

@@ -14,11 +14,13 @@ over its micro-batches and ranks.
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 import torch
 
 from astrai_core.distributed.context import SINGLE, DistContext
+from astrai_core.rl.functional import masked_max, masked_sum
 from astrai_core.rl.rollout_correction import (
     RolloutCorrectionConfig,
     correction_weights,
@@ -78,24 +80,43 @@ class DeferredOldLogprobs:
         ``extras["rollout_weights"]`` (as the no-grad forward would have set the rollout's)."""
         if not self.active or not training:
             return batch.old_logprobs
-        mask = batch.response_mask
-        current = torch.where(mask, logprobs.detach(), 0.0)
-        if self.measure:
-            diff = (current - batch.old_logprobs).abs()[mask]
-            name = f"{self.prefix}logprob_diff_"
-            self._add(name + "mean", diff.sum().item(), diff.numel())
-            self._largest(name + "max", diff.max().item() if diff.numel() else 0.0)
-        if self.correction is not None:
-            weights, metrics = correction_weights(current, batch.old_logprobs, mask,
-                                                  self.correction)
-            batch.extras["rollout_weights"] = weights
-            counts = metric_counts(mask, self.correction)
-            for key, value in metrics.items():
-                if key in counts:  # a mean over counts[key] units
-                    self._add(CORRECTION + key, value.item() * counts[key], counts[key])
-                else:  # weight_max
-                    self._largest(CORRECTION + key, value.item())
+        current = torch.where(batch.response_mask, logprobs.detach(), 0.0)
+        self._tally(self._measured(batch, current))
         return current if self.recompute else batch.old_logprobs
+
+    def _measured(self, batch: RolloutBatch, current: torch.Tensor
+                  ) -> dict[str, tuple[torch.Tensor, torch.Tensor | None]]:
+        """The micro-batch's metrics against the sampler's log-probs, by name: (its sum and
+        count) for a mean, (its maximum, None) for a maximum; with a correction, it sets
+        the batch's rollout weights."""
+        mask, sampler = batch.response_mask, batch.old_logprobs
+        tally: dict[str, tuple[torch.Tensor, torch.Tensor | None]] = {}
+        if self.measure:
+            diff = (current - sampler).abs()
+            name = f"{self.prefix}logprob_diff_"
+            tally[name + "mean"] = (masked_sum(diff, mask), mask.sum())
+            tally[name + "max"] = (masked_max(diff, mask), None)
+        if self.correction is not None:
+            weights, metrics = correction_weights(current, sampler, mask, self.correction)
+            batch.extras["rollout_weights"] = weights
+            counts = metric_counts(mask, self.correction)  # weight_max has none: a maximum
+            for key, value in metrics.items():
+                count = counts.get(key)
+                tally[CORRECTION + key] = (value, None) if count is None else \
+                    (value * count, count)
+        return tally
+
+    def _tally(self, tally: dict[str, tuple[torch.Tensor, torch.Tensor | None]]) -> None:
+        """Add a micro-batch's sums and maxima to the step's, in one host transfer."""
+        if not tally:
+            return
+        numbers = iter(torch.stack([part.float() for pair in tally.values() for part in pair
+                                    if part is not None]).tolist())
+        for key, (_, count) in tally.items():
+            if count is None:
+                self._largest(key, next(numbers))
+            else:
+                self._add(key, next(numbers), round(next(numbers)))
 
     def pop_metrics(self) -> dict[str, float]:
         """The step's ``logprob_diff_max/mean`` and ``rollout_correction/*`` over its
@@ -125,4 +146,5 @@ class DeferredOldLogprobs:
         self._totals[key] = (old_total + total, old_count + count)
 
     def _largest(self, key: str, value: float) -> None:
-        self._maxima[key] = max(self._maxima.get(key, 0.0), value)
+        current = self._maxima.get(key, 0.0)  # a NaN stays (rollout.max_logprob_diff fails)
+        self._maxima[key] = value if math.isnan(value) or value > current else current

@@ -8,12 +8,16 @@ switched off on the strategy): weights and metrics must agree.
 
 from __future__ import annotations
 
+import math
+
 import pytest
 import torch
 
+from astrai_core.rl.rollout_correction import RolloutCorrectionConfig
+from astrai_core.rollout.batch import RolloutBatch
 from astrai_core.testing import build_strategy, read_metrics, tiny_run_config, write_arith_prompts
 from astrai_core.training.online import OnlineConfig
-from astrai_core.training.online_logprobs import may_defer
+from astrai_core.training.online_logprobs import DeferredOldLogprobs, may_defer
 from astrai_core.training.trainer import Trainer
 
 TIMING = ("time/", "throughput/")
@@ -119,3 +123,42 @@ def test_which_runs_with_rollout_correction_keep_the_no_grad_forward(options, de
     config = OnlineConfig(rollout_correction={"level": "token"}, **options)
     assert may_defer(config, capable=True, recompute=True) is deferred
     assert not may_defer(config, capable=False, recompute=True)
+
+
+def _micro_batch(sampler: list[list[float]], mask: list[list[bool]]) -> RolloutBatch:
+    rows, width = len(sampler), len(sampler[0])
+    return RolloutBatch(
+        prompt_ids=torch.zeros(rows, 1, dtype=torch.long),
+        prompt_mask=torch.ones(rows, 1, dtype=torch.bool),
+        response_ids=torch.zeros(rows, width, dtype=torch.long),
+        response_mask=torch.tensor(mask), old_logprobs=torch.tensor(sampler),
+        rewards=torch.zeros(rows), reward_components={}, group_ids=torch.arange(rows))
+
+
+def test_the_step_metrics_combine_micro_batches_and_keep_a_nan():
+    """Means over all the step's units (not a mean of the micro-batches' means), maxima
+    over all; a NaN log-prob stays NaN, so that rollout.max_logprob_diff stops the run."""
+    correction = RolloutCorrectionConfig(level="sequence", mode="mask", threshold=1.5)
+    deferred = DeferredOldLogprobs()
+    deferred.start(recompute=True, measure=True, prefix="rollout/", correction=correction)
+    first = _micro_batch([[-1.0, -1.0], [-2.0, -2.0]], [[True, True], [True, False]])
+    second = _micro_batch([[-1.0, -3.0]], [[True, True]])
+    trainer = [torch.tensor([[-0.5, -1.5], [-1.0, 9.0]]), torch.tensor([[-1.0, -3.0]])]
+    for batch, logprobs in zip((first, second), trainer):
+        old = deferred.old_logprobs_for(batch, logprobs, training=True)
+        torch.testing.assert_close(old, torch.where(batch.response_mask, logprobs, 0.0))
+    # sequences: log-weights (0.5 - 0.5) / 2 = 0, then 1.0 (one token), then 0
+    torch.testing.assert_close(first.extras["rollout_weights"],
+                               torch.tensor([[1.0, 1.0], [0.0, 0.0]]))  # e > 1.5: masked
+    torch.testing.assert_close(second.extras["rollout_weights"], torch.ones(1, 2))
+    metrics = deferred.pop_metrics()
+    assert metrics["rollout/logprob_diff_mean"] == pytest.approx((0.5 + 0.5 + 1.0) / 5)
+    assert metrics["rollout/logprob_diff_max"] == pytest.approx(1.0)
+    assert metrics["rollout_correction/weight_mean"] == pytest.approx((1 + math.e + 1) / 3)
+    assert metrics["rollout_correction/weight_max"] == pytest.approx(math.e)
+    assert metrics["rollout_correction/masked_fraction"] == pytest.approx(1 / 3)
+    k3 = lambda g: math.exp(g) - 1 - g  # noqa: E731
+    assert metrics["rollout_correction/kl"] == pytest.approx(
+        (k3(0.5) + k3(-0.5) + k3(1.0)) / 5)
+    deferred.old_logprobs_for(second, torch.tensor([[float("nan"), -3.0]]), training=True)
+    assert math.isnan(deferred.pop_metrics()["rollout/logprob_diff_max"])
