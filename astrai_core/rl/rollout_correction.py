@@ -70,13 +70,28 @@ def correction_weights(trainer_logprobs: Tensor, sampler_logprobs: Tensor,
         else:
             outside = (units < 1.0 / cap) | (units > cap)
             kept = torch.where(outside, 0.0, units)
-        fraction = "truncated_fraction" if config.mode == "truncate" else "masked_fraction"
         metrics = {
             "weight_mean": masked_mean(units, unit_mask),
             "weight_max": masked_max(units, unit_mask),
-            fraction: masked_mean(outside.float(), unit_mask),
+            _fraction_name(config): masked_mean(outside.float(), unit_mask),
             "kl": masked_mean(torch.exp(log_w) - 1.0 - log_w, valid),
         }
         if config.level == "sequence":
             kept = broadcast_to_tokens(kept, valid)
         return torch.where(valid, kept, 0.0), metrics
+
+
+def metric_counts(response_mask: Tensor, config: RolloutCorrectionConfig
+                  ) -> dict[str, Tensor]:
+    """How many units (a scalar tensor) each mean metric of :func:`correction_weights`
+    averages over (``weight_max`` is a maximum): so that the means of batches weighed apart
+    (micro-batches, ranks) combine into the mean over all of them."""
+    valid = response_mask.to(torch.bool)
+    tokens = valid.sum()
+    units = valid.any(-1).sum() if config.level == "sequence" else tokens
+    return {"weight_mean": units, _fraction_name(config): units, "kl": tokens}
+
+
+def _fraction_name(config: RolloutCorrectionConfig) -> str:
+    """The metric of the weights cut off: truncated (truncate) or masked (mask)."""
+    return "truncated_fraction" if config.mode == "truncate" else "masked_fraction"

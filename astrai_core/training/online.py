@@ -17,9 +17,12 @@ drawn rollout is processed once by :meth:`OnlineStrategy.process_rollout`:
 With ``epochs x mini_batches = 1`` each row is trained on exactly once, by the policy
 that sampled it, so a strategy whose loss takes its old log-probs through
 :meth:`OnlineStrategy.old_logprobs_for` (``defers_old_logprobs``: grpo, ppo) skips step 1's
-no-grad forward: the training forward supplies them (detached: the ratio is exactly 1)
-and the mismatch metrics (:meth:`OnlineStrategy.step_metrics`). Rollout correction and
-KL reward shaping on recomputed log-probs need them before the loss, so they keep it.
+no-grad forward: the training forward supplies them (detached: the ratio is exactly 1),
+the mismatch metrics and, with rollout correction, each micro-batch's weights and the
+``rollout_correction/*`` metrics (:meth:`OnlineStrategy.step_metrics`;
+:mod:`astrai_core.training.online_logprobs`). KL reward shaping on recomputed log-probs
+needs them before the advantages, and ``router_replay: R2`` records its routing in that
+forward, so they keep it.
 
 The source then serves ``epochs x mini_batches`` optimizer steps from it, each cut into
 the trainer's ``grad_accum_steps`` micro-batches; the trainer publishes the new weights
@@ -141,7 +144,7 @@ class OnlineStrategy(Strategy):
         # of the policy) gets it frozen by the trainer and its log-probs attached to every
         # rollout.
         self.reference: torch.nn.Module | None = None
-        self.deferred = DeferredOldLogprobs()  # the current rollout's, if deferred
+        self.deferred = DeferredOldLogprobs(run.dist)  # the current rollout's, if deferred
         self.routing = RoutingReplay()  # router_replay in the training forwards
 
     @classmethod
@@ -306,7 +309,8 @@ class OnlineStrategy(Strategy):
         mask = rollout.response_mask
         stats = rollout_metrics(rollout, prefix=prefix)
         if defer:
-            self.deferred.start(recompute=recompute, measure=not missing, prefix=prefix)
+            self.deferred.start(recompute=recompute, measure=not missing, prefix=prefix,
+                                correction=correction)
             if missing:
                 rollout.old_logprobs = None
             return self._finish_rollout(rollout, stats, prefix)
@@ -342,12 +346,14 @@ class OnlineStrategy(Strategy):
         """The old policy's log-probs for the loss over ``batch``, whose training forward
         gave ``logprobs``: the batch's own, or, where process_rollout left them to this
         forward (recompute), ``logprobs`` detached. A training forward also gathers the
-        sampler/trainer mismatch the skipped forward would have measured."""
+        sampler/trainer mismatch the skipped forward would have measured and, with rollout
+        correction, sets ``batch.extras["rollout_weights"]``: call it before reading
+        ``batch.extras``."""
         return self.deferred.old_logprobs_for(batch, logprobs, self.run.model.training)
 
     def step_metrics(self) -> dict[str, float]:
-        """The mismatch metrics gathered by :meth:`old_logprobs_for` during the step, and
-        ``router/replay_mismatch`` (:meth:`replaying_routing`)."""
+        """The mismatch and correction metrics gathered by :meth:`old_logprobs_for` during
+        the step, and ``router/replay_mismatch`` (:meth:`replaying_routing`)."""
         return {**self.deferred.pop_metrics(), **self.routing.pop_metrics()}
 
     def policy_loss_terms(self, batch: RolloutBatch, objective: PolicyObjective
@@ -357,10 +363,10 @@ class OnlineStrategy(Strategy):
         with self.replaying_routing(batch):  # router_replay: the recorded experts
             out = policy_forward(self.run.model, batch, self.run.logprob_temperature,
                                  return_entropy=True)
+        old = self.old_logprobs_for(batch, out["logprobs"])  # deferred: sets rollout_weights
         loss, metrics = objective(
-            logprobs=out["logprobs"], old_logprobs=self.old_logprobs_for(batch, out["logprobs"]),
-            advantages=batch.advantages, response_mask=batch.response_mask,
-            ref_logprobs=batch.ref_logprobs, entropy=out["entropy"], extras=batch.extras)
+            logprobs=out["logprobs"], old_logprobs=old, advantages=batch.advantages,
+            response_mask=batch.response_mask, ref_logprobs=batch.ref_logprobs, entropy=out["entropy"], extras=batch.extras)
         return loss, metrics, out
 
     # -- MoE router replay (router_replay: R2, R3) --------------------------------------

@@ -103,3 +103,44 @@ class Watched:
         code = self.process.wait(timeout=max(self.deadline - time.monotonic(), 1))
         self.reader.join(timeout=30)
         return code
+
+
+# The sampler reports log pi + 0.4 on even positions, log pi - 0.4 on odd ones (with
+# ``every_other_row``: only on the even-numbered completions of each call; with
+# ``sign: -1`` the other way round).
+SHIFT = 0.4
+PLUGIN = f'''
+from astrai_core import hookimpl, SamplerSpec
+
+@hookimpl
+def astrai_samplers():
+    return [SamplerSpec(name="perturbed", target="rc_test_plugin:Perturbed",
+                        summary="the torch sampler, misreporting its log-probs")]
+
+from astrai_core.sampling.torch_sampler import TorchSampler
+
+class Perturbed(TorchSampler):
+    class Config(TorchSampler.Config):
+        every_other_row: bool = False
+        sign: int = 1
+
+    def __init__(self, model, tokenizer=None, max_batch_size=64, every_other_row=False,
+                 sign=1):
+        super().__init__(model, tokenizer, max_batch_size)
+        self.every_other_row, self.sign = every_other_row, sign
+
+    def generate(self, prompts, params, on_token=None):
+        completions = super().generate(prompts, params, on_token)
+        for row, completion in enumerate(completions):
+            if self.every_other_row and row % 2:
+                continue
+            completion.logprobs = [lp + self.sign * ({SHIFT} if i % 2 == 0 else -{SHIFT})
+                                   for i, lp in enumerate(completion.logprobs)]
+        return completions
+'''
+
+
+@pytest.fixture
+def perturbed_sampler(tmp_path, monkeypatch):
+    """The ``perturbed`` sampler: the torch sampler misreporting its log-probs by SHIFT."""
+    install_plugin(tmp_path, monkeypatch, "rc_test_plugin", {"rc_test_plugin": PLUGIN})

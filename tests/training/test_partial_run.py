@@ -36,8 +36,14 @@ def _perturb(model, seed):
             parameter.add_(0.05 * torch.randn(parameter.shape, generator=generator))
 
 
-def test_versions_behaviour_logprobs_and_the_decoupled_loss(tmp_path):
-    strategy, run = build_strategy(_config(tmp_path), tmp_path)
+@pytest.mark.parametrize("epochs", [2, 1], ids=["proximal forward", "deferred"])
+def test_versions_behaviour_logprobs_and_the_decoupled_loss(tmp_path, epochs):
+    """With two epochs the proximal policy is the one of the rollout's no-grad forward, and
+    a later optimizer step trains on it; with one step per rollout it is the policy being
+    trained, whose training forward stands in for the no-grad one."""
+    config = _config(tmp_path)
+    config["strategy"]["epochs"] = epochs
+    strategy, run = build_strategy(config, tmp_path)
     drawer = strategy.batch_source().drawer
     model = run.model
     first_weights = copy.deepcopy(model)
@@ -59,11 +65,15 @@ def test_versions_behaviour_logprobs_and_the_decoupled_loss(tmp_path):
     assert (behaviour[old] - under_second[old]).abs().max() > 1e-3  # the versions differ
 
     processed, stats = strategy.process_rollout(rollout)
-    assert stats["rollout/logprob_diff_max"] > 1e-3
-    _perturb(model, 2)                               # a later optimizer step on this rollout
+    if epochs == 2:
+        _perturb(model, 2)                           # a later optimizer step on this rollout
     generator = torch.Generator().manual_seed(0)
     processed.advantages = torch.randn(mask.shape, generator=generator).where(mask, 0.0)
     _, metrics = strategy.compute_loss(processed)
+    if epochs == 1:  # measured by the training forward, reported with the step
+        assert "rollout/logprob_diff_max" not in stats
+        stats = strategy.step_metrics()
+    assert stats["rollout/logprob_diff_max"] > 1e-3
 
     # by hand: w = pi_prox / pi_behav, r = pi / pi_prox, loss = -w min(r A, clip(r) A)
     with torch.no_grad():
@@ -75,6 +85,8 @@ def test_versions_behaviour_logprobs_and_the_decoupled_loss(tmp_path):
                                         ratio.clamp(0.8, 1.2) * advantages)
     assert metrics["policy_loss"].item() == pytest.approx(per_token[mask].mean().item(), abs=1e-5)
     assert (weight[old] - 1).abs().max() > 1e-3 and (weight[new] - 1).abs().max() < 1e-4
+    assert stats["rollout_correction/weight_mean"] == pytest.approx(weight[mask].mean().item(),
+                                                                   abs=1e-5)
 
 
 def test_tokens_older_than_k_versions_are_not_trained_on(tmp_path):

@@ -11,43 +11,7 @@ import torch
 from astrai_core.config.schema import RunConfig
 from astrai_core.testing import build_strategy, read_metrics, tiny_run_config, write_arith_prompts
 from astrai_core.training.run import train
-from tests.training.conftest import install_plugin
-
-# The sampler reports log pi + 0.4 on even positions, log pi - 0.4 on odd ones (with
-# ``every_other_row``: only on the even-numbered completions of each call).
-SHIFT = 0.4
-PLUGIN = f'''
-from astrai_core import hookimpl, SamplerSpec
-
-@hookimpl
-def astrai_samplers():
-    return [SamplerSpec(name="perturbed", target="rc_test_plugin:Perturbed",
-                        summary="the torch sampler, misreporting its log-probs")]
-
-from astrai_core.sampling.torch_sampler import TorchSampler
-
-class Perturbed(TorchSampler):
-    class Config(TorchSampler.Config):
-        every_other_row: bool = False
-
-    def __init__(self, model, tokenizer=None, max_batch_size=64, every_other_row=False):
-        super().__init__(model, tokenizer, max_batch_size)
-        self.every_other_row = every_other_row
-
-    def generate(self, prompts, params, on_token=None):
-        completions = super().generate(prompts, params, on_token)
-        for row, completion in enumerate(completions):
-            if self.every_other_row and row % 2:
-                continue
-            completion.logprobs = [lp + ({SHIFT} if i % 2 == 0 else -{SHIFT})
-                                   for i, lp in enumerate(completion.logprobs)]
-        return completions
-'''
-
-
-@pytest.fixture
-def perturbed_sampler(tmp_path, monkeypatch):
-    install_plugin(tmp_path, monkeypatch, "rc_test_plugin", {"rc_test_plugin": PLUGIN})
+from tests.training.conftest import SHIFT
 
 
 def _config(tmp_path, sampler="perturbed", tokens=4, **strategy):
@@ -62,7 +26,11 @@ def _config(tmp_path, sampler="perturbed", tokens=4, **strategy):
 
 
 def _first_batch(tmp_path, config):
+    """The first micro-batch with the weights and metrics of the rollout's no-grad forward
+    (one step per rollout would defer them to the training forward:
+    test_one_forward_per_rollout.py)."""
     strategy, run = build_strategy(config, tmp_path)
+    strategy.defers_old_logprobs = False
     source = strategy.batch_source()
     return strategy, source.next_step()[0], source.stats
 
