@@ -74,3 +74,37 @@ def test_continuous_batching_with_stop_strings(char_model_and_tokenizer):
     assert [c.text for c in got] == [c.text for c in reference]
     assert [c.token_ids for c in got] == [c.token_ids for c in reference]
     assert [c.finish_reason for c in got] == [c.finish_reason for c in reference]
+
+
+@pytest.mark.parametrize("max_batch_size", [1000, 4], ids=["one batch", "continuous"])
+def test_an_interrupt_ends_the_call_after_its_decode_step(native_model, max_batch_size):
+    """Set after the 30th token, the interrupt ends the call at that decode step: every
+    unfinished completion comes back as a prefix of its uninterrupted self (same tokens
+    and log-probs), finish_reason "abort"; finished ones are whole."""
+    import threading
+
+    prompts, params = _prompts(), _params()
+    reference = TorchSampler(model=native_model, max_batch_size=1000).generate(prompts, params)
+    interrupt, produced = threading.Event(), []
+
+    def count(index, token):
+        produced.append(index)
+        if len(produced) == 30:
+            interrupt.set()
+
+    got = TorchSampler(model=native_model, max_batch_size=max_batch_size).generate(
+        prompts, params, on_token=count, interrupt=interrupt)
+    aborted = [c for c in got if c.finish_reason == "abort"]
+    assert aborted and len(aborted) < len(got)
+    assert sum(len(c.token_ids) for c in got) < sum(len(c.token_ids) for c in reference)
+    for a, b in zip(got, reference, strict=True):
+        if a.finish_reason == "abort":
+            assert len(a.token_ids) < len(b.token_ids)
+            assert a.token_ids == b.token_ids[:len(a.token_ids)]
+            torch.testing.assert_close(torch.tensor(a.logprobs),
+                                       torch.tensor(b.logprobs[:len(a.logprobs)]),
+                                       atol=1e-5, rtol=0)
+        else:
+            assert (a.token_ids, a.finish_reason) == (b.token_ids, b.finish_reason)
+    # the step during which it was set was the last: at most one token per row after it
+    assert len(produced) - 30 < max(1, min(max_batch_size, len(got)))
