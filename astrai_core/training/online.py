@@ -366,7 +366,8 @@ class OnlineStrategy(Strategy):
         old = self.old_logprobs_for(batch, out["logprobs"])  # deferred: sets rollout_weights
         loss, metrics = objective(
             logprobs=out["logprobs"], old_logprobs=old, advantages=batch.advantages,
-            response_mask=batch.response_mask, ref_logprobs=batch.ref_logprobs, entropy=out["entropy"], extras=batch.extras)
+            response_mask=batch.response_mask, ref_logprobs=batch.ref_logprobs,
+            entropy=out["entropy"], extras=batch.extras)
         return loss, metrics, out
 
     # -- MoE router replay (router_replay: R2, R3) --------------------------------------
