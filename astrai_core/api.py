@@ -83,7 +83,7 @@ from astrai_core.rl.policy_losses import apply_rollout_weights
 from astrai_core.rl.rollout_correction import RolloutCorrectionConfig, correction_weights
 from astrai_core.rollout.batch import RolloutBatch, episode_tensors, pad_rows
 from astrai_core.rollout.env_render import MessageRenderer
-from astrai_core.rollout.forward import policy_forward
+from astrai_core.rollout.forward import policy_forward, rollout_forward
 from astrai_core.rollout.metrics import rollout_metrics
 from astrai_core.rollout.runner import RolloutRunner
 from astrai_core.sampling.params import Completion, SamplingParams
@@ -106,7 +106,8 @@ __all__ = [
     "RolloutSource", "RunComponents", "RunConfig", "Strategy", "StrategyNeeds",
     "TrainedModule", "TrainerConfig", "frozen_copy", "frozen_reference",
     # rollouts and the trainer-side forward
-    "RolloutBatch", "RolloutRunner", "episode_tensors", "pad_rows", "policy_forward", "rollout_metrics",
+    "RolloutBatch", "RolloutRunner", "episode_tensors", "pad_rows", "policy_forward",
+    "rollout_forward", "rollout_metrics",
     # RL math
     "AdvantageEstimator", "aggregate_loss", "broadcast_to_tokens", "clipped_policy_loss", "entropy_from_logits",
     "explained_variance", "group_stats", "kl_estimate", "masked_mean", "masked_sum",

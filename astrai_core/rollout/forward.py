@@ -1,5 +1,7 @@
 """The trainer-side forward over a rollout: log-probs (and entropy, hidden states) of the
-response tokens. Every strategy and the sampler agreement test use this one function."""
+response tokens. Every strategy and the sampler agreement test use :func:`policy_forward`;
+the per-rollout no-grad forwards (old and reference log-probs, critic values) go through
+:func:`rollout_forward`, which packs them like the training micro-batches."""
 
 from __future__ import annotations
 
@@ -7,9 +9,9 @@ from typing import Any
 
 import torch
 
-from astrai_core.model.head import predicting_positions, target_logprobs
+from astrai_core.model.head import has_chunked_head, predicting_positions, target_logprobs
 from astrai_core.rollout.batch import RolloutBatch
-from astrai_core.rollout.packing import packed_forward
+from astrai_core.rollout.packing import packed_forward, token_micro_batches
 
 
 def policy_forward(model: torch.nn.Module, batch: RolloutBatch, temperature: float = 1.0,
@@ -37,4 +39,28 @@ def policy_forward(model: torch.nn.Module, batch: RolloutBatch, temperature: flo
         hidden = out["hidden_states"]
         result["hidden_states"] = hidden[:, predicting_positions(hidden.shape[1],
                                                                  batch.response_ids.shape[1])]
+    return result
+
+
+def rollout_forward(model: torch.nn.Module, rollout: RolloutBatch, temperature: float = 1.0,
+                    micro_batch_tokens: int | None = None,
+                    return_hidden_states: bool = False) -> dict[str, Any]:
+    """:func:`policy_forward` over a whole (unpacked) rollout, for the no-grad forwards
+    made once per rollout.
+
+    With ``micro_batch_tokens`` (``trainer.micro_batch_tokens``) and a native model the
+    rollout's rows run in packed micro-batches of at most that many real tokens, as the
+    training micro-batches do, so no padding is computed; the outputs are put back in the
+    rollout's [N, R(, H)] layout in row order. ``aux_loss`` is then the micro-batches'
+    mean (MoE; no caller of a no-grad forward reads it). Otherwise: one padded forward.
+    """
+    if micro_batch_tokens is None or not has_chunked_head(model):
+        return policy_forward(model, rollout, temperature, return_hidden_states)
+    # world=1: each rank runs its own rows, before they are gathered
+    parts = [policy_forward(model, part, temperature, return_hidden_states)
+             for part in token_micro_batches(rollout, micro_batch_tokens)]
+    result: dict[str, Any] = {key: torch.cat([part[key] for part in parts])
+                              for key in parts[0] if key != "aux_loss"}
+    aux = [part["aux_loss"] for part in parts if part.get("aux_loss") is not None]
+    result["aux_loss"] = torch.stack(aux).mean() if aux else None
     return result

@@ -24,6 +24,10 @@ the mismatch metrics and, with rollout correction, each micro-batch's weights an
 needs them before the advantages, and ``router_replay: R2`` records its routing in that
 forward, so they keep it.
 
+With ``trainer.micro_batch_tokens`` these per-rollout no-grad forwards (old and reference
+log-probs, critic values) run over the rollout in packed micro-batches, like the training
+ones (:func:`~astrai_core.rollout.forward.rollout_forward`).
+
 The source then serves ``epochs x mini_batches`` optimizer steps from it, each cut into
 the trainer's ``grad_accum_steps`` micro-batches; the trainer publishes the new weights
 to the sampler after every optimizer step.
@@ -49,7 +53,7 @@ from astrai_core.rl.objective import ObjectiveSettings, PolicyObjective
 from astrai_core.rl.rollout_correction import RolloutCorrectionConfig, correction_weights
 from astrai_core.rollout.batch import RolloutBatch
 from astrai_core.rollout.dynamic_sampling import DynamicSampler, DynamicSamplingConfig
-from astrai_core.rollout.forward import policy_forward
+from astrai_core.rollout.forward import policy_forward, rollout_forward
 from astrai_core.rollout.partial import PartialRollouts
 from astrai_core.rollout.metrics import rollout_metrics
 from astrai_core.config.strategy_needs import ComponentChoice, StrategyNeeds
@@ -256,7 +260,8 @@ class OnlineStrategy(Strategy):
     def attach_reference_logprobs(self, rollout: RolloutBatch, reference: torch.nn.Module) -> None:
         """``rollout.ref_logprobs``: a frozen reference's log-probs at the rollout's
         temperature, 0 on padding (for KL terms)."""
-        ref = policy_forward(reference, rollout, self.run.logprob_temperature)["logprobs"]
+        ref = rollout_forward(reference, rollout, self.run.logprob_temperature,
+                              self.run.trainer.micro_batch_tokens)["logprobs"]
         rollout.ref_logprobs = torch.where(rollout.response_mask, ref, 0.0)
 
     def token_rewards(self, rollout: RolloutBatch) -> torch.Tensor:
@@ -295,9 +300,14 @@ class OnlineStrategy(Strategy):
             if not defer:
                 routing = record_routing(model) if record else \
                     self.routing.sampler_routing(model, rollout)  # R2 records, R3 replays
+                # router_replay needs the rollout in one padded forward; packing is off
+                # with it (_check_packing)
+                packing = None if self.config.router_replay != "disabled" else \
+                    self.run.trainer.micro_batch_tokens
                 with routing as tape:
                     model.eval()
-                    forward = policy_forward(model, rollout, self.run.logprob_temperature)
+                    forward = rollout_forward(model, rollout, self.run.logprob_temperature,
+                                              packing)
                     model.train()
                 if record:  # the experts of the trainer's first forward, replayed in training
                     rollout.extras[ROUTED_EXPERTS] = tape.stacked(*rollout.attention_mask().shape)

@@ -133,11 +133,20 @@ def _fit(tmp_path, name, strategy, **trainer):
     return run.model.state_dict(), metrics
 
 
-@pytest.mark.parametrize("name", ["grpo seq-mean-token-mean", "ppo token-mean"])
+# epochs: 2 keeps the per-rollout no-grad forward of the old log-probs (packed as well)
+RUNS = {"grpo seq-mean-token-mean": STRATEGIES["grpo seq-mean-token-mean"],
+        "ppo token-mean": STRATEGIES["ppo token-mean"],
+        "grpo 2 epochs recomputed": {**STRATEGIES["grpo token-mean"], "epochs": 2,
+                                     "recompute_old_logprobs": True},
+        "ppo 2 epochs": {**STRATEGIES["ppo token-mean"], "epochs": 2}}
+
+
+@pytest.mark.parametrize("name", sorted(RUNS))
 def test_a_packed_run_equals_the_padded_run(tmp_path, name):
-    """One packed micro-batch per step against one padded one: the same run."""
-    weights, metrics = _fit(tmp_path, "packed", STRATEGIES[name], micro_batch_tokens=10_000)
-    ref_weights, ref_metrics = _fit(tmp_path, "padded", STRATEGIES[name])
+    """One packed micro-batch per step against one padded one: the same run (the
+    reference's and the critic's no-grad forwards over each rollout packed too)."""
+    weights, metrics = _fit(tmp_path, "packed", RUNS[name], micro_batch_tokens=10_000)
+    ref_weights, ref_metrics = _fit(tmp_path, "padded", RUNS[name])
     for key, value in ref_weights.items():
         torch.testing.assert_close(weights[key], value, rtol=0, atol=TOL, msg=key)
     for got, want in zip(metrics, ref_metrics, strict=True):

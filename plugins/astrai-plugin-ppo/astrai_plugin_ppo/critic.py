@@ -11,15 +11,15 @@ from torch import Tensor, nn
 
 from astrai_core.api import CausalLM, load_pretrained, merge_and_unload
 from astrai_core.api import RolloutBatch
-from astrai_core.api import policy_forward
+from astrai_core.api import rollout_forward
 
 
 class ValueCritic(nn.Module):
     """V(s_t) for every response token: ``value_head(hidden state at the position before t)``.
 
-    The hidden states come from :func:`policy_forward`, which already takes them at the
-    positions whose logits score the response tokens, so the values line up with the
-    policy's log-probs with no extra shift.
+    The hidden states come from :func:`policy_forward` (through :func:`rollout_forward`),
+    which already takes them at the positions whose logits score the response tokens, so
+    the values line up with the policy's log-probs with no extra shift.
     """
 
     def __init__(self, backbone: CausalLM, head_init_std: float = 0.0) -> None:
@@ -37,9 +37,15 @@ class ValueCritic(nn.Module):
             self.value_head.bias.zero_()
         self.value_head.to(next(backbone.parameters()).dtype)
 
-    def forward(self, batch: RolloutBatch) -> dict[str, Tensor]:
-        """``values`` [N, R] float32 aligned with ``batch.response_ids``; ``aux_loss`` (MoE)."""
-        out = policy_forward(self.backbone, batch, return_hidden_states=True)
+    def forward(self, batch: RolloutBatch, micro_batch_tokens: int | None = None
+                ) -> dict[str, Tensor]:
+        """``values`` [N, R] float32 aligned with ``batch.response_ids``; ``aux_loss`` (MoE).
+
+        ``micro_batch_tokens``: a whole rollout's values (the no-grad forward before the
+        advantages) computed in packed micro-batches of at most that many tokens.
+        """
+        out = rollout_forward(self.backbone, batch, 1.0, micro_batch_tokens,
+                              return_hidden_states=True)
         values = self.value_head(out["hidden_states"]).squeeze(-1).float()
         return {"values": values, "aux_loss": out["aux_loss"]}
 
