@@ -44,7 +44,7 @@ def policy_forward(model: torch.nn.Module, batch: RolloutBatch, temperature: flo
 
 def rollout_forward(model: torch.nn.Module, rollout: RolloutBatch, temperature: float = 1.0,
                     micro_batch_tokens: int | None = None,
-                    return_hidden_states: bool = False) -> dict[str, Any]:
+                    return_hidden_states: bool = False, dist: Any = None) -> dict[str, Any]:
     """:func:`policy_forward` over a whole (unpacked) rollout, for the no-grad forwards
     made once per rollout.
 
@@ -53,12 +53,20 @@ def rollout_forward(model: torch.nn.Module, rollout: RolloutBatch, temperature: 
     training micro-batches do, so no padding is computed; the outputs are put back in the
     rollout's [N, R(, H)] layout in row order. ``aux_loss`` is then the micro-batches'
     mean (MoE; no caller of a no-grad forward reads it). Otherwise: one padded forward.
+
+    ``dist`` (a run's DistContext): the ranks run their own rows, so their numbers of
+    micro-batches may differ, while a sharded model's forward is a collective (FSDP
+    gathers each layer's weights): a rank with fewer runs its last micro-batch again,
+    its outputs unused, until every rank has run as many forwards.
     """
     if micro_batch_tokens is None or not has_chunked_head(model):
         return policy_forward(model, rollout, temperature, return_hidden_states)
     # world=1: each rank runs its own rows, before they are gathered
-    parts = [policy_forward(model, part, temperature, return_hidden_states)
-             for part in token_micro_batches(rollout, micro_batch_tokens)]
+    batches = token_micro_batches(rollout, micro_batch_tokens)
+    parts = [policy_forward(model, part, temperature, return_hidden_states) for part in batches]
+    if dist is not None and dist.enabled:
+        for _ in range(max(dist.all_gather_object(len(batches))) - len(batches)):
+            policy_forward(model, batches[-1], temperature, return_hidden_states)
     result: dict[str, Any] = {key: torch.cat([part[key] for part in parts])
                               for key in parts[0] if key != "aux_loss"}
     aux = [part["aux_loss"] for part in parts if part.get("aux_loss") is not None]

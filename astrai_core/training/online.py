@@ -261,7 +261,7 @@ class OnlineStrategy(Strategy):
         """``rollout.ref_logprobs``: a frozen reference's log-probs at the rollout's
         temperature, 0 on padding (for KL terms)."""
         ref = rollout_forward(reference, rollout, self.run.logprob_temperature,
-                              self.run.trainer.micro_batch_tokens)["logprobs"]
+                              self.run.trainer.micro_batch_tokens, dist=self.run.dist)["logprobs"]
         rollout.ref_logprobs = torch.where(rollout.response_mask, ref, 0.0)
 
     def token_rewards(self, rollout: RolloutBatch) -> torch.Tensor:
@@ -307,7 +307,7 @@ class OnlineStrategy(Strategy):
                 with routing as tape:
                     model.eval()
                     forward = rollout_forward(model, rollout, self.run.logprob_temperature,
-                                              packing)
+                                              packing, dist=self.run.dist)
                     model.train()
                 if record:  # the experts of the trainer's first forward, replayed in training
                     rollout.extras[ROUTED_EXPERTS] = tape.stacked(*rollout.attention_mask().shape)

@@ -81,3 +81,33 @@ def test_packed_no_grad_forwards_equal_the_padded_ones(tmp_path, name):
     assert packed_stats.keys() == padded_stats.keys()
     for key, value in padded_stats.items():
         assert packed_stats[key] == pytest.approx(value, rel=TOL, abs=TOL), key
+
+
+class _OtherRankNeedsFive:
+    """A DistContext stand-in whose other rank packed its rows into 5 micro-batches."""
+
+    enabled = True
+
+    def all_gather_object(self, count):
+        return [count, 5]
+
+
+def test_a_rank_with_fewer_micro_batches_runs_as_many_forwards_as_the_others(tmp_path):
+    """Under FSDP every forward gathers weights collectively: a rank whose rows pack into
+    fewer micro-batches repeats its last one (outputs unused) so the ranks stay in step."""
+    from astrai_core.rollout.forward import rollout_forward
+
+    config = _config(tmp_path, CASES["grpo token-mean"], micro_batch_tokens=BUDGET)
+    config["sampler"]["max_new_tokens"] = BUDGET - 8
+    strategy, run = build_strategy(config, tmp_path)
+    rollout = _long_tailed(run.rollouts.draw())
+    calls = _spy({"policy": run.model})
+    with torch.no_grad():
+        alone = rollout_forward(run.model, rollout, 1.0, BUDGET)["logprobs"]
+        own = len(calls["policy"])
+        assert 2 <= own < 5
+        calls["policy"].clear()
+        in_step = rollout_forward(run.model, rollout, 1.0, BUDGET,
+                                  dist=_OtherRankNeedsFive())["logprobs"]
+    assert len(calls["policy"]) == 5
+    assert torch.equal(in_step, alone)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import copy
 from pathlib import Path
-from typing import Literal
+from typing import Any, Literal
 
 import torch
 from torch import Tensor, nn
@@ -37,15 +37,16 @@ class ValueCritic(nn.Module):
             self.value_head.bias.zero_()
         self.value_head.to(next(backbone.parameters()).dtype)
 
-    def forward(self, batch: RolloutBatch, micro_batch_tokens: int | None = None
-                ) -> dict[str, Tensor]:
+    def forward(self, batch: RolloutBatch, micro_batch_tokens: int | None = None,
+                dist: Any = None) -> dict[str, Tensor]:
         """``values`` [N, R] float32 aligned with ``batch.response_ids``; ``aux_loss`` (MoE).
 
         ``micro_batch_tokens``: a whole rollout's values (the no-grad forward before the
-        advantages) computed in packed micro-batches of at most that many tokens.
+        advantages) computed in packed micro-batches of at most that many tokens, as many
+        on every rank of ``dist`` (the run's DistContext; see :func:`rollout_forward`).
         """
         out = rollout_forward(self.backbone, batch, 1.0, micro_batch_tokens,
-                              return_hidden_states=True)
+                              return_hidden_states=True, dist=dist)
         values = self.value_head(out["hidden_states"]).squeeze(-1).float()
         return {"values": values, "aux_loss": out["aux_loss"]}
 

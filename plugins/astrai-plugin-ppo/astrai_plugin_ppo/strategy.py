@@ -102,7 +102,8 @@ class PPO(OnlineStrategy):
     # -- per rollout ------------------------------------------------------------------
     def prepare_rollout(self, rollout: RolloutBatch) -> None:
         """Old values V(s_t) from the critic and, for a KL term, the reference's log-probs."""
-        values = self.critic(rollout, self.run.trainer.micro_batch_tokens)["values"]
+        values = self.critic(rollout, self.run.trainer.micro_batch_tokens,
+                             self.run.dist)["values"]
         rollout.values = torch.where(rollout.response_mask, values, 0.0)
         super().prepare_rollout(rollout)
 
