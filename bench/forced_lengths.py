@@ -135,10 +135,9 @@ def read_report(path: Path) -> dict[str, Any]:
 def ray_runtime_env(max_tokens: int, eos: int, report: Path, threads: int = 1) -> dict[str, Any]:
     """Ray's ``runtime_env`` whose workers run :func:`worker_setup` at start."""
     settings = {"max_tokens": max_tokens, "eos": eos, "report": str(report), "threads": threads}
-    env = {k: os.environ[k] for k in ("ASTRAI_PLUGINS", "ASTRAI_DISABLE_PLUGINS")
-           if k in os.environ}  # what the ray sampler passes itself; this runtime_env replaces it
     path = os.pathsep.join(p for p in (str(HERE), os.environ.get("PYTHONPATH")) if p)
-    env.update({ENV: json.dumps(settings), "PYTHONPATH": path, "OMP_NUM_THREADS": str(threads)})
+    # (the ray sampler adds the plugin selection, ASTRAI_PLUGINS, to these itself)
+    env = {ENV: json.dumps(settings), "PYTHONPATH": path, "OMP_NUM_THREADS": str(threads)}
     return {"env_vars": env, "worker_process_setup_hook": f"{Path(__file__).stem}.worker_setup"}
 
 

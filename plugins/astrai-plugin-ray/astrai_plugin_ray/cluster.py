@@ -7,6 +7,9 @@
   on an Ascend host; GPUs keep Ray's own detection).
 * Only what this run started is stopped by :meth:`RayConnection.close`: the workers'
   placement group always, Ray itself only when the run started it.
+* The workers get the trainer's plugin selection (``ASTRAI_PLUGINS``,
+  ``ASTRAI_DISABLE_PLUGINS``) through the runtime environment's ``env_vars``, merged into
+  a ``runtime_env`` the sampler's ``init_kwargs`` may give (its own variables win).
 """
 
 from __future__ import annotations
@@ -43,6 +46,16 @@ def local_ray_resources(registry: Any = None) -> dict[str, float]:
     return resources
 
 
+def _runtime_env(given: dict[str, Any] | None) -> dict[str, Any] | None:
+    """``given`` (a user's runtime_env, or None) with this process's plugin selection added
+    to its ``env_vars``, so that every worker loads the plugins the trainer loads."""
+    runtime_env = dict(given or {})
+    env = {k: os.environ[k] for k in PLUGIN_ENV if k in os.environ}
+    if env:
+        runtime_env["env_vars"] = {**env, **(runtime_env.get("env_vars") or {})}
+    return runtime_env or None
+
+
 class RayConnection:
     """This run's hold on Ray; see the module docstring."""
 
@@ -54,9 +67,9 @@ class RayConnection:
             self.address = "this process's Ray session"
             return
         address = address or os.environ.get("RAY_ADDRESS") or None
-        env = {k: os.environ[k] for k in PLUGIN_ENV if k in os.environ}
+        init_kwargs = dict(init_kwargs)
         kwargs: dict[str, Any] = {"include_dashboard": False, "log_to_driver": True,
-                                  "runtime_env": {"env_vars": env} if env else None}
+                                  "runtime_env": _runtime_env(init_kwargs.pop("runtime_env", None))}
         if address is None:
             resources = local_ray_resources()
             if resources:

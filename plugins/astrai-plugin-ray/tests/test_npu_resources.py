@@ -49,3 +49,24 @@ def test_cpu_and_cuda_declare_no_custom_resources():
     from astrai_core.devices.cuda import CudaBackend
 
     assert CudaBackend().ray_resources() == {}  # Ray detects GPUs itself
+
+
+def test_a_users_runtime_env_keeps_the_plugin_selection(monkeypatch):
+    """init_kwargs.runtime_env is merged with the plugin variables the workers need."""
+    import ray
+
+    from astrai_plugin_ray.cluster import RayConnection
+
+    seen = {}
+    monkeypatch.setattr(ray, "is_initialized", lambda: False)
+    monkeypatch.setattr(ray, "init", lambda **kwargs: seen.update(kwargs))
+    monkeypatch.setenv("ASTRAI_PLUGINS", "mine")
+    monkeypatch.delenv("ASTRAI_DISABLE_PLUGINS", raising=False)
+    user = {"env_vars": {"OMP_NUM_THREADS": "1"}, "worker_process_setup_hook": "m.f"}
+    RayConnection(None, {"runtime_env": user, "num_cpus": 1})
+    assert seen["runtime_env"] == {"env_vars": {"ASTRAI_PLUGINS": "mine", "OMP_NUM_THREADS": "1"},
+                                   "worker_process_setup_hook": "m.f"}
+    assert seen["num_cpus"] == 1
+    assert user == {"env_vars": {"OMP_NUM_THREADS": "1"}, "worker_process_setup_hook": "m.f"}
+    RayConnection(None, {"runtime_env": {"env_vars": {"ASTRAI_PLUGINS": "theirs"}}})
+    assert seen["runtime_env"]["env_vars"] == {"ASTRAI_PLUGINS": "theirs"}
