@@ -92,7 +92,7 @@ def install(max_tokens: int, eos: int, report: str | None = None) -> Lengths:
                                [plan[r.index][0] for r in rows], eos)
         return plain_choose(rows, sampling, forced)
 
-    @functools.wraps(plain_generate)  # keeps its signature: a worker sees `interrupt`
+    @functools.wraps(plain_generate)  # the sampler's signature, `interrupt` included
     def generate(self, prompts, params, *positional, **kwargs):
         per_prompt = params if isinstance(params, list) else [params] * len(prompts)
         prompts = [list(p) for p in prompts]

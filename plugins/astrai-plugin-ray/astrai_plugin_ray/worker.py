@@ -39,7 +39,8 @@ class RolloutWorker:
     """Built by Ray as ``ray.remote(RolloutWorker).options(...).remote(...)``."""
 
     def __init__(self, index: int, model: torch.nn.Module, tokenizer: Any, sampler_name: str,
-                 sampler_options: dict[str, Any], device_name: str) -> None:
+                 sampler_options: dict[str, Any], device_name: str,
+                 interruptible: bool = False) -> None:
         registry = process_registry()
         self.index = index
         self.backend = resolve_device(registry, device_name)
@@ -54,6 +55,9 @@ class RolloutWorker:
                                      in list(self._parameters.items()) if name.startswith(prefix)})
         sampler_class = registry.load("sampler", sampler_name)
         self.sampler = sampler_class(model=self.model, tokenizer=tokenizer, **sampler_options)
+        # whether generate passes `interrupt` on: decided once, by the WorkerSet that gave
+        # this actor its `control` concurrency group
+        self.interruptible = interruptible
         self._interrupt = threading.Event()  # set by interrupt(), cleared by finish_push()
         self.group: Any = None
         self.group_device = torch.device("cpu")
@@ -73,7 +77,7 @@ class RolloutWorker:
                  interruptible: bool = False) -> list[Completion]:
         """The sampler's completions; ``interruptible``: :meth:`interrupt` may end the call
         early (a sampler that cannot be interrupted runs it to the end)."""
-        if interruptible and interruptible_sampler(type(self.sampler)):
+        if interruptible and self.interruptible:
             return self.sampler.generate(prompts, params, interrupt=self._interrupt)
         return self.sampler.generate(prompts, params)
 

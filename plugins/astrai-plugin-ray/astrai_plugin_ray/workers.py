@@ -38,8 +38,8 @@ class WorkerSet:
         actor_class = (ray.remote(concurrency_groups={"control": 1})(RolloutWorker)
                        if self.interruptible else ray.remote(RolloutWorker))
         self.actors = [actor_class.options(**actor_options(bundle, group, i)).remote(
-            i, model_ref, tokenizer, sampler_name, sampler_options, device_name)
-            for i in range(count)]
+            i, model_ref, tokenizer, sampler_name, sampler_options, device_name,
+            self.interruptible) for i in range(count)]
         self.dead: set[int] = set()
         self.info: list[dict[str, Any]] = [{"index": i} for i in range(count)]
         self.info = self.get([a.describe.remote() for a in self.actors], "starting",
