@@ -58,7 +58,7 @@ from astrai_core.rollout.partial import PartialRollouts
 from astrai_core.rollout.metrics import rollout_metrics
 from astrai_core.config.strategy_needs import ComponentChoice, StrategyNeeds
 from astrai_core.training.batch_sources import RolloutSource
-from astrai_core.training.online_logprobs import DeferredOldLogprobs, may_defer
+from astrai_core.training.online_logprobs import CORRECTION, DeferredOldLogprobs, may_defer
 from astrai_core.training.online_routing import RoutingReplay
 from astrai_core.training.run_components import RunComponents
 from astrai_core.training.strategy import Strategy
@@ -333,7 +333,7 @@ class OnlineStrategy(Strategy):
             weights, metrics = correction_weights(trainer_logprobs, rollout.old_logprobs,
                                                   mask, correction)
             rollout.extras["rollout_weights"] = weights
-            stats.update({f"rollout_correction/{k}": v.item() for k, v in metrics.items()})
+            stats.update({CORRECTION + k: v.item() for k, v in metrics.items()})
         if recompute:
             rollout.old_logprobs = torch.where(mask, trainer_logprobs, 0.0)
         return self._finish_rollout(rollout, stats, prefix)
