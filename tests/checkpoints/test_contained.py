@@ -96,7 +96,7 @@ def trained(tmp_path_factory):
 
 
 @contextmanager
-def _hostile_metadata(checkpoint: Path, rewrite):
+def hostile_metadata(checkpoint: Path, rewrite):
     """``dcp/.metadata`` with its storage items changed by ``rewrite(storage_data)`` and the
     manifest rewritten to match; everything restored afterwards."""
     path = checkpoint / "dcp" / ".metadata"
@@ -112,7 +112,7 @@ def _hostile_metadata(checkpoint: Path, rewrite):
         (checkpoint / MANIFEST_FILE).write_text(manifest)
 
 
-def _tensor_items(storage):
+def tensor_items(storage):
     return sorted((k for k in storage if "optimizers" not in k.fqn and "exp_avg" not in k.fqn),
                   key=lambda k: (storage[k].relative_path, storage[k].offset))
 
@@ -137,7 +137,7 @@ def test_dcp_items_outside_the_checkpoint_are_refused_on_resume(trained, where):
     outside = _outside_copy(checkpoint)
     name = {"absolute": outside, "parent": "../../../outside.distcp",
             "unlisted": "nowhere.distcp"}[where]
-    with _hostile_metadata(checkpoint, _point_at(lambda info: name)) as metadata:
+    with hostile_metadata(checkpoint, _point_at(lambda info: name)) as metadata:
         line = _one_error_line(astrai("train", str(config_path), "--resume"))
     assert f"{metadata} names {name!r}" in line
     assert ("does not list" if where == "unlisted" else "outside the checkpoint") in line
@@ -156,11 +156,11 @@ def test_a_dcp_item_beyond_its_file_is_refused_before_any_read(trained, monkeypa
     _, checkpoint = trained
     for name in ("/dev/zero", None):
         def rewrite(storage):
-            first = _tensor_items(storage)[0]
+            first = tensor_items(storage)[0]
             if name is not None:
                 storage[first].relative_path = name
             storage[first].length = 3 * 1024**3
-        with _hostile_metadata(checkpoint, rewrite) as metadata:
+        with hostile_metadata(checkpoint, rewrite) as metadata:
             with pytest.raises(CheckpointError) as raised:
                 read_sharded(checkpoint)
         message = str(raised.value)
@@ -172,9 +172,9 @@ def test_a_dcp_item_beyond_its_file_is_one_line_on_resume(trained):
     config_path, checkpoint = trained
 
     def rewrite(storage):
-        storage[_tensor_items(storage)[0]].offset = 3 * 1024**3
+        storage[tensor_items(storage)[0]].offset = 3 * 1024**3
 
-    with _hostile_metadata(checkpoint, rewrite) as metadata:
+    with hostile_metadata(checkpoint, rewrite) as metadata:
         line = _one_error_line(astrai("train", str(config_path), "--resume"))
     assert str(metadata) in line and "lies outside its file" in line
 
@@ -185,12 +185,12 @@ def test_a_hostile_item_inside_its_file_is_one_line_naming_the_file(trained):
     config_path, checkpoint = trained
 
     def rewrite(storage):
-        items = _tensor_items(storage)
+        items = tensor_items(storage)
         first = items[0]
         other = next(k for k in items if storage[k].length != storage[first].length)
         storage[first], storage[other] = storage[other], storage[first]
 
-    with _hostile_metadata(checkpoint, rewrite) as metadata:
+    with hostile_metadata(checkpoint, rewrite) as metadata:
         line = _one_error_line(astrai("train", str(config_path), "--resume"))
     shard = sorted((checkpoint / "dcp").glob("*.distcp"))[0]
     assert str(shard) in line and "cannot read the checkpoint's state" in line
