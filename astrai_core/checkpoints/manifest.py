@@ -4,10 +4,12 @@ Every checkpoint writer puts it in its staging directory last, just before the r
 a checkpoint whose files match its manifest is exactly what was written. Readers check it
 before they read anything else but ``config.json`` (JSON, which cannot run code):
 
-- sizes always (``load_pretrained``, ``astrai generate``, ``astrai serve``): cheap, and it
-  catches a truncated or half-copied file;
-- sizes and sha256 on ``--resume`` and ``astrai export`` (reading every byte of a
-  multi-GB model on each load would be too slow for the others).
+- sizes always (``load_pretrained``): cheap, and it catches a truncated or half-copied
+  file;
+- sizes and sha256 on ``--resume`` and ``astrai export``, and on ``astrai generate`` and
+  ``astrai serve`` when asked (``--verify``) or when the checkpoint is small enough that
+  hashing it costs a few seconds at most (:func:`hash_by_default`): reading every byte
+  of a multi-GB model on each load would be too slow.
 
 A file in the directory that the manifest does not list is refused too: nothing unlisted
 is read. A listed file must lie inside the directory (no ``..``, no absolute name, no
@@ -32,6 +34,10 @@ from astrai_core.errors import CheckpointError
 MANIFEST_FILE = "manifest.json"
 MANIFEST_FORMAT = "astrai-manifest-v1"
 _CHUNK = 1 << 20
+# Checkpoints up to this many bytes are hashed by `generate` and `serve` unless told not
+# to: sha256 reads about 400 MB/s on one core of a small machine, so this costs a few
+# seconds, against a model load that reads the files anyway.
+HASH_BY_DEFAULT_BYTES = 1 << 30
 _verified: dict[str, tuple] = {}  # hashed directories -> the stat of their files then
 
 
@@ -123,6 +129,19 @@ def verify_manifest(directory: str | os.PathLike, *, hashes: bool = False) -> No
             raise CheckpointError(f"{_noun(relative)}{directory / relative} is corrupt or was "
                                   "changed: its sha256 differs from the manifest's")
     _verified[str(directory.resolve())] = stats
+
+
+def hash_by_default(directory: str | os.PathLike, verify: bool | None) -> bool:
+    """Whether a load of ``directory`` hashes its files: ``verify`` when given, else when
+    the files its manifest lists total at most :data:`HASH_BY_DEFAULT_BYTES` (a directory
+    without a valid manifest is refused by the verification itself)."""
+    if verify is not None:
+        return verify
+    try:
+        files = _read(Path(directory))
+    except CheckpointError:
+        return False
+    return sum(entry["size"] for entry in files.values()) <= HASH_BY_DEFAULT_BYTES
 
 
 def _inside(relative: object) -> bool:

@@ -19,6 +19,17 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--no-chat-template", action="store_true",
                         help="feed the prompt as raw text even when the tokenizer has a chat template")
     parser.add_argument("--device", default="auto", help="device backend name (auto, cpu, cuda, ...)")
+    add_verify_argument(parser)
+
+
+def add_verify_argument(parser: argparse.ArgumentParser) -> None:
+    from astrai_core.checkpoints.manifest import HASH_BY_DEFAULT_BYTES
+
+    parser.add_argument(
+        "--verify", action=argparse.BooleanOptionalAction, default=None,
+        help="check every file's sha256 against the checkpoint's manifest before loading "
+             "(not only its size); default: on for checkpoints up to "
+             f"{HASH_BY_DEFAULT_BYTES // 2**20} MiB, off above")
 
 
 def run(args: argparse.Namespace) -> int:
@@ -33,7 +44,7 @@ def run(args: argparse.Namespace) -> int:
     except ValidationError as err:
         problem = err.errors()[0]
         raise ConfigError(f"--{str(problem['loc'][0]).replace('_', '-')}: {problem['msg']}") from None
-    model, tokenizer = _load(Path(args.model_dir), args.device)
+    model, tokenizer = _load(Path(args.model_dir), args.device, verify=args.verify)
     prompt_ids = _encode(tokenizer, args.prompt, use_chat_template=not args.no_chat_template)
     if tokenizer.eos_token_id is not None:
         params = params.model_copy(update={"stop_token_ids": (tokenizer.eos_token_id,)})
@@ -41,14 +52,18 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
-def _load(model_dir: Path, device_name: str, registry=None):
+def _load(model_dir: Path, device_name: str, registry=None, verify: bool | None = False):
+    """(model on the device, tokenizer) of a checkpoint; ``verify``: hash its files (None:
+    when it is small, :func:`~astrai_core.checkpoints.manifest.hash_by_default`)."""
+    from astrai_core.checkpoints.manifest import hash_by_default
     from astrai_core.checkpoints.native import load_pretrained
     from astrai_core.data.tokenizer import load_tokenizer
     from astrai_core.devices.select import resolve_device
     from astrai_core.errors import CheckpointError, DataError
     from astrai_core.plugins import process_registry
 
-    model = load_pretrained(model_dir)  # CheckpointError names the problem
+    # CheckpointError names the problem
+    model = load_pretrained(model_dir, hashes=hash_by_default(model_dir, verify))
     try:
         tokenizer = load_tokenizer(model_dir)
     except DataError as err:
