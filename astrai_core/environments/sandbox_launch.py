@@ -83,16 +83,21 @@ def enter_namespaces(config):
     return done
 
 
-def private_filesystem(config, files):
+def private_filesystem(config, files, masked):
     """tmpfs over every world-writable directory, then the work directory in a tmpfs of
-    its own size. Returns the masked directories (empty when mounting is refused)."""
+    its own size. Appends each masked directory to ``masked`` as it is mounted, so the
+    report is true even when a later step fails. The interpreter's directories that a
+    mask would hide (a venv under /tmp) are bound back at their own paths."""
     mount(None, "/", None, MS_REC | MS_PRIVATE, None)
     options = f"size={config['disk_bytes']},mode=1777"
-    masked = []
     for directory in MASKED:
         if os.path.isdir(directory) and not os.path.islink(directory):
+            hidden = [path for path in config["expose"]
+                      if path == directory or path.startswith(directory + "/")]
+            handles = {path: os.open(path, os.O_PATH | os.O_DIRECTORY) for path in hidden}
             mount("tmpfs", directory, "tmpfs", MS_NOSUID | MS_NODEV, options)
             masked.append(directory)
+            bind_back(handles)
     workdir = config["workdir"]
     os.makedirs(workdir, exist_ok=True)
     if not any(workdir.startswith(directory + "/") for directory in masked):
@@ -102,7 +107,15 @@ def private_filesystem(config, files):
             handle.write(data)
     if config["uid"] is not None:
         expose(config["expose"])
-    return masked
+
+
+def bind_back(handles):
+    """Bind each directory (``{path: O_PATH descriptor}``, opened before a tmpfs hid it)
+    back at its path; the directories above it are created in the tmpfs, open to all."""
+    for path, handle in handles.items():
+        os.makedirs(path, mode=0o755, exist_ok=True)
+        mount(f"/proc/self/fd/{handle}", path, None, MS_BIND | MS_REC, None)
+        os.close(handle)
 
 
 def _closed_ancestor(path):
@@ -127,10 +140,7 @@ def expose(paths):
     for ancestor, inside in closed.items():
         handles = {path: os.open(path, os.O_PATH | os.O_DIRECTORY) for path in inside}
         mount("tmpfs", ancestor, "tmpfs", MS_NOSUID | MS_NODEV, "size=1m,mode=755")
-        for path, handle in handles.items():
-            os.makedirs(path, mode=0o755, exist_ok=True)
-            mount(f"/proc/self/fd/{handle}", path, None, MS_BIND | MS_REC, None)
-            os.close(handle)
+        bind_back(handles)
 
 
 def read_files(workdir):
@@ -225,7 +235,7 @@ def main():
     masked = []
     if "mount" in namespaces:
         try:
-            masked = private_filesystem(config, files)
+            private_filesystem(config, files, masked)
         except OSError as exc:
             report(mount_error=str(exc))
     own_workdir(config)

@@ -220,3 +220,30 @@ def test_sandboxes_of_two_processes_get_different_users(isolation):
     uids = [int(r.stdout) for r in results]
     assert theirs not in uids and len(set(uids)) == 3
     assert uids == [r.isolation["uid"] for r in results]
+
+
+def test_the_mount_report_is_true_with_the_venv_under_a_masked_directory(tmp_path, isolation):
+    """A venv under /tmp (which the sandbox hides under a tmpfs) is bound back, the code
+    runs with it, and the report says the masks were mounted."""
+    if not isolation["mount"]:
+        pytest.skip("no mount namespace here")
+    import json
+    import subprocess
+    import sys
+    import sysconfig
+
+    if not str(tmp_path).startswith("/tmp/"):
+        pytest.skip("the test's directory is not under /tmp")
+    venv = tmp_path / "venv"
+    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(venv)], check=True)
+    imports = os.pathsep.join([*filter(None, sys.path), sysconfig.get_paths()["purelib"]])
+    host = ("import json, sys\nfrom astrai_core.environments.sandbox import Sandbox\n"
+            "r = Sandbox(timeout=10).run_python('import sys; print(sys.prefix)')\n"
+            "print(json.dumps([r.status, r.stdout, r.stderr, r.isolation]))")
+    done = subprocess.run([str(venv / "bin" / "python"), "-c", host], capture_output=True,
+                          text=True, timeout=60, env={**os.environ, "PYTHONPATH": imports})
+    assert done.returncode == 0, done.stderr[-3000:]
+    status, stdout, stderr, report = json.loads(done.stdout.splitlines()[-1])
+    assert report["mount"] is True, report
+    assert status == "ok", stderr
+    assert stdout.strip() == str(venv)  # the venv's interpreter, seen inside the sandbox
