@@ -4,8 +4,9 @@ Standard library only, and never imported by astrai: it is the first process of 
 sandbox, started by :mod:`astrai_core.environments.sandbox` with one JSON argument and a
 status pipe (its descriptor in the JSON). It isolates itself and then runs the program in three processes::
 
-    launcher (P0)   unshare(net, mount, pid, ipc, uts); tmpfs over the world-writable
-      |             directories; the work files copied into a private tmpfs
+    launcher (P0)   joins the sandbox's cgroup where there is one (memory of all its
+      |             processes together); unshare(net, mount, pid, ipc, uts); tmpfs over
+      |             the world-writable directories; the work files into a private tmpfs
       +- init (P1)  pid 1 of the new pid namespace: mounts its /proc, reaps, and when the
           |         program exits, exits with its status: the kernel then kills every
           |         process left in the namespace
@@ -226,10 +227,24 @@ def run_init(config, pid_namespace):
             os._exit(os.waitstatus_to_exitcode(status) % 256)
 
 
+def join_cgroup(path):
+    """Move this process (and so everything it starts) into the sandbox's cgroup, which
+    limits their memory together; reported, and skipped when refused."""
+    if not path:
+        return
+    try:
+        with open(os.path.join(path, "cgroup.procs"), "w") as handle:
+            handle.write(str(os.getpid()))
+        report(cgroup=True)
+    except OSError as exc:
+        report(cgroup_error=str(exc))
+
+
 def main():
     global STATUS_FD
     config = json.loads(sys.argv[1])
     STATUS_FD = config["status_fd"]
+    join_cgroup(config.get("cgroup"))
     files = read_files(config["workdir"])
     namespaces = enter_namespaces(config)
     masked = []

@@ -247,3 +247,31 @@ def test_the_mount_report_is_true_with_the_venv_under_a_masked_directory(tmp_pat
     assert report["mount"] is True, report
     assert status == "ok", stderr
     assert stdout.strip() == str(venv)  # the venv's interpreter, seen inside the sandbox
+
+
+_CHILDREN = """
+import subprocess, sys
+child = "b = bytearray(150 * 2**20); b[::4096] = b'x' * len(b[::4096]); import time; time.sleep(1); print('held')"
+procs = [subprocess.Popen([sys.executable, "-I", "-c", child], stdout=subprocess.PIPE, text=True)
+         for _ in range(4)]
+print(sum(p.communicate()[0].strip() == "held" for p in procs))
+"""
+
+
+def test_children_together_are_held_to_memory_mb_or_the_report_says_per_process():
+    """Four children of 150 MB each, under a 256 MiB limit: each is under it, together
+    they are over it. With a cgroup the sandbox is stopped; without one the report says
+    that memory is limited per process, as it then is."""
+    from astrai_core.environments import sandbox_cgroup
+
+    cgroup = sandbox_cgroup.create(256 * 2**20)
+    if cgroup is not None:
+        sandbox_cgroup.remove(cgroup)
+    result = Sandbox(timeout=20, cpu_seconds=10, memory_mb=256, processes=16).run_python(
+        _CHILDREN)
+    if cgroup is None:
+        assert result.isolation["memory"] == "per_process"
+        assert result.ok and result.stdout.strip() == "4"  # all held: per process only
+    else:
+        assert result.isolation["memory"] == "sandbox"
+        assert not (result.ok and result.stdout.strip() == "4"), result.summary()
