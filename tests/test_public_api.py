@@ -74,3 +74,19 @@ def test_the_scan_sees_imports_and_attribute_uses(tmp_path):
                       "def f():\n    from astrai_core import api\n"
                       "    return core_api.pad_rows, api.get_logger, other.kl_estimate\n")
     assert _api_names_used(module) == {"Strategy", "pad_rows", "get_logger"}
+
+
+def test_the_docs_name_only_api_names_that_exist():
+    """``astrai_core.api.X`` and ``from astrai_core.api import X`` in the README, the guides and
+    the plugins' READMEs: a dropped or renamed name must not stay in the documentation."""
+    pages = [REPO_ROOT / "README.md", *sorted((REPO_ROOT / "docs").glob("*.md")),
+             *sorted(REPO_ROOT.glob("plugins/*/README.md")), *sorted(REPO_ROOT.glob("contrib/*/README.md"))]
+    cited = []
+    for page in pages:
+        for match in re.finditer(r"astrai_core\.api\.(\w+)|from astrai_core\.api import ([\w, ]+)",
+                                 page.read_text()):
+            names = [match[1]] if match[1] else [name.strip() for name in match[2].split(",")]
+            cited += [(page.relative_to(REPO_ROOT), name) for name in names if name]
+    assert len(cited) > 5
+    stale = [f"{page}: {name}" for page, name in cited if name not in api.__all__]
+    assert not stale, "documented as astrai_core.api names but not in it:\n" + "\n".join(stale)
