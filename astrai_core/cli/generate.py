@@ -24,6 +24,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     from pydantic import ValidationError
 
+    from astrai_core.cli.inference import load_model_and_tokenizer
     from astrai_core.errors import ConfigError
     from astrai_core.sampling import SamplingParams
 
@@ -33,28 +34,12 @@ def run(args: argparse.Namespace) -> int:
     except ValidationError as err:
         problem = err.errors()[0]
         raise ConfigError(f"--{str(problem['loc'][0]).replace('_', '-')}: {problem['msg']}") from None
-    model, tokenizer = _load(Path(args.model_dir), args.device)
+    model, tokenizer = load_model_and_tokenizer(Path(args.model_dir), args.device)
     prompt_ids = _encode(tokenizer, args.prompt, use_chat_template=not args.no_chat_template)
     if tokenizer.eos_token_id is not None:
         params = params.model_copy(update={"stop_token_ids": (tokenizer.eos_token_id,)})
     _generate_streaming(model, tokenizer, prompt_ids, params)
     return 0
-
-
-def _load(model_dir: Path, device_name: str, registry=None):
-    from astrai_core.checkpoints.native import load_pretrained
-    from astrai_core.data.tokenizer import load_tokenizer
-    from astrai_core.devices.select import resolve_device
-    from astrai_core.errors import CheckpointError, DataError
-    from astrai_core.plugins import process_registry
-
-    model = load_pretrained(model_dir)  # CheckpointError names the problem
-    try:
-        tokenizer = load_tokenizer(model_dir)
-    except DataError as err:
-        raise CheckpointError(f"{model_dir} has no usable tokenizer: {err}") from None
-    device = resolve_device(registry or process_registry(), device_name).device()
-    return model.to(device), tokenizer
 
 
 def _encode(tokenizer, prompt: str, use_chat_template: bool) -> list[int]:

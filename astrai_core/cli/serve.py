@@ -39,10 +39,10 @@ def _require_serve_extra() -> None:
 def build_engine(registry, sampler_name: str, model_dir: Path, device_name: str, max_batch_size: int,
                  max_queued: int | None = None):
     """The engine for ``--sampler``: the continuous-batching one for torch, the adapter otherwise."""
-    from astrai_core.cli.generate import _load
+    from astrai_core.cli.inference import load_model_and_tokenizer
 
     spec = registry.get("sampler", sampler_name)  # unknown names list the available ones
-    model, tokenizer = _load(model_dir, device_name, registry)
+    model, tokenizer = load_model_and_tokenizer(model_dir, device_name, registry)
     return engine_for(model, tokenizer, spec, max_batch_size, max_queued)
 
 
