@@ -195,6 +195,25 @@ def test_slow_header_connections_are_closed_at_the_header_timeout(random_checkpo
         assert len(srv.server.server_state.connections) <= 1
 
 
+def test_endless_headers_are_431(server):
+    with _connect(server) as sock:
+        sock.sendall(b"GET /health HTTP/1.1\r\nHost: x\r\nX-Big: " + b"a" * (80 * 1024))
+        answer = _read_all(sock)
+    assert _status(answer) == 431, answer[:200]
+
+
+def test_a_stalled_body_is_408(random_checkpoint):
+    with live_server(random_checkpoint, limits=ServeLimits(body_timeout=0.5)) as srv, _connect(srv) as sock:
+        sock.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                     b"Content-Length: 100\r\n\r\n" + b'{"model": ')
+        started = time.perf_counter()
+        answer = sock.recv(65536)
+        elapsed = time.perf_counter() - started
+    assert _status(answer) == 408, answer[:200]
+    assert b"body_timeout" in answer
+    assert 0.3 < elapsed < 5
+
+
 def test_the_connection_limit_holds_and_frees(random_checkpoint):
     with live_server(random_checkpoint, limits=ServeLimits(max_connections=20)) as srv:
         held = [_connect(srv) for _ in range(20)]
