@@ -11,7 +11,8 @@ installed, else h11) and adds, per connection:
   ``header_timeout`` seconds of the connection opening or of the previous response
   ending, else the connection is answered 408 and closed (this also bounds how long the
   server keeps discarding the rest of a body it already refused);
-- a header size cap (:data:`~astrai_core.serving.limits.MAX_HEADER_BYTES`): 431 and close;
+- a header size cap (:data:`~astrai_core.serving.limits.MAX_HEADER_BYTES`): 431 and close
+  (with h11, its own ``max_incomplete_event_size`` at the same size answers 400);
 - a connection cap: a connection beyond ``max_connections`` is answered 503 and closed at
   once, before anything of it is read.
 
