@@ -14,15 +14,14 @@ class BoundStoreRendezvous(StaticTCPRendezvous):
     """Node rank 0 serves the store on ``listener`` (bound to ``host:port`` alone); the
     other nodes, and every rank through torchrun's agent store, connect to it."""
 
-    def __init__(self, listener: socket.socket | None, host: str, port: int, rank: int,
-                 world_size: int, run_id: str, timeout: int) -> None:
+    def __init__(self, name: str, listener: socket.socket | None, host: str, port: int,
+                 rank: int, world_size: int, run_id: str, timeout: int) -> None:
         super().__init__(host, port, rank, world_size, run_id, timeout)
+        self._name = name
         self._listener = listener
 
     def get_backend(self) -> str:
-        from astrai_core.distributed.rendezvous import BACKEND
-
-        return BACKEND
+        return self._name
 
     def next_rendezvous(self) -> RendezvousInfo:
         if self._store is None:

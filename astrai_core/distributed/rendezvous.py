@@ -59,8 +59,8 @@ def create_handler(params: Any) -> Any:
     listener = bind(host, port) if rank == 0 else None
     if listener is not None:
         port = listener.getsockname()[1]
-    return BoundStoreRendezvous(listener, host, port, rank, params.max_nodes, params.run_id,
-                                params.get_as_int("timeout", DEFAULT_TIMEOUT_S))
+    return BoundStoreRendezvous(BACKEND, listener, host, port, rank, params.max_nodes,
+                                params.run_id, params.get_as_int("timeout", DEFAULT_TIMEOUT_S))
 
 
 def bind(host: str, port: int) -> socket.socket:
