@@ -57,7 +57,7 @@ def _command(tmp_path: Path, by_hand: bool = False, *launch: str) -> list[str]:
     hung = hung_command(CHECKPOINT_SAVED, 1)
     if by_hand:
         return [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node=2",
-                "--rdzv-backend=astrai", "--rdzv-endpoint=127.0.0.1:0", "--module",
+                "--rdzv-backend=astrai", "--module",
                 *hung[2:], *astrai]
     return [*hung, *astrai, *launch]
 
