@@ -32,6 +32,7 @@ from astrai_core.checkpoints.hf_model import save_hf_directory
 from astrai_core.checkpoints.hf_push import hf_name_prefix, iter_hf_push_buckets
 from astrai_core.distributed.fsdp import unsharded
 from astrai_core.distributed.weight_gather import Deferred, iter_full_buckets, iter_push_buckets
+from astrai_core.distributed.world import scoped_env
 from astrai_core.model_backends.transformers_lm import shipped_code_modules
 from astrai_core.environments import AssistantTurn, EnvMessage, EnvStep, ToolCall, error_message
 from astrai_core.errors import (
@@ -134,6 +135,8 @@ __all__ = [
     "stack_experts", "staged_directory", "write_manifest",
     # distributed: a sharded policy's parameters gathered for a block (a collective)
     "unsharded",
+    # environment variables set for a block, then put back
+    "scoped_env",
     # weight pushes from a sharded trainer, one bucket of full tensors at a time
     "Deferred", "hf_name_prefix", "iter_full_buckets", "iter_hf_push_buckets", "iter_push_buckets",
     "save_hf_directory",

@@ -27,7 +27,7 @@ from typing import Any
 
 from astrai_core.distributed.rendezvous import BACKEND, LOOPBACK, endpoint
 from astrai_core.distributed.worker_report import record_error
-from astrai_core.distributed.world import environment, launched_world_size
+from astrai_core.distributed.world import launched_world_size, scoped_env
 
 DEFAULT_PORT = 29500
 
@@ -63,7 +63,7 @@ def launch(args: argparse.Namespace, loaded: Any) -> int:
         raise ConfigError(f"--node-rank must be in 0..{args.nnodes - 1}")
     from astrai_core.config.plan import plan_run
 
-    with environment({"WORLD_SIZE": str(args.nproc_per_node * args.nnodes)}):
+    with scoped_env({"WORLD_SIZE": str(args.nproc_per_node * args.nnodes)}):
         plan_run(loaded.config, loaded.source)  # a bad config fails here, once
     os.environ.setdefault("OMP_NUM_THREADS", "1")  # torchrun's default, without its warning
     from torch.distributed.elastic.multiprocessing.api import SignalException

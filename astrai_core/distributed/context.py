@@ -19,7 +19,7 @@ from typing import Any
 
 import torch
 
-from astrai_core.distributed.world import environment, launched_world_size
+from astrai_core.distributed.world import launched_world_size, scoped_env
 from astrai_core.log import get_logger
 
 log = get_logger("astrai.distributed")
@@ -168,7 +168,7 @@ def _loopback_collectives(backend: Any) -> Iterator[None]:
     if os.environ.get("LOCAL_WORLD_SIZE") != os.environ.get("WORLD_SIZE") or interface is None:
         yield
         return
-    with environment(backend.loopback_env(interface)):
+    with scoped_env(backend.loopback_env(interface)):
         yield
 
 

@@ -17,7 +17,7 @@ def launched_world_size() -> int:
 
 
 @contextlib.contextmanager
-def environment(values: dict[str, str]) -> Iterator[None]:
+def scoped_env(values: dict[str, str]) -> Iterator[None]:
     """``values`` set in ``os.environ`` for the duration, the previous ones put back after."""
     saved = {name: os.environ.get(name) for name in values}
     os.environ.update(values)
