@@ -114,6 +114,7 @@ from astrai_core.model.head import (
 from astrai_core.devices.accelerator import AcceleratorBackend
 from astrai_core.devices.base import DeviceBackend
 from astrai_core.devices.select import resolve_device
+from astrai_core.distributed.world import scoped_env
 from astrai_core.errors import (
     AstraiError,
     CheckpointError,
@@ -168,7 +169,7 @@ __all__ = [
     "qwen_sliding_window", "qwen_sliding_window_to_hf", "read_hf_config", "read_hf_weights",
     "rename", "require", "split_gate_up", "stack_experts", "staged_directory",
     # devices, plugins, errors, logging
-    "AcceleratorBackend", "DeviceBackend", "resolve_device", "process_registry",
+    "AcceleratorBackend", "DeviceBackend", "resolve_device", "process_registry", "scoped_env",
     "AstraiError", "CheckpointError", "ConfigError", "DataError", "FieldError", "PluginError",
     "get_logger",
     # trackers
