@@ -197,7 +197,7 @@ def child(who: str, model_dir: Path, argv: list[str]) -> dict:
     return child_json(__file__, "RESULT", who, model_dir, argv)
 
 
-def main() -> None:
+def parse_args() -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     add_run_arguments(parser, steps=4, prompts=4, size="tiny")
     parser.add_argument("--max-tokens", type=int, default=512, help="longest completion")
@@ -207,11 +207,16 @@ def main() -> None:
                         help="astrai variants to run, comma-separated")
     parser.add_argument("--only", choices=("trl", *VARIANTS), help=argparse.SUPPRESS)
     parser.add_argument("--model-dir", help=argparse.SUPPRESS)
-    args = parser.parse_args()
-    if args.only:
-        return run_one(args)
+    return parser.parse_args()
+
+
+def run_rounds(args: argparse.Namespace, who_runs: list[str]
+               ) -> tuple[dict[str, list[float]], dict[str, list[float]], dict[str, list[float]],
+                          list[int]]:
+    """Every trainer once per round, each in a fresh process: its step seconds (the first
+    step of a run left out), the share of each run the sampler was idle, its measured mean
+    completion lengths; and the token count of every prompt."""
     argv = sys.argv[1:]
-    who_runs = ["trl", *args.variants.split(",")]
     steps: dict[str, list[float]] = {who: [] for who in who_runs}
     idle: dict[str, list[float]] = {who: [] for who in who_runs}
     measured: dict[str, list[float]] = {}
@@ -227,8 +232,17 @@ def main() -> None:
                 steps[who] += result["steps"][1:]  # the first step pays one-off costs
                 idle[who].append(1.0 - result["generate"] / sum(result["steps"]))
                 measured[who] = result["lengths"]
-    lengths = length_schedule(args.steps + 1, args.prompts * args.group, args.max_tokens)[:args.steps]
     prompt_tokens = [len(tokenizer(p)["input_ids"]) for p in prompts(args.prompts * args.steps)]
+    return steps, idle, measured, prompt_tokens
+
+
+def main() -> None:
+    args = parse_args()
+    if args.only:
+        return run_one(args)
+    who_runs = ["trl", *args.variants.split(",")]
+    steps, idle, measured, prompt_tokens = run_rounds(args, who_runs)
+    lengths = length_schedule(args.steps + 1, args.prompts * args.group, args.max_tokens)[:args.steps]
     per_step = [prompt_tokens[i * args.prompts:(i + 1) * args.prompts] for i in range(args.steps)]
     completion_tokens = statistics.mean(sum(row) for row in lengths)
     every = [x for row in lengths for x in row]

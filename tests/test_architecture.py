@@ -1,6 +1,7 @@
 """Architecture rules that hold by test: plugins import only the public API, the core never
 imports a plugin, components never rediscover plugins, the core has no import circle, the
-model is pure torch, and the core's packages import only from the layers below them."""
+model is pure torch, the core's packages import only from the layers below them, no module
+imports another's private names, and classes and functions keep the house sizes."""
 
 from __future__ import annotations
 
@@ -198,3 +199,58 @@ def test_imports_only_go_down_the_layers():
     upward = sorted(f"{name} -> {target}" for name, targets in graph.items() for target in targets
                     if _unit(name) != _unit(target) and rank[_unit(target)] >= rank[_unit(name)])
     assert not upward, "imports that do not go down the layers:\n" + "\n".join(upward)
+
+
+def _house_files() -> list[Path]:
+    """The product's code: the core, the plugins' and contrib's packages, the benchmarks."""
+    return sorted([*CORE.rglob("*.py"), *_package_files(REPO_ROOT / "plugins"),
+                   *_package_files(REPO_ROOT / "contrib"), *(REPO_ROOT / "bench").rglob("*.py")])
+
+
+def test_no_module_imports_another_modules_private_names():
+    """A name shared between modules is public in the module that owns it; ``_name`` means
+    "this module's own", so moving or changing it breaks nobody else."""
+    offending = []
+    for path in _house_files():
+        for node in ast.walk(ast.parse(path.read_text(), str(path))):
+            if (isinstance(node, ast.ImportFrom)
+                    and (node.level or (node.module or "").startswith(("astrai_", "bench")))):
+                offending += [f"{path.relative_to(REPO_ROOT)}:{node.lineno}: {node.module}.{alias.name}"
+                              for alias in node.names
+                              if alias.name.startswith("_") and not alias.name.startswith("__")]
+    assert not offending, "private names imported from another module:\n" + "\n".join(offending)
+
+
+MAX_CLASS_LINES = 250
+MAX_FUNCTION_LINES = 60
+
+
+def oversized(tree: ast.AST) -> list[tuple[int, str, int]]:
+    """(line, name, length) of every class over MAX_CLASS_LINES and function (methods and
+    nested ones too) over MAX_FUNCTION_LINES, counted from the def line to its last line."""
+    found = []
+    for node in ast.walk(tree):
+        limit = (MAX_CLASS_LINES if isinstance(node, ast.ClassDef) else MAX_FUNCTION_LINES
+                 if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) else None)
+        if limit is not None and node.end_lineno - node.lineno + 1 > limit:
+            found.append((node.lineno, node.name, node.end_lineno - node.lineno + 1))
+    return found
+
+
+def test_classes_and_functions_keep_the_house_sizes():
+    files = _house_files()
+    assert len(files) > 200
+    offending = [f"{path.relative_to(REPO_ROOT)}:{line}: {name} ({length} lines)"
+                 for path in files for line, name, length in oversized(ast.parse(path.read_text()))]
+    assert not offending, (f"classes over {MAX_CLASS_LINES} lines or functions over "
+                           f"{MAX_FUNCTION_LINES} lines (split them):\n" + "\n".join(offending))
+
+
+def test_the_size_check_counts_from_def_to_last_line():
+    body = "\n".join(f"    x{i} = {i}" for i in range(MAX_FUNCTION_LINES - 1))
+    fits = f"def fits():\n{body}\n"
+    too_long = f"def too_long():\n{body}\n    return x0\n"
+    assert oversized(ast.parse(fits)) == []
+    assert oversized(ast.parse(too_long)) == [(1, "too_long", MAX_FUNCTION_LINES + 1)]
+    methods = "\n".join(f"    def m{i}(self):\n        return {i}\n" for i in range(84))
+    assert [name for _, name, _ in oversized(ast.parse(f"class Big:\n{methods}"))] == ["Big"]

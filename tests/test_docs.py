@@ -1,4 +1,5 @@
-"""The plugin guide documents every hook and every spec field of hookspecs.py."""
+"""The plugin guide documents every hook and every spec field of hookspecs.py; the README
+names every extension point."""
 
 from __future__ import annotations
 
@@ -38,3 +39,18 @@ def test_common_fields_are_documented():
     reference = GUIDE.read_text().split("## Hook reference", 1)[1]
     for field in Spec.model_fields:
         assert f"| `{field}` |" in reference
+
+
+NUMBER_WORDS = ("zero", "one", "two", "three", "four", "five", "six", "seven", "eight", "nine",
+                "ten", "eleven", "twelve")
+
+
+def test_the_readme_names_every_extension_point():
+    """The README's opening counts the hooks and names each kind, so a new kind is announced."""
+    readme = (GUIDE.parents[1] / "README.md").read_text()
+    opening = " ".join(readme.split("\n\n", 2)[1].split())
+    kinds = list(hookspecs.HOOK_FOR_KIND)
+    assert f"defines {NUMBER_WORDS[len(kinds)]} extension points" in opening
+    hooks = opening.split("hooks:", 1)[1].split(".", 1)[0]
+    named = {name.strip() for name in re.split(r",| and ", hooks)}
+    assert named == {kind.replace("_", " ") for kind in kinds}

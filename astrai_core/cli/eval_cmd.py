@@ -105,9 +105,9 @@ def evaluate_checkpoint(args: argparse.Namespace, temperature: float) -> dict[st
 
 def _load_on(args: argparse.Namespace, registry: Any, dist: Any) -> tuple[Any, Any]:
     """The checkpoint and its tokenizer, on this rank's device."""
-    from astrai_core.cli.generate import _load
+    from astrai_core.cli.inference import load_model_and_tokenizer
 
-    model, tokenizer = _load(Path(args.model_dir), args.device, registry)
+    model, tokenizer = load_model_and_tokenizer(Path(args.model_dir), args.device, registry)
     if dist.enabled:
         model = model.to(dist.device)
     return model.eval(), tokenizer

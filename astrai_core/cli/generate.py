@@ -6,6 +6,8 @@ import argparse
 import sys
 from pathlib import Path
 
+from astrai_core.cli.inference import add_verify_argument
+
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("model_dir", metavar="MODEL_DIR", help="native checkpoint directory")
@@ -22,19 +24,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     add_verify_argument(parser)
 
 
-def add_verify_argument(parser: argparse.ArgumentParser) -> None:
-    from astrai_core.checkpoints.manifest import HASH_BY_DEFAULT_BYTES
-
-    parser.add_argument(
-        "--verify", action=argparse.BooleanOptionalAction, default=None,
-        help="check every file's sha256 against the checkpoint's manifest before loading "
-             "(not only its size); default: on for checkpoints up to "
-             f"{HASH_BY_DEFAULT_BYTES // 2**20} MiB, off above")
-
-
 def run(args: argparse.Namespace) -> int:
     from pydantic import ValidationError
 
+    from astrai_core.cli.inference import load_model_and_tokenizer
     from astrai_core.errors import ConfigError
     from astrai_core.sampling import SamplingParams
 
@@ -44,32 +37,13 @@ def run(args: argparse.Namespace) -> int:
     except ValidationError as err:
         problem = err.errors()[0]
         raise ConfigError(f"--{str(problem['loc'][0]).replace('_', '-')}: {problem['msg']}") from None
-    model, tokenizer = _load(Path(args.model_dir), args.device, verify=args.verify)
+    model, tokenizer = load_model_and_tokenizer(Path(args.model_dir), args.device,
+                                                verify=args.verify)
     prompt_ids = _encode(tokenizer, args.prompt, use_chat_template=not args.no_chat_template)
     if tokenizer.eos_token_id is not None:
         params = params.model_copy(update={"stop_token_ids": (tokenizer.eos_token_id,)})
     _generate_streaming(model, tokenizer, prompt_ids, params)
     return 0
-
-
-def _load(model_dir: Path, device_name: str, registry=None, verify: bool | None = False):
-    """(model on the device, tokenizer) of a checkpoint; ``verify``: hash its files (None:
-    when it is small, :func:`~astrai_core.checkpoints.manifest.hash_by_default`)."""
-    from astrai_core.checkpoints.manifest import hash_by_default
-    from astrai_core.checkpoints.native import load_pretrained
-    from astrai_core.data.tokenizer import load_tokenizer
-    from astrai_core.devices.select import resolve_device
-    from astrai_core.errors import CheckpointError, DataError
-    from astrai_core.plugins import process_registry
-
-    # CheckpointError names the problem
-    model = load_pretrained(model_dir, hashes=hash_by_default(model_dir, verify))
-    try:
-        tokenizer = load_tokenizer(model_dir)
-    except DataError as err:
-        raise CheckpointError(f"{model_dir} has no usable tokenizer: {err}") from None
-    device = resolve_device(registry or process_registry(), device_name).device()
-    return model.to(device), tokenizer
 
 
 def _encode(tokenizer, prompt: str, use_chat_template: bool) -> list[int]:

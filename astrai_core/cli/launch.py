@@ -25,24 +25,11 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+from astrai_core.distributed.rendezvous import BACKEND, LOOPBACK, endpoint
 from astrai_core.distributed.worker_report import record_error
-from astrai_core.distributed.world import launched_world_size
+from astrai_core.distributed.world import launched_world_size, scoped_env
 
 DEFAULT_PORT = 29500
-
-
-@contextlib.contextmanager
-def world_size_env(world_size: int) -> Iterator[None]:
-    """``WORLD_SIZE`` set to ``world_size`` while the launcher plans the run for it."""
-    saved = os.environ.get("WORLD_SIZE")
-    os.environ["WORLD_SIZE"] = str(world_size)
-    try:
-        yield
-    finally:
-        if saved is None:
-            os.environ.pop("WORLD_SIZE", None)
-        else:
-            os.environ["WORLD_SIZE"] = saved
 
 
 def torchrun_argv(args: argparse.Namespace, log_dir: Path | None = None) -> list[str]:
@@ -52,11 +39,12 @@ def torchrun_argv(args: argparse.Namespace, log_dir: Path | None = None) -> list
             f"--node-rank={args.node_rank}", "--max-restarts=0"]
     if log_dir is not None:
         argv.append(f"--log-dir={log_dir}")
-    if args.master_addr or args.master_port or args.nnodes > 1:
-        argv += [f"--master-addr={args.master_addr or '127.0.0.1'}",
-                 f"--master-port={args.master_port or DEFAULT_PORT}"]
-    else:  # one machine: a free port, found by torchrun; peers reached over loopback
-        argv += ["--standalone", "--local-addr=127.0.0.1"]
+    # the store listens on the address named (one machine: loopback, on a free port)
+    host, port = args.master_addr or LOOPBACK, args.master_port
+    if port is None:
+        port = DEFAULT_PORT if args.master_addr or args.nnodes > 1 else 0
+    argv += [f"--rdzv-backend={BACKEND}", f"--rdzv-endpoint={endpoint(host, port)}",
+             f"--rdzv-conf=rank={args.node_rank}"]
     command = [f"--log-format={getattr(args, 'log_format', 'auto')}",
                f"--log-level={getattr(args, 'log_level', 'info')}", "train", args.config]
     command += [f"--set={override}" for override in args.overrides]
@@ -75,12 +63,18 @@ def launch(args: argparse.Namespace, loaded: Any) -> int:
         raise ConfigError(f"--node-rank must be in 0..{args.nnodes - 1}")
     from astrai_core.config.plan import plan_run
 
-    with world_size_env(args.nproc_per_node * args.nnodes):
+    with scoped_env({"WORLD_SIZE": str(args.nproc_per_node * args.nnodes)}):
         plan_run(loaded.config, loaded.source)  # a bad config fails here, once
     os.environ.setdefault("OMP_NUM_THREADS", "1")  # torchrun's default, without its warning
     from torch.distributed.elastic.multiprocessing.api import SignalException
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
+    from torch.distributed.elastic.rendezvous import rendezvous_handler_registry
     from torch.distributed.run import get_args_parser, run
+
+    from astrai_core.distributed.rendezvous import create_handler
+
+    # the same creator torchrun registers from the entry point when the package is installed
+    rendezvous_handler_registry.register(BACKEND, create_handler)
 
     from astrai_core.cli.failed_rank import blame
     from astrai_core.distributed.worker_report import ending_of

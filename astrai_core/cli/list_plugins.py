@@ -1,7 +1,8 @@
 """`astrai list-plugins`: what is installed, its status and what it provides.
 
 The table has one row per plugin; ``-v/--verbose`` adds one row per component with its
-summary. ``--json`` is the DESIGN's list of plugin objects, each also carrying
+summary. ``--json`` is a list of plugin objects (name, version, status, error, provides,
+distribution, builtin, summary), each also carrying
 ``components``: ``{kind: [{"name", "summary"}]}``. A plugin that is not ``ok`` says why
 in the table; it was skipped and breaks nothing else.
 """

@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from astrai_core.cli.generate import add_verify_argument
+from astrai_core.cli.inference import add_verify_argument
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -23,6 +23,18 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--max-queued-seqs", type=int, default=4096,
                         help="most sequences waiting for a batch slot; a request that would "
                              "overflow it: 429 with Retry-After")
+    parser.add_argument("--max-body-mb", type=float, default=4.0,
+                        help="largest request body in MiB, refused (413) while it streams in (default 4)")
+    parser.add_argument("--max-connections", type=int, default=256,
+                        help="most open client connections; one more is answered 503 and closed (default 256)")
+    parser.add_argument("--header-timeout", type=float, default=10.0,
+                        help="seconds a client has to send a request's line and headers (default 10)")
+    parser.add_argument("--body-timeout", type=float, default=30.0,
+                        help="seconds a request body may stall between two pieces; longer: 408 (default 30)")
+    parser.add_argument("--keep-alive-timeout", type=float, default=5.0,
+                        help="seconds an idle keep-alive connection stays open (default 5)")
+    parser.add_argument("--graceful-shutdown-timeout", type=float, default=10.0,
+                        help="seconds running responses get to finish on shutdown (default 10)")
     parser.add_argument("--device", default="auto", help="device backend name (auto, cpu, cuda, ...)")
     parser.add_argument("--threads", type=int, default=None,
                         help="torch intra-op CPU threads (default: torch's choice)")
@@ -43,10 +55,10 @@ def build_engine(registry, sampler_name: str, model_dir: Path, device_name: str,
                  max_queued: int | None = None, verify: bool | None = False):
     """The engine for ``--sampler``: the continuous-batching one for torch, the adapter
     otherwise; ``verify`` as ``--verify`` (None: hash a small checkpoint)."""
-    from astrai_core.cli.generate import _load
+    from astrai_core.cli.inference import load_model_and_tokenizer
 
     spec = registry.get("sampler", sampler_name)  # unknown names list the available ones
-    model, tokenizer = _load(model_dir, device_name, registry, verify=verify)
+    model, tokenizer = load_model_and_tokenizer(model_dir, device_name, registry, verify=verify)
     return engine_for(model, tokenizer, spec, max_batch_size, max_queued)
 
 
@@ -69,21 +81,43 @@ def engine_for(model, tokenizer, spec, max_batch_size: int, max_queued: int | No
                          max_queued=max_queued)
 
 
+def _check_numbers(args: argparse.Namespace) -> None:
+    """One clear error naming the option for a count or limit that cannot work."""
+    from astrai_core.errors import AstraiError
+
+    for flag in ("max_batch_size", "max_seqs_per_request", "max_queued_seqs", "max_connections"):
+        if getattr(args, flag) < 1:
+            raise AstraiError(f"--{flag.replace('_', '-')} must be >= 1, got {getattr(args, flag)}")
+    for flag in ("max_body_mb", "header_timeout", "body_timeout", "keep_alive_timeout",
+                 "graceful_shutdown_timeout"):
+        if not getattr(args, flag) > 0:
+            raise AstraiError(f"--{flag.replace('_', '-')} must be > 0, got {getattr(args, flag)}")
+    if args.max_seqs_per_request > args.max_queued_seqs:  # such a request could never be queued
+        raise AstraiError(f"--max-seqs-per-request ({args.max_seqs_per_request}) must not exceed "
+                          f"--max-queued-seqs ({args.max_queued_seqs})")
+
+
+def serve_limits(args: argparse.Namespace):
+    """The :class:`~astrai_core.serving.limits.ServeLimits` the options ask for."""
+    from astrai_core.serving.limits import MIB, ServeLimits
+
+    return ServeLimits(max_body_bytes=max(1, int(args.max_body_mb * MIB)), body_timeout=args.body_timeout,
+                       header_timeout=args.header_timeout, keep_alive_timeout=args.keep_alive_timeout,
+                       max_connections=args.max_connections,
+                       graceful_shutdown_timeout=args.graceful_shutdown_timeout)
+
+
 def run(args: argparse.Namespace) -> int:
     _require_serve_extra()
     import uvicorn
 
-    from astrai_core.errors import AstraiError
     from astrai_core.plugins import process_registry
     from astrai_core.serving.app import create_app
+    from astrai_core.serving.connections import server_config
 
     model_dir = Path(args.model_dir)
-    for flag in ("max_batch_size", "max_seqs_per_request", "max_queued_seqs"):
-        if getattr(args, flag) < 1:
-            raise AstraiError(f"--{flag.replace('_', '-')} must be >= 1, got {getattr(args, flag)}")
-    if args.max_seqs_per_request > args.max_queued_seqs:  # such a request could never be queued
-        raise AstraiError(f"--max-seqs-per-request ({args.max_seqs_per_request}) must not exceed "
-                          f"--max-queued-seqs ({args.max_queued_seqs})")
+    _check_numbers(args)
+    limits = serve_limits(args)
     if args.threads:
         import torch
 
@@ -94,9 +128,9 @@ def run(args: argparse.Namespace) -> int:
     name = args.served_model_name or model_dir.resolve().name
     parser = None if args.tool_call_parser == "none" else args.tool_call_parser
     app = create_app(engine, model_name=name, tool_call_parser=parser,
-                     max_seqs_per_request=args.max_seqs_per_request)
+                     max_seqs_per_request=args.max_seqs_per_request, limits=limits)
     try:
-        uvicorn.run(app, host=args.host, port=args.port, log_level="info")
+        uvicorn.Server(server_config(app, limits, host=args.host, port=args.port, log_level="info")).run()
     finally:
         engine.close()
     return 0

@@ -1,4 +1,5 @@
-"""The `parallel:` section of a run config: the data-parallel mesh (DESIGN.md, "Scale")."""
+"""The `parallel:` section of a run config: the data-parallel mesh (replicated or sharded,
+and over how many processes; see docs/distributed.md)."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""The shape of a run config (DESIGN.md, "Run configuration").
+"""The shape of a run config: its sections, their types and their defaults.
 
 Every section is typed here, torch-free: `model`, `data` and `trainer` are checked when
 the file is read. Pluggable sections (`strategy`, `advantage`, `rewards`, `sampler`,

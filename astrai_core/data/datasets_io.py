@@ -22,7 +22,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from astrai_core.data.sources import _VALIDATORS, RowError
+from astrai_core.data.sources import ROW_VALIDATORS, RowError
 from astrai_core.errors import DataError
 from astrai_core.log import get_logger
 
@@ -57,7 +57,7 @@ def materialize(source: Any, cache_dir: Path, field: str) -> Path:
         return out
     out.parent.mkdir(parents=True, exist_ok=True)
     staging = out.with_name(f".{out.name}.tmp-{os.getpid()}-{uuid.uuid4().hex[:8]}")
-    validate = _VALIDATORS[source.format]
+    validate = ROW_VALIDATORS[source.format]
     try:
         with staging.open("w", encoding="utf-8") as handle:
             for index, row in enumerate(dataset):

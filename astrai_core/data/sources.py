@@ -42,7 +42,7 @@ def read_rows(path: Path, fmt: str, field: str = "data") -> Iterator[tuple[int, 
     if fmt not in FORMATS:
         raise DataError(f"{field}: unknown data format {fmt!r}; expected one of {', '.join(FORMATS)}")
     require_file(path, field)
-    validate = _VALIDATORS[fmt]
+    validate = ROW_VALIDATORS[fmt]
     found = False
     with path.open("rb") as f:
         for line_number, raw in enumerate(f, start=1):
@@ -200,6 +200,7 @@ def _validate_prompt(row: dict) -> dict:
     return {"prompt": prompt, "messages": messages, "columns": columns}
 
 
-_VALIDATORS = {"text": _validate_text, "chat": _validate_chat,
+# Each format's row check, shared by the JSONL reader and the other sources (datasets_io).
+ROW_VALIDATORS = {"text": _validate_text, "chat": _validate_chat,
                "preference": _validate_preference, "unpaired": _validate_unpaired,
                "prompt": _validate_prompt}

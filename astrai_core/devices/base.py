@@ -73,6 +73,12 @@ class DeviceBackend:
         itself (CPUs, CUDA GPUs) or the family has none here."""
         return {}
 
+    def loopback_env(self, interface: str) -> dict[str, str]:
+        """Environment variables that keep this family's collective library listening on
+        ``interface`` (the loopback one) while the process group of a run whose ranks all
+        share this machine is created. The base (gloo) names its socket interface."""
+        return {"GLOO_SOCKET_IFNAME": interface}
+
     def process_group(self, store: Any, rank: int, world_size: int, timeout: timedelta) -> Any:
         """A stand-alone collective group of :attr:`dist_backend` over ``store``, apart from
         the default group (e.g. the trainer-to-rollout-workers group of the ray sampler).

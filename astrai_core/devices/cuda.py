@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from typing import Any
 
 import torch
@@ -23,3 +24,11 @@ class CudaBackend(AcceleratorBackend):
         import torch.distributed as dist
 
         return dist.ProcessGroupNCCL
+
+    def loopback_env(self, interface: str) -> dict[str, str]:
+        # NCCL picks its bootstrap interface once per process: a value set by the user
+        # (e.g. for a weight-push group to rollout workers on other machines) is kept
+        env = super().loopback_env(interface)
+        if "NCCL_SOCKET_IFNAME" not in os.environ:
+            env["NCCL_SOCKET_IFNAME"] = interface
+        return env

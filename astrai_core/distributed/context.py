@@ -9,14 +9,17 @@ over ``dp_replicate`` and shards over ``dp_shard``, and the data is split over a
 
 from __future__ import annotations
 
+import contextlib
 import datetime
 import os
+import socket
+from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
 import torch
 
-from astrai_core.distributed.world import launched_world_size
+from astrai_core.distributed.world import launched_world_size, scoped_env
 from astrai_core.log import get_logger
 
 log = get_logger("astrai.distributed")
@@ -141,17 +144,32 @@ def init_distributed(backend: Any, parallel: Any) -> DistContext:
     local_rank = int(os.environ.get("LOCAL_RANK", "0"))
     backend.set_device(local_rank)
     device = backend.device(local_rank)
-    if not dist.is_initialized():
-        timeout = datetime.timedelta(seconds=parallel.timeout_seconds)
-        dist.init_process_group(backend=backend.dist_backend, timeout=timeout,
-                                device_id=device if device.type != "cpu" else None)
+    with _loopback_collectives(backend):
+        if not dist.is_initialized():
+            timeout = datetime.timedelta(seconds=parallel.timeout_seconds)
+            dist.init_process_group(backend=backend.dist_backend, timeout=timeout,
+                                    device_id=device if device.type != "cpu" else None)
+        mesh = build_mesh(device.type, world, parallel)  # its groups are created here too
     context = DistContext(rank=dist.get_rank(), world_size=dist.get_world_size(),
-                          local_rank=local_rank, device=device,
-                          mesh=build_mesh(device.type, world, parallel))
+                          local_rank=local_rank, device=device, mesh=mesh)
     quiet_other_ranks(context)
     log.info("distributed", world_size=world, backend=backend.dist_backend,
              mesh=dict(zip(context.mesh.mesh_dim_names, context.mesh.shape)))
     return context
+
+
+@contextlib.contextmanager
+def _loopback_collectives(backend: Any) -> Iterator[None]:
+    """While the run's groups are created: when every rank is on this machine (torchrun's
+    ``LOCAL_WORLD_SIZE`` is the world size), the collective library listens on the
+    loopback interface, not on the address the host name resolves to. Groups created
+    later (a weight-push group to rollout workers elsewhere) are left as they were."""
+    interface = next((name for _, name in socket.if_nameindex() if name in ("lo", "lo0")), None)
+    if os.environ.get("LOCAL_WORLD_SIZE") != os.environ.get("WORLD_SIZE") or interface is None:
+        yield
+        return
+    with scoped_env(backend.loopback_env(interface)):
+        yield
 
 
 def quiet_other_ranks(context: DistContext) -> None:

@@ -1,4 +1,5 @@
-"""What an environment sees and answers (DESIGN.md, extension point ``environment``).
+"""What an environment sees and answers: the records of the ``environment`` extension point
+(an ``astrai_environments()`` hook's targets; docs/environments.md).
 
 An environment is a class built with the ``environment:`` section's options. The episode
 runner (:mod:`astrai_core.rollout.episodes`) calls, per episode::

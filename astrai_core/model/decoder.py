@@ -125,6 +125,21 @@ class CausalLM(nn.Module):
         states [B, S, H] and the head weight [V, H]; the dict it returns is the output's
         (distillation's losses over two models' logits, :func:`chunked_logits_map`).
         """
+        x, routers = self._decode(input_ids, attention_mask, position_ids, kv_cache)
+        hidden = self.norm(x)
+        out = head_outputs(hidden, self.head_weight(), logits_to_keep=logits_to_keep,
+                           target_ids=target_ids, temperature=temperature,
+                           return_entropy=return_entropy, head=head)
+        if return_hidden_states:
+            out["hidden_states"] = hidden
+        out.update(self._router_outputs(routers, attention_mask, input_ids.shape[1], x.device))
+        return out
+
+    def _decode(self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None,
+                position_ids: torch.Tensor | None, kv_cache: KVCache | None,
+                ) -> tuple[torch.Tensor, list[RouterOutput]]:
+        """The embedding and the decoder layers (before the final norm): the last layer's
+        output [B, S, H] and the router outputs of the MoE layers; the cache advanced."""
         batch, seq = input_ids.shape
         past = kv_cache.length if kv_cache is not None else 0
         if position_ids is not None and position_ids.dim() == 1:
@@ -147,15 +162,7 @@ class CausalLM(nn.Module):
                 routers.append(router)
         if kv_cache is not None:
             kv_cache.advance(seq)
-
-        hidden = self.norm(x)
-        out = head_outputs(hidden, self.head_weight(), logits_to_keep=logits_to_keep,
-                           target_ids=target_ids, temperature=temperature,
-                           return_entropy=return_entropy, head=head)
-        if return_hidden_states:
-            out["hidden_states"] = hidden
-        out.update(self._router_outputs(routers, attention_mask, seq, x.device))
-        return out
+        return x, routers
 
     def _router_outputs(self, routers: list[RouterOutput], attention_mask: torch.Tensor | None,
                         seq: int, device: torch.device) -> dict[str, Any]:

@@ -31,19 +31,20 @@ AGGREGATION_MODES: tuple[str, ...] = (
 
 # ---------------------------------------------------------------- masked statistics
 
-def _valid(mask: Tensor, like: Tensor) -> Tensor:
+def valid_mask(mask: Tensor, like: Tensor) -> Tensor:
+    """``mask`` as booleans, broadcast to ``like``'s shape (a [N, T] mask over [N, T, ...])."""
     return mask.to(torch.bool).expand_as(like)
 
 
 def masked_sum(values: Tensor, mask: Tensor, dim: int | None = None) -> Tensor:
     """Sum of ``values`` over the entries where ``mask`` is true."""
-    kept = torch.where(_valid(mask, values), values, torch.zeros_like(values))
+    kept = torch.where(valid_mask(mask, values), values, torch.zeros_like(values))
     return kept.sum() if dim is None else kept.sum(dim)
 
 
 def masked_count(values: Tensor, mask: Tensor, dim: int | None = None) -> Tensor:
     """Number of valid entries (as ``values``' dtype), over all or along ``dim``."""
-    valid = _valid(mask, values).to(values.dtype)
+    valid = valid_mask(mask, values).to(values.dtype)
     return valid.sum() if dim is None else valid.sum(dim)
 
 
@@ -72,12 +73,12 @@ def masked_whiten(
     whitened = (values - mean) * torch.rsqrt(masked_var(values, mask) + eps)
     if not shift_mean:
         whitened = whitened + mean
-    return torch.where(_valid(mask, values), whitened, torch.zeros_like(whitened))
+    return torch.where(valid_mask(mask, values), whitened, torch.zeros_like(whitened))
 
 
 def masked_max(values: Tensor, mask: Tensor) -> Tensor:
     """Largest valid entry; 0 when there is none."""
-    valid = _valid(mask, values)
+    valid = valid_mask(mask, values)
     if values.numel() == 0:
         return values.new_zeros(())
     best = torch.where(valid, values, torch.full_like(values, -torch.inf)).max()
@@ -140,7 +141,7 @@ def clipped_policy_loss(
     Metrics (valid tokens only): clip_fraction (clipping raised the loss), approx_kl
     (k3 estimate of KL(pi_old || pi) = mean of r - 1 - log r), ratio_mean, ratio_max.
     """
-    valid = _valid(mask, logp)
+    valid = valid_mask(mask, logp)
     # Neutralise padding first, so garbage there can't overflow exp() or leak NaN gradients.
     log_ratio = torch.where(valid, logp - old_logp, torch.zeros_like(logp))
     advantages = torch.where(valid, advantages, torch.zeros_like(advantages))

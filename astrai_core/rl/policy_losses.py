@@ -19,7 +19,7 @@ import torch
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 from torch import Tensor
 
-from astrai_core.rl.functional import _valid, clipped_policy_loss, masked_max, masked_mean
+from astrai_core.rl.functional import clipped_policy_loss, masked_max, masked_mean, valid_mask
 
 # log-ratios are capped here before exp(): a ratio of e^20 already means "clipped".
 _MAX_LOG_RATIO = 20.0
@@ -36,7 +36,7 @@ class _ClipConfig(BaseModel):
 def apply_rollout_weights(per_token: Tensor, mask: Tensor, extras: dict[str, Any]) -> Tensor:
     """``per_token`` times the rollout-correction weights (when given), 0 on padding."""
     weights = extras.get("rollout_weights")
-    valid = _valid(mask, per_token)
+    valid = valid_mask(mask, per_token)
     if weights is not None:
         weights = torch.where(valid, weights.detach().to(per_token.dtype), 0.0)
         per_token = per_token * weights
@@ -46,7 +46,7 @@ def apply_rollout_weights(per_token: Tensor, mask: Tensor, extras: dict[str, Any
 def _masked_inputs(logprobs: Tensor, old_logprobs: Tensor, advantages: Tensor,
                    mask: Tensor) -> tuple[Tensor, Tensor, Tensor]:
     """(valid mask, log-ratio, advantages) with padding set to 0 in both."""
-    valid = _valid(mask, logprobs)
+    valid = valid_mask(mask, logprobs)
     zero = torch.zeros_like(logprobs)
     log_ratio = torch.where(valid, logprobs - old_logprobs.to(logprobs.dtype), zero)
     return valid, log_ratio.clamp(max=_MAX_LOG_RATIO), torch.where(valid, advantages, zero)
@@ -92,7 +92,7 @@ class DualClip(PPOClip):
                  response_mask: Tensor, **extras: Any) -> tuple[Tensor, dict[str, Tensor]]:
         clipped, metrics = clipped_policy_loss(logprobs, old_logprobs, advantages,
                                                response_mask, self.eps_low, self.eps_high)
-        valid = _valid(response_mask, logprobs)
+        valid = valid_mask(response_mask, logprobs)
         advantages = torch.where(valid, advantages, torch.zeros_like(advantages))
         bound = -advantages * self.c
         negative = advantages < 0

@@ -1,9 +1,13 @@
 """The FastAPI application: ``/v1/models``, ``/v1/chat/completions``, ``/v1/completions``.
 
-Each request submits its ``n`` completions to the engine, whose thread hands events to
-the request's asyncio queue. Streaming answers are server-sent events (``data: <json>``
-then a blank line; ``data: [DONE]`` last); a client that disconnects, streaming or not,
-has its completions cancelled, which frees their batch slots at the next step boundary.
+A request's body is read whole, within ``--max-body-mb`` (:class:`~astrai_core.serving.limits.BodyLimit`),
+then parsed, validated and tokenized in a worker thread (:mod:`~astrai_core.serving.prepare`),
+so the event loop stays free for every other client. Each request then submits its
+completions to the engine, whose thread hands events to the request's asyncio queue.
+Streaming answers are server-sent events (``data: <json>`` then a blank line; ``data:
+[DONE]`` last); a client that disconnects, streaming or not, has its completions
+cancelled: waiting ones leave the queue at once, running ones free their batch slots at
+the next step boundary.
 """
 
 from __future__ import annotations
@@ -13,69 +17,28 @@ import json
 import time
 import uuid
 from collections.abc import AsyncIterator, Callable
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict
 from typing import Any
 
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, StreamingResponse
-from pydantic import BaseModel, ValidationError
 
-from astrai_core.serving.choices import ChatChoice, TextChoice
 from astrai_core.serving.engine_base import QueueFull
-from astrai_core.serving.prompts import (
-    check_tools, chat_prompt, completion_prompts, engine_requests, forced_prefix, prompt_items,
-)
-from astrai_core.serving.protocol import APIError, ChatCompletionRequest, CompletionRequest
+from astrai_core.serving.limits import BodyLimit, ServeLimits
+from astrai_core.serving.prepare import Prepared, Preparer
+from astrai_core.serving.protocol import APIError
 from astrai_core.serving.sequence import Engine, FinishEvent, Handle
 
 
-MAX_JSON_DEPTH = 64  # deeper bodies are refused (OpenAI's own shapes nest a few levels)
 DEFAULT_MAX_SEQS_PER_REQUEST = 256
 RETRY_AFTER_S = 1  # what a 429 asks the client to wait: the queue drains continuously
+PREPARE_THREADS = 4  # requests parsed and tokenized at once; more wait (bounds their memory)
 
 
 def _frame(payload: dict[str, Any] | str) -> bytes:
     data = payload if isinstance(payload, str) else json.dumps(payload, ensure_ascii=False)
     return f"data: {data}\n\n".encode()
-
-
-async def _parse(request: Request, model_cls: type[BaseModel]) -> Any:
-    if request.headers.get("content-type", "").split(";")[0].strip() != "application/json":
-        raise APIError(400, "the body must be JSON (Content-Type: application/json)")
-    try:
-        body = json.loads(await request.body())
-    except (json.JSONDecodeError, UnicodeDecodeError) as error:
-        raise APIError(400, f"malformed JSON body: {error}", code="invalid_json") from None
-    except RecursionError:  # the parser's own guard, far deeper than MAX_JSON_DEPTH
-        body = None
-    if body is None or _depth(body) > MAX_JSON_DEPTH:
-        raise APIError(400, f"the JSON body nests deeper than {MAX_JSON_DEPTH} levels",
-                       code="invalid_json")
-    if not isinstance(body, dict):
-        raise APIError(400, "the body must be a JSON object")
-    try:
-        return model_cls.model_validate(body)
-    except ValidationError as error:
-        problem = error.errors()[0]
-        param = ".".join(str(p) for p in problem["loc"]) or None
-        message = problem["msg"].removeprefix("Value error, ")
-        raise APIError(400, f"{param}: {message}" if param else message, param=param,
-                       code="invalid_value") from None
-
-
-def _depth(value: Any) -> int:
-    """How deep objects and arrays nest in ``value`` (iterative: no recursion to exhaust)."""
-    deepest, stack = 0, [(value, 1)]
-    while stack:
-        item, level = stack.pop()
-        children = item.values() if isinstance(item, dict) else item if isinstance(item, list) else None
-        if children is None:
-            continue
-        deepest = max(deepest, level)
-        if deepest > MAX_JSON_DEPTH:
-            break
-        stack.extend((child, level + 1) for child in children)
-    return deepest
 
 
 class _Run:
@@ -122,15 +85,38 @@ async def _until_disconnected(request: Request) -> None:
 
 
 def create_app(engine: Engine, *, model_name: str, tool_call_parser: str | None = "hermes",
-               max_seqs_per_request: int = DEFAULT_MAX_SEQS_PER_REQUEST) -> FastAPI:
+               max_seqs_per_request: int = DEFAULT_MAX_SEQS_PER_REQUEST,
+               limits: ServeLimits | None = None) -> FastAPI:
     """The app over ``engine``; requests must name ``model_name``. A request asking for more
     than ``max_seqs_per_request`` sequences (prompts x n) is refused with a 400; the
-    engine's own ``max_queued`` bound answers 429."""
+    engine's own ``max_queued`` bound answers 429; a body over ``limits.max_body_bytes``
+    is refused with a 413 while it streams in."""
+    limits = limits or ServeLimits()
     app = FastAPI(title="astrai serve", docs_url=None, redoc_url=None)
-    tokenizer = engine.tokenizer
-    vocab_size = getattr(engine, "vocab_size", len(tokenizer))
-    created = int(time.time())
+    app.add_middleware(BodyLimit, max_bytes=limits.max_body_bytes, timeout=limits.body_timeout)
+    _add_error_handlers(app)
+    _add_info_routes(app, engine, model_name)
+    preparer = Preparer(engine, model_name, tool_call_parser, max_seqs_per_request)
+    responder = _Responder(engine, model_name)
+    executor = ThreadPoolExecutor(PREPARE_THREADS, thread_name_prefix="astrai-prepare")
 
+    async def prepare(request: Request, how: Callable[[bytes, str], Prepared]) -> Prepared:
+        raw = await request.body()
+        content_type = request.headers.get("content-type", "")
+        return await asyncio.get_running_loop().run_in_executor(executor, how, raw, content_type)
+
+    @app.post("/v1/chat/completions")
+    async def chat(request: Request):
+        return await responder.respond(request, await prepare(request, preparer.chat))
+
+    @app.post("/v1/completions")
+    async def completions(request: Request):
+        return await responder.respond(request, await prepare(request, preparer.completion))
+
+    return app
+
+
+def _add_error_handlers(app: FastAPI) -> None:
     @app.exception_handler(APIError)
     async def _api_error(_request: Request, error: APIError) -> JSONResponse:
         return JSONResponse(error.body(), status_code=error.status, headers=error.headers)
@@ -139,23 +125,9 @@ def create_app(engine: Engine, *, model_name: str, tool_call_parser: str | None 
     async def _internal(_request: Request, error: Exception) -> JSONResponse:
         return JSONResponse(APIError(500, f"{type(error).__name__}: {error}").body(), status_code=500)
 
-    def check_engine_supports(body) -> None:
-        if body.logit_bias and not getattr(engine, "supports_logit_bias", True):
-            raise APIError(400, "this sampler does not support logit_bias", param="logit_bias")
-        wants_top = body.top_logprobs if isinstance(body, ChatCompletionRequest) else body.logprobs
-        if wants_top and not getattr(engine, "supports_top_logprobs", True):
-            raise APIError(400, "this sampler does not report top log-probs", param="top_logprobs")
 
-    def check_sequences(count: int) -> None:
-        if count > max_seqs_per_request:
-            raise APIError(400, f"this request asks for {count} sequences (prompts x n); this server "
-                           f"takes at most {max_seqs_per_request} per request", param="n",
-                           code="too_many_sequences")
-
-    def check_model(name: str) -> None:
-        if name != model_name:
-            raise APIError(404, f"the model {name!r} does not exist; this server serves {model_name!r}",
-                           param="model", code="model_not_found")
+def _add_info_routes(app: FastAPI, engine: Engine, model_name: str) -> None:
+    created = int(time.time())
 
     @app.get("/v1/models")
     async def models() -> dict[str, Any]:
@@ -171,92 +143,69 @@ def create_app(engine: Engine, *, model_name: str, tool_call_parser: str | None 
         """Engine counters (not part of the OpenAI API): active and waiting sequences, steps."""
         return asdict(engine.stats())
 
-    @app.post("/v1/chat/completions")
-    async def chat(request: Request):
-        body: ChatCompletionRequest = await _parse(request, ChatCompletionRequest)
-        check_model(body.model)
-        check_engine_supports(body)
-        check_sequences(body.n)
-        if body.top_logprobs and not body.logprobs:
-            raise APIError(400, "top_logprobs needs logprobs: true", param="top_logprobs")
-        use_tools = check_tools(body) and tool_call_parser == "hermes"
-        prompt = chat_prompt(tokenizer, body, use_tools)
-        top = (body.top_logprobs or 0) if body.logprobs else 0
-        requests = engine_requests(tokenizer, engine.max_context, vocab_size, body, prompt,
-                                   body.max_completion_tokens or body.max_tokens, top)
-        prefix = forced_prefix(body) if use_tools else ""
-        choices = [ChatChoice(i, tokenizer, use_tools, body.logprobs, prefix) for i in range(body.n)]
-        return await _respond(request, body, requests, choices, len(prompt), chat=True)
 
-    @app.post("/v1/completions")
-    async def completions(request: Request):
-        body: CompletionRequest = await _parse(request, CompletionRequest)
-        check_model(body.model)
-        check_engine_supports(body)
-        items = prompt_items(body.prompt)
-        check_sequences(len(items) * body.n)
-        prompts = completion_prompts(tokenizer, items)
-        requests = []
-        for prompt in prompts:
-            requests += engine_requests(tokenizer, engine.max_context, vocab_size, body, prompt,
-                                        body.max_tokens, body.logprobs or 0)
-        choices = [TextChoice(i, tokenizer, body.logprobs) for i in range(len(requests))]
-        return await _respond(request, body, requests, choices, sum(len(p) for p in prompts) * body.n,
-                              chat=False)
+class _Responder:
+    """Submits a prepared request and answers it, whole or as server-sent events."""
 
-    async def _respond(request: Request, body, requests, choices, prompt_tokens: int, chat: bool):
-        run = _Run(engine, asyncio.get_running_loop())
-        run.submit(requests)
-        head = {"id": f"{'chatcmpl' if chat else 'cmpl'}-{uuid.uuid4().hex}",
-                "object": "chat.completion.chunk" if chat else "text_completion",
-                "created": int(time.time()), "model": model_name}
+    def __init__(self, engine: Engine, model_name: str) -> None:
+        self.engine, self.model_name = engine, model_name
+
+    async def respond(self, request: Request, prepared: Prepared):
+        run = _Run(self.engine, asyncio.get_running_loop())
+        run.submit(prepared.requests)
+        head = {"id": f"{'chatcmpl' if prepared.chat else 'cmpl'}-{uuid.uuid4().hex}",
+                "object": "chat.completion.chunk" if prepared.chat else "text_completion",
+                "created": int(time.time()), "model": self.model_name}
+        body = prepared.body
         if body.stream:
             include_usage = bool(body.stream_options and body.stream_options.include_usage)
-            return StreamingResponse(_stream(run, head, choices, prompt_tokens, chat, include_usage),
+            return StreamingResponse(_stream(run, head, prepared, include_usage),
                                      media_type="text/event-stream",
                                      headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
-        return await _complete(request, run, head, choices, prompt_tokens, chat)
+        return await _complete(request, run, head, prepared)
 
-    async def _complete(request: Request, run: _Run, head, choices, prompt_tokens: int, chat: bool):
-        watcher = asyncio.ensure_future(_until_disconnected(request))
-        try:
-            async def consume() -> None:
-                async for index, event in run.events():
-                    choices[index].on_event(event)
 
-            consumer = asyncio.ensure_future(consume())
-            done, _ = await asyncio.wait({consumer, watcher}, return_when=asyncio.FIRST_COMPLETED)
-            if consumer not in done:  # the client went away
-                run.cancel()
-                consumer.cancel()
-                return JSONResponse({}, status_code=499)
-        finally:
-            watcher.cancel()
-        _raise_engine_error(choices)
-        built = [c.message_choice() if chat else c.full_choice() for c in choices]
-        return JSONResponse({**head, "object": "chat.completion" if chat else "text_completion",
-                             "choices": built, "usage": _usage(prompt_tokens, choices)})
-
-    async def _stream(run: _Run, head, choices, prompt_tokens: int, chat: bool,
-                      include_usage: bool) -> AsyncIterator[bytes]:
-        try:
-            if chat:  # the role, once per choice, in index order
-                yield _frame({**head, "choices": [
-                    {"index": c.index, "delta": {"role": "assistant", "content": ""}, "logprobs": None,
-                     "finish_reason": None} for c in choices]})
+async def _complete(request: Request, run: _Run, head: dict[str, Any], prepared: Prepared):
+    choices, chat = prepared.choices, prepared.chat
+    watcher = asyncio.ensure_future(_until_disconnected(request))
+    try:
+        async def consume() -> None:
             async for index, event in run.events():
-                parts = choices[index].on_event(event)
-                if isinstance(event, FinishEvent) and event.reason == "error":
-                    yield _frame(APIError(500, event.error or "engine error").body())
-                for part in parts:
-                    yield _frame({**head, "choices": [part]})
-            if include_usage:
-                yield _frame({**head, "choices": [], "usage": _usage(prompt_tokens, choices)})
-            yield _frame("[DONE]")
-        finally:
-            run.cancel()  # no-op for finished requests; frees the slots of a disconnected client
+                choices[index].on_event(event)
 
-    return app
+        consumer = asyncio.ensure_future(consume())
+        done, _ = await asyncio.wait({consumer, watcher}, return_when=asyncio.FIRST_COMPLETED)
+        if consumer not in done:  # the client went away
+            run.cancel()
+            consumer.cancel()
+            return JSONResponse({}, status_code=499)
+    finally:
+        watcher.cancel()
+    _raise_engine_error(choices)
+    built = [c.message_choice() if chat else c.full_choice() for c in choices]
+    return JSONResponse({**head, "object": "chat.completion" if chat else "text_completion",
+                         "choices": built, "usage": _usage(prepared.prompt_tokens, choices)})
+
+
+async def _stream(run: _Run, head: dict[str, Any], prepared: Prepared,
+                  include_usage: bool) -> AsyncIterator[bytes]:
+    choices = prepared.choices
+    try:
+        if prepared.chat:  # the role, once per choice, in index order
+            yield _frame({**head, "choices": [
+                {"index": c.index, "delta": {"role": "assistant", "content": ""}, "logprobs": None,
+                 "finish_reason": None} for c in choices]})
+        async for index, event in run.events():
+            parts = choices[index].on_event(event)
+            if isinstance(event, FinishEvent) and event.reason == "error":
+                yield _frame(APIError(500, event.error or "engine error").body())
+            for part in parts:
+                yield _frame({**head, "choices": [part]})
+        if include_usage:
+            yield _frame({**head, "choices": [], "usage": _usage(prepared.prompt_tokens, choices)})
+        yield _frame("[DONE]")
+    finally:
+        run.cancel()  # no-op for finished requests; frees the slots of a disconnected client
 
 
 def _usage(prompt_tokens: int, choices: list) -> dict[str, int]:

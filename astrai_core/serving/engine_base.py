@@ -4,7 +4,8 @@ The inbox is fair: the sequences of one HTTP request form a group, and free batc
 go to the waiting groups in turn (round-robin), so a small request queued behind a large
 one starts as soon as one slot frees, not after the large one's last sequence. The inbox
 is bounded (``max_queued``): a submission that would overflow it is refused whole with
-:class:`QueueFull`, before anything of it is queued.
+:class:`QueueFull`, before anything of it is queued. A waiting sequence that is cancelled
+leaves the inbox at once (its place is free for others, and it is never run).
 """
 
 from __future__ import annotations
@@ -52,6 +53,7 @@ class ThreadedEngine:
         self._cond = threading.Condition()
         self._inbox: OrderedDict[int, deque[Sequence]] = OrderedDict()  # group -> its waiting sequences
         self._waiting = 0
+        self._group_of: dict[int, int] = {}  # handle id -> its group, while the sequence waits
         self._stats = EngineStats(max_batch_size=max_batch_size)
         self._ids = itertools.count()
         self._groups = itertools.count()
@@ -74,17 +76,23 @@ class ThreadedEngine:
             if self.max_queued is not None and self._waiting + len(sequences) > self.max_queued:
                 raise QueueFull(len(sequences), self._waiting, self.max_queued)
             if sequences:
-                self._inbox[next(self._groups)] = deque(sequences)
+                group = next(self._groups)
+                self._inbox[group] = deque(sequences)
+                self._group_of.update((sequence.handle.id, group) for sequence in sequences)
                 self._waiting += len(sequences)
             self._cond.notify_all()
         return [sequence.handle for sequence in sequences]
 
     def cancel(self, handle: Handle) -> None:
-        """Free the request's slot at the next step boundary."""
+        """Free the request's slot at the next step boundary; a request still waiting
+        leaves the inbox now."""
         with self._cond:
             if not handle.cancelled.is_set():
                 handle.cancel_step = self._stats.decode_steps
                 handle.cancelled.set()
+            waiting = self._unqueue(handle)
+            if waiting is not None:
+                self._release(waiting)
             self._cond.notify_all()
 
     def stats(self) -> EngineStats:
@@ -118,6 +126,7 @@ class ThreadedEngine:
             while self._inbox and len(taken) < limit:
                 group, queue = next(iter(self._inbox.items()))
                 sequence = queue.popleft()
+                self._group_of.pop(sequence.handle.id, None)
                 self._waiting -= 1
                 if queue:
                     self._inbox.move_to_end(group)  # the next slot goes to the next group
@@ -128,6 +137,20 @@ class ThreadedEngine:
                 else:
                     taken.append(sequence)
         return taken
+
+    def _unqueue(self, handle: Handle) -> Sequence | None:
+        """Take ``handle``'s sequence out of the inbox (caller holds the lock); None when it
+        is not waiting (running, finished, or already gone)."""
+        group = self._group_of.pop(handle.id, None)
+        queue = self._inbox.get(group) if group is not None else None
+        sequence = next((s for s in queue if s.handle is handle), None) if queue else None
+        if sequence is None:
+            return None
+        queue.remove(sequence)
+        self._waiting -= 1
+        if not queue:
+            del self._inbox[group]
+        return sequence
 
     def _release(self, sequence: Sequence) -> None:
         """A cancelled sequence leaves: count it and say so to its consumer."""
@@ -154,7 +177,7 @@ class ThreadedEngine:
     def _fail_all(self, message: str, reason: str = "error") -> None:
         with self._cond:
             waiting = [sequence for queue in self._inbox.values() for sequence in queue]
-            self._inbox, self._waiting = OrderedDict(), 0
+            self._inbox, self._waiting, self._group_of = OrderedDict(), 0, {}
         running = self._active()
         self._clear()
         for sequence in running + waiting:

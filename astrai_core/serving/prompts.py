@@ -55,7 +55,33 @@ def check_tools(request: ChatCompletionRequest) -> bool:
     return bool(request.tools) and choice != "none"
 
 
-def chat_prompt(tokenizer: Any, request: ChatCompletionRequest, use_tools: bool) -> list[int]:
+def longest_token_chars(tokenizer: Any) -> int:
+    """The most characters one vocabulary entry spells (at least 1).
+
+    A text of ``c`` characters is at least ``c / longest`` tokens (a byte-level token of
+    ``k`` characters covers ``k`` bytes, so never more than ``k`` characters of text), so
+    a prompt longer than ``context x longest`` characters cannot fit: it is refused
+    without tokenizing it (:func:`check_prompt_chars`)."""
+    try:
+        vocab = tokenizer.get_vocab()
+    except (AttributeError, NotImplementedError):
+        return 64  # no vocabulary to measure: a bound no real tokenizer's token reaches
+    return max((len(token) for token in vocab), default=1) or 1
+
+
+def check_prompt_chars(chars: int, max_chars: int | None, param: str) -> None:
+    """400 when a prompt of ``chars`` characters cannot fit the context (see
+    :func:`longest_token_chars`); ``max_chars`` None: no bound."""
+    if max_chars is not None and chars > max_chars:
+        raise APIError(400, f"the prompt has {chars} characters: more than the model's context "
+                       f"can hold (at most {max_chars} characters for this tokenizer)", param=param,
+                       code="context_length_exceeded")
+
+
+def chat_prompt(tokenizer: Any, request: ChatCompletionRequest, use_tools: bool,
+                max_chars: int | None = None) -> list[int]:
+    """The prompt token ids of a chat request; a rendered prompt over ``max_chars``
+    characters is refused before it is tokenized."""
     if not getattr(tokenizer, "chat_template", None):
         raise APIError(422, "this model's tokenizer has no chat template: use /v1/completions",
                        param="messages", code="no_chat_template")
@@ -67,6 +93,7 @@ def chat_prompt(tokenizer: Any, request: ChatCompletionRequest, use_tools: bool)
         raise APIError(422, f"the chat template could not render these messages: {error}",
                        param="messages", code="template_error") from None
     text += forced_prefix(request) if use_tools else ""
+    check_prompt_chars(len(text), max_chars, "messages")
     return tokenizer(text, add_special_tokens=False)["input_ids"]
 
 
@@ -84,8 +111,13 @@ def prompt_items(prompt: str | list) -> list[str | list[int]]:
     raise APIError(400, "prompt must be a string, a list of strings, or token ids", param="prompt")
 
 
-def completion_prompts(tokenizer: Any, items: list[str | list[int]]) -> list[list[int]]:
-    """Token ids of each of :func:`prompt_items`' prompts."""
+def completion_prompts(tokenizer: Any, items: list[str | list[int]],
+                       max_chars: int | None = None) -> list[list[int]]:
+    """Token ids of each of :func:`prompt_items`' prompts; every text is checked against
+    ``max_chars`` before any is tokenized."""
+    for item in items:
+        if isinstance(item, str):
+            check_prompt_chars(len(item), max_chars, "prompt")
     return [tokenizer(p)["input_ids"] if isinstance(p, str) else p for p in items]
 
 

@@ -16,8 +16,9 @@ from astrai_core.serving.messages import check_message, check_parameters_schema
 class APIError(Exception):
     """An error answered in OpenAI's shape: ``{"error": {"message", "type", "param", "code"}}``."""
 
-    TYPES = {400: "invalid_request_error", 404: "not_found_error", 422: "unprocessable_entity_error",
-             429: "rate_limit_error", 500: "internal_server_error"}
+    TYPES = {400: "invalid_request_error", 404: "not_found_error", 408: "invalid_request_error",
+             413: "invalid_request_error", 422: "unprocessable_entity_error", 429: "rate_limit_error",
+             500: "internal_server_error", 503: "service_unavailable_error"}
 
     def __init__(self, status: int, message: str, param: str | None = None, code: str | None = None,
                  headers: dict[str, str] | None = None) -> None:

@@ -13,10 +13,10 @@ Importing this package is cheap: torch and the training engine load inside the f
 """
 
 from astrai_core.testing.logprobs import reference_log_softmax, reference_token_logprobs
-from astrai_core.testing.runs import (_CLI_PROBE, ARITH_EOS, ARITH_TOKENIZER, DIGIT_REWARD,
+from astrai_core.testing.runs import (ARITH_EOS, ARITH_TOKENIZER, CLI_PROBE, DIGIT_REWARD,
                                       REPO_ROOT, TINY_MODEL, build_strategy, read_metrics,
                                       run_astrai, tiny_run_config, write_arith_prompts)
 
-__all__ = ["ARITH_EOS", "ARITH_TOKENIZER", "DIGIT_REWARD", "REPO_ROOT", "TINY_MODEL",
-           "_CLI_PROBE", "build_strategy", "read_metrics", "reference_log_softmax",
+__all__ = ["ARITH_EOS", "ARITH_TOKENIZER", "CLI_PROBE", "DIGIT_REWARD", "REPO_ROOT", "TINY_MODEL",
+           "build_strategy", "read_metrics", "reference_log_softmax",
            "reference_token_logprobs", "run_astrai", "tiny_run_config", "write_arith_prompts"]

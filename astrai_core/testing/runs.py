@@ -92,7 +92,7 @@ def read_metrics(run_dir: Path) -> list[dict[str, Any]]:
 
 
 # `astrai ARGS` in a fresh interpreter; the last stderr line says whether torch was imported.
-_CLI_PROBE = """
+CLI_PROBE = """
 import sys
 from astrai_core.cli.main import main
 try:
@@ -108,5 +108,5 @@ def run_astrai(*args: str, cwd: Path | None = None,
                timeout: float = 600) -> subprocess.CompletedProcess:
     """Run the CLI in a subprocess, as a user would; stderr ends with ``TORCH_IMPORTED`` or
     ``TORCH_NOT_IMPORTED`` (so a test can check that a command stays light)."""
-    return subprocess.run([sys.executable, "-c", _CLI_PROBE, *args], capture_output=True,
+    return subprocess.run([sys.executable, "-c", CLI_PROBE, *args], capture_output=True,
                           text=True, timeout=timeout, cwd=cwd)

@@ -129,14 +129,15 @@ def train_to_replay(directory: str | Path, examples: list[tuple[list[int], list[
 
 
 class LiveServer:
-    """uvicorn serving ``model_dir`` in a thread on 127.0.0.1, at a free port.
+    """uvicorn serving ``model_dir`` in a thread on 127.0.0.1, at a free port, with
+    ``limits`` (a :class:`~astrai_core.serving.limits.ServeLimits`; default: the CLI's).
 
     The listening socket is bound before the server thread starts, so a client can
     connect at once (the connection waits in the backlog): no polling for readiness.
     """
 
     def __init__(self, model_dir: Path, name: str = "tiny", max_batch_size: int = 32,
-                 max_queued: int | None = None, max_seqs_per_request: int = 256) -> None:
+                 max_queued: int | None = None, max_seqs_per_request: int = 256, limits=None) -> None:
         import uvicorn
 
         from astrai_core.checkpoints.native import load_pretrained
@@ -144,6 +145,8 @@ class LiveServer:
         from astrai_core.data.tokenizer import load_tokenizer
         from astrai_core.plugins import process_registry
         from astrai_core.serving.app import create_app
+        from astrai_core.serving.connections import server_config
+        from astrai_core.serving.limits import ServeLimits
 
         self.model = load_pretrained(model_dir).eval()
         self.tokenizer = load_tokenizer(model_dir)
@@ -153,11 +156,12 @@ class LiveServer:
         self.name = name
         self.socket = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
         self.socket.bind(("127.0.0.1", 0))
-        self.socket.listen(64)
+        self.socket.listen(512)
         self.port = self.socket.getsockname()[1]
-        app = create_app(self.engine, model_name=name, max_seqs_per_request=max_seqs_per_request)
-        config = uvicorn.Config(app, log_level="warning", lifespan="off")
-        self.server = uvicorn.Server(config)
+        self.limits = limits or ServeLimits()
+        app = create_app(self.engine, model_name=name, max_seqs_per_request=max_seqs_per_request,
+                         limits=self.limits)
+        self.server = uvicorn.Server(server_config(app, self.limits, log_level="warning", lifespan="off"))
         self.thread = threading.Thread(target=self.server.run, kwargs={"sockets": [self.socket]}, daemon=True)
         self.thread.start()
 

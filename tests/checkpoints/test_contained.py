@@ -16,21 +16,21 @@ import torch
 
 from astrai_core.checkpoints.manifest import MANIFEST_FILE, write_manifest
 from astrai_core.checkpoints.native import load_pretrained, save_pretrained
-from astrai_core.config.schema import RunConfig
 from astrai_core.errors import CheckpointError
 from astrai_core.model import CausalLM, ModelConfig
 from astrai_core.testing import ARITH_TOKENIZER
-from astrai_core.training.run import train
-from tests.training.conftest import astrai, tiny_config, write_config
+from tests.checkpoints.test_no_code_runs import trained  # noqa: F401 - a fixture
+from tests.training.conftest import astrai
 
 CONFIG = dict(vocab_size=64, hidden_size=32, intermediate_size=48, num_layers=2, num_heads=4,
               num_kv_heads=2)
 
 
-def _one_error_line(done) -> str:
+def one_error_line(done, prefix: str = "error:") -> str:
+    """The one line starting with ``prefix`` of a failed command without a traceback."""
     assert done.returncode != 0, done.stderr[-3000:]
     assert "Traceback" not in done.stderr, done.stderr[-3000:]
-    errors = [line for line in done.stderr.splitlines() if line.startswith("error:")]
+    errors = [line for line in done.stderr.splitlines() if line.startswith(prefix)]
     assert len(errors) == 1, done.stderr[-3000:]
     return errors[0]
 
@@ -64,7 +64,7 @@ def test_an_index_naming_a_file_outside_is_refused_on_load(outside_shard):
 
 
 def test_an_index_naming_a_file_outside_is_refused_on_export(outside_shard, tmp_path):
-    line = _one_error_line(astrai("export", str(outside_shard), str(tmp_path / "hf")))
+    line = one_error_line(astrai("export", str(outside_shard), str(tmp_path / "hf")))
     assert "model.safetensors.index.json names '../outside/other.safetensors'" in line
     assert not (tmp_path / "hf").exists()
 
@@ -84,16 +84,6 @@ def test_a_listed_link_leading_out_of_the_checkpoint_is_refused(outside_shard):
 
 
 # ------------------------------------------------------------ DCP storage items
-
-@pytest.fixture(scope="module")
-def trained(tmp_path_factory):
-    """(config path, the run's step_2 checkpoint) of a finished 2-step run."""
-    tmp_path = tmp_path_factory.mktemp("contained")
-    config = tiny_config(tmp_path, max_steps=2, save_every=2, progress=False)
-    train(RunConfig.model_validate(config))
-    config["trainer"]["max_steps"] = 4  # --resume has something to do
-    return write_config(tmp_path, config), tmp_path / "run" / "checkpoints" / "step_2"
-
 
 @contextmanager
 def hostile_metadata(checkpoint: Path, rewrite):
@@ -138,7 +128,7 @@ def test_dcp_items_outside_the_checkpoint_are_refused_on_resume(trained, where):
     name = {"absolute": outside, "parent": "../../../outside.distcp",
             "unlisted": "nowhere.distcp"}[where]
     with hostile_metadata(checkpoint, _point_at(lambda info: name)) as metadata:
-        line = _one_error_line(astrai("train", str(config_path), "--resume"))
+        line = one_error_line(astrai("train", str(config_path), "--resume"))
     assert f"{metadata} names {name!r}" in line
     assert ("does not list" if where == "unlisted" else "outside the checkpoint") in line
 
@@ -175,7 +165,7 @@ def test_a_dcp_item_beyond_its_file_is_one_line_on_resume(trained):
         storage[tensor_items(storage)[0]].offset = 3 * 1024**3
 
     with hostile_metadata(checkpoint, rewrite) as metadata:
-        line = _one_error_line(astrai("train", str(config_path), "--resume"))
+        line = one_error_line(astrai("train", str(config_path), "--resume"))
     assert str(metadata) in line and "lies outside its file" in line
 
 
@@ -191,7 +181,7 @@ def test_a_hostile_item_inside_its_file_is_one_line_naming_the_file(trained):
         storage[first], storage[other] = storage[other], storage[first]
 
     with hostile_metadata(checkpoint, rewrite) as metadata:
-        line = _one_error_line(astrai("train", str(config_path), "--resume"))
+        line = one_error_line(astrai("train", str(config_path), "--resume"))
     shard = sorted((checkpoint / "dcp").glob("*.distcp"))[0]
     assert str(shard) in line and "cannot read the checkpoint's state" in line
     assert str(metadata) not in line  # its locations were valid

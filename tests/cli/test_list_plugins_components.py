@@ -11,7 +11,7 @@ import sys
 
 from astrai_core.plugins import load_plugins
 from astrai_core.plugins.specs import KINDS
-from astrai_core.testing import _CLI_PROBE, run_astrai
+from astrai_core.testing import CLI_PROBE, run_astrai
 
 HAS_VLLM = importlib.util.find_spec("vllm") is not None
 
@@ -73,7 +73,7 @@ def test_closed_pipe_ends_quietly():
     # The reader is gone before the command writes (what `| head -1` leads to for long output).
     read_end, write_end = os.pipe()
     os.close(read_end)
-    process = subprocess.run([sys.executable, "-c", _CLI_PROBE, "list-plugins", "--json"],
+    process = subprocess.run([sys.executable, "-c", CLI_PROBE, "list-plugins", "--json"],
                              stdout=write_end, stderr=subprocess.PIPE, text=True, timeout=120)
     os.close(write_end)
     assert "Traceback" not in process.stderr and "BrokenPipe" not in process.stderr, process.stderr

@@ -5,19 +5,11 @@ from __future__ import annotations
 
 import pytest
 
-from tests.checkpoints.test_contained import hostile_metadata, tensor_items
+from tests.checkpoints.test_contained import hostile_metadata, one_error_line, tensor_items
 from tests.distributed.conftest import ok, train
 from tests.training.conftest import tiny_config
 
 pytestmark = pytest.mark.slow  # runs of 2 processes under torchrun
-
-
-def _launcher_line(done) -> str:
-    assert done.returncode != 0, done.stderr[-4000:]
-    assert "Traceback" not in done.stderr, done.stderr[-4000:]
-    errors = [line for line in done.stderr.splitlines() if line.startswith("error: the distributed")]
-    assert len(errors) == 1, done.stderr[-4000:]
-    return errors[0]
 
 
 @pytest.fixture(scope="module")
@@ -39,7 +31,8 @@ def test_a_hostile_item_inside_its_file_is_one_line_on_two_processes(trained):
         storage[items[0]], storage[other] = storage[other], storage[items[0]]
 
     with hostile_metadata(checkpoint, rewrite):
-        line = _launcher_line(train(config, tmp_path, "resume", 2, "--resume"))
+        line = one_error_line(train(config, tmp_path, "resume", 2, "--resume"),
+                              "error: the distributed")
     shard = sorted((checkpoint / "dcp").glob("*.distcp"))[0]
     assert f"exited with status 2: {shard}: cannot read the checkpoint's state" in line
 
@@ -52,6 +45,7 @@ def test_an_item_beyond_its_file_is_one_line_on_two_processes(trained):
         storage[tensor_items(storage)[0]].length = 3 * 1024**3
 
     with hostile_metadata(checkpoint, rewrite) as metadata:
-        line = _launcher_line(train(config, tmp_path, "beyond", 2, "--resume"))
+        line = one_error_line(train(config, tmp_path, "beyond", 2, "--resume"),
+                              "error: the distributed")
     assert f"exited with status 2: {metadata}: storage item" in line
     assert "lies outside its file" in line

@@ -21,12 +21,24 @@ from astrai_core.training.phases import DCP_WRITTEN
 from tests.training.conftest import Watched, tiny_config, write_config
 
 
+def _launch_args(**given):
+    return argparse.Namespace(**{"nproc_per_node": 2, "nnodes": 1, "node_rank": 0,
+                                 "master_addr": None, "master_port": None, "config": "run.yaml",
+                                 "overrides": [], "resume": False, "overwrite": False, **given})
+
+
 def test_one_machine_binds_the_rendezvous_to_loopback():
-    args = argparse.Namespace(nproc_per_node=2, nnodes=1, node_rank=0, master_addr=None,
-                              master_port=None, config="run.yaml", overrides=[], resume=False,
-                              overwrite=False)
-    argv = torchrun_argv(args)
-    assert "--standalone" in argv and "--local-addr=127.0.0.1" in argv
+    argv = torchrun_argv(_launch_args())
+    assert "--rdzv-backend=astrai" in argv and "--rdzv-endpoint=127.0.0.1:0" in argv
+    assert not any(arg.startswith(("--standalone", "--master-addr")) for arg in argv)
+
+
+def test_several_machines_bind_the_rendezvous_to_the_address_named():
+    argv = torchrun_argv(_launch_args(nnodes=2, node_rank=1, master_addr="10.0.0.1"))
+    assert {"--rdzv-backend=astrai", "--rdzv-endpoint=10.0.0.1:29500",
+            "--rdzv-conf=rank=1"} <= set(argv)
+    argv = torchrun_argv(_launch_args(nnodes=2, master_addr="fd00::1", master_port=7000))
+    assert "--rdzv-endpoint=[fd00::1]:7000" in argv
 
 
 def test_sigterm_to_the_launcher_checkpoints_every_rank_and_exits_143(tmp_path):

@@ -1,5 +1,6 @@
 """Every distribution's pyproject: its entry point, a ranged astrai-core dependency, and
-the plugin dependencies DESIGN.md names (ppo depends on gae)."""
+its dependencies on other plugins (ppo depends on gae: its default advantage estimator,
+reached through the registry by name, never by import)."""
 
 from __future__ import annotations
 

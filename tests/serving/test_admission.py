@@ -18,7 +18,7 @@ import httpx
 import openai
 import pytest
 
-from astrai_core.testing.serving import live_server
+from astrai_core.testing.serving import live_server, wait_for_stats
 
 CHAT = [{"role": "user", "content": "Tell me a story about a cat"}]
 
@@ -180,3 +180,47 @@ def _idle(engine, timeout: float = 30.0):
             return stats
         time.sleep(0.01)
     raise AssertionError(f"the engine did not go idle: {engine.stats()}")
+
+
+# ---------------------------------------------------------------- admission edges
+
+@pytest.mark.parametrize("prompts, n", [(256, 1), (128, 2), (257, 1), (129, 2)])
+def test_max_seqs_per_request_takes_exactly_256(server, prompts, n):
+    """prompts x n = 256 is served whole; 257 or 258 is a 400 before anything is queued."""
+    before = _idle(server.engine)
+    request = {"model": "tiny", "prompt": ["hi"] * prompts, "n": n, "max_tokens": 1}
+    response = _post(server, "/completions", request)
+    if prompts * n <= 256:
+        assert response.status_code == 200, response.text[:300]
+        assert len(response.json()["choices"]) == prompts * n
+    else:
+        _assert_400(response, "n", f"{prompts * n} sequences", "at most 256")
+        after = server.engine.stats()
+        assert (after.waiting, after.prefills) == (before.waiting, before.prefills)
+
+
+def test_the_queue_takes_exactly_max_queued_and_one_more_is_429(random_checkpoint):
+    """With one batch slot held, 7 + 1 waiting sequences fill a queue of 8 exactly: both
+    are accepted; one more sequence is a 429 with Retry-After, and nothing of it queues."""
+    with live_server(random_checkpoint, max_batch_size=1, max_queued=8) as small:
+        client = small.client()
+        no_end = {str(small.tokenizer.eos_token_id): -100}
+        holder = client.chat.completions.create(model="tiny", messages=CHAT, max_tokens=1000,
+                                                logit_bias=no_end, stream=True)
+        next(iter(holder))
+        assert wait_for_stats(small.engine, lambda s: s.active == 1 and s.waiting == 0)
+        opened = [holder]
+        for n, waiting in ((7, 7), (1, 8)):  # a chat stream answers its role chunk while it waits
+            opened.append(client.chat.completions.create(model="tiny", messages=CHAT, n=n, max_tokens=2,
+                                                         stream=True))
+            next(iter(opened[-1]))
+            assert wait_for_stats(small.engine, lambda s, waiting=waiting: s.waiting == waiting)
+        response = _post(small, "/chat/completions", {"model": "tiny", "messages": CHAT, "max_tokens": 2})
+        stats = small.engine.stats()
+        for stream in opened:
+            stream.close()
+    assert response.status_code == 429, response.text
+    assert response.headers["Retry-After"] == "1"
+    assert response.json()["error"]["code"] == "queue_full"
+    assert "8 are waiting, the queue holds at most 8" in response.json()["error"]["message"]
+    assert (stats.active, stats.waiting) == (1, 8)  # the slot stayed held throughout

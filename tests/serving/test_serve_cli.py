@@ -2,6 +2,13 @@
 
 from __future__ import annotations
 
+import socket
+import subprocess
+import sys
+import time
+
+import httpx
+
 from astrai_core.testing import run_astrai
 
 
@@ -83,3 +90,64 @@ def test_a_transformers_backend_checkpoint_is_served(tmp_path):
             temperature=0)
         assert reply.choices[0].finish_reason in ("stop", "length")
         assert reply.usage.completion_tokens >= 1
+
+
+def test_the_limit_options_are_listed_and_checked(tmp_path):
+    help_text = run_astrai("serve", "--help").stdout
+    for flag in ("--max-body-mb", "--max-connections", "--header-timeout", "--body-timeout",
+                 "--keep-alive-timeout", "--graceful-shutdown-timeout"):
+        assert flag in help_text
+    for flag, value in (("--max-body-mb", "0"), ("--header-timeout", "-1"), ("--max-connections", "0")):
+        result = run_astrai("serve", str(tmp_path), flag, value, "--port", "1")
+        assert result.returncode != 0 and "Traceback" not in result.stderr
+        assert flag in result.stderr, result.stderr
+
+
+def test_the_options_become_the_servers_limits():
+    import argparse
+
+    from astrai_core.cli.serve import add_arguments, serve_limits
+    from astrai_core.serving.limits import ServeLimits
+
+    parser = argparse.ArgumentParser()
+    add_arguments(parser)
+    assert serve_limits(parser.parse_args(["m"])) == ServeLimits()  # the defaults agree
+    limits = serve_limits(parser.parse_args(["m", "--max-body-mb", "0.5", "--header-timeout", "2",
+                                             "--max-connections", "7", "--body-timeout", "3",
+                                             "--keep-alive-timeout", "4", "--graceful-shutdown-timeout", "6"]))
+    assert limits == ServeLimits(max_body_bytes=524288, header_timeout=2, max_connections=7, body_timeout=3,
+                                 keep_alive_timeout=4, graceful_shutdown_timeout=6)
+
+
+def test_astrai_serve_enforces_its_limits(random_checkpoint):
+    """The real command on 127.0.0.1: a 2 KiB body over --max-body-mb is a 413, a client
+    that never finishes its headers is closed after --header-timeout."""
+    with socket.socket() as probe:  # a free port
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    server = subprocess.Popen([sys.executable, "-c", "import sys; from astrai_core.cli.main import main; "
+                               "main(sys.argv[1:])", "serve", str(random_checkpoint), "--port", str(port),
+                               "--max-body-mb", "0.001", "--header-timeout", "1", "--threads", "1"],
+                              stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    try:
+        base = f"http://127.0.0.1:{port}"
+        deadline = time.monotonic() + 120
+        while True:
+            assert server.poll() is None, server.stderr.read().decode()[-2000:]
+            try:
+                if httpx.get(f"{base}/health", timeout=1).status_code == 200:
+                    break
+            except httpx.HTTPError:
+                assert time.monotonic() < deadline, "astrai serve did not start"
+                time.sleep(0.2)
+        response = httpx.post(f"{base}/v1/completions", content=b"{" + b" " * 2048 + b"}",
+                              headers={"Content-Type": "application/json"})
+        assert response.status_code == 413
+        with socket.create_connection(("127.0.0.1", port), timeout=10) as slow:
+            slow.sendall(b"GET /health HTTP/1.1\r\nHost: x\r\n")
+            started = time.perf_counter()
+            assert slow.recv(4096).startswith(b"HTTP/1.1 408")
+            assert 0.5 < time.perf_counter() - started < 5
+    finally:
+        server.terminate()
+        server.wait(timeout=60)

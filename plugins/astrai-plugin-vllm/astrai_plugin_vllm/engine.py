@@ -9,15 +9,12 @@ trainer's. vLLM is imported here, never by the plugin's hook module.
 
 from __future__ import annotations
 
-import os
-from collections.abc import Iterator
-from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
 import torch
 
-from astrai_core.api import get_logger
+from astrai_core.api import get_logger, scoped_env
 
 log = get_logger(__name__)
 
@@ -77,7 +74,7 @@ def start_engine(hf_dir: Path, *, dtype: str, multiprocess: bool, cpu_kv_cache_g
     # vLLM caches its environment after the first engine starts; a second engine in
     # this process must see the settings chosen for it.
     getattr(vllm.envs, "disable_envs_cache", lambda: None)()
-    with _environment(settings):
+    with scoped_env(settings):
         from vllm import LLM
 
         log.info("starting vLLM", model=str(hf_dir), dtype=dtype, multiprocess=multiprocess,
@@ -102,18 +99,3 @@ def sleep_args(sleep: bool) -> dict[str, Any]:
         raise ConfigError(f"sampler.sleep: vLLM has no sleep mode on this platform "
                           f"({current_platform.device_type}); leave sleep off")
     return {"enable_sleep_mode": True}
-
-
-@contextmanager
-def _environment(settings: dict[str, str]) -> Iterator[None]:
-    """Set environment variables for the engine's start, then restore them."""
-    previous = {key: os.environ.get(key) for key in settings}
-    os.environ.update(settings)
-    try:
-        yield
-    finally:
-        for key, value in previous.items():
-            if value is None:
-                os.environ.pop(key, None)
-            else:
-                os.environ[key] = value
