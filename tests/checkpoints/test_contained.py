@@ -83,6 +83,24 @@ def test_a_listed_link_leading_out_of_the_checkpoint_is_refused(outside_shard):
         load_pretrained(outside_shard)
 
 
+def test_an_import_refuses_an_index_naming_a_file_outside(tmp_path):
+    """A Hugging Face directory (no manifest): its shards must lie inside it too, before
+    the import cache hashes them or the import reads them."""
+    from astrai_core.checkpoints.hf.files import read_hf_weights
+    from astrai_core.checkpoints.import_cache import source_files
+
+    source = tmp_path / "hf"
+    source.mkdir()
+    (tmp_path / "outside.safetensors").write_bytes(b"not read")
+    (source / "config.json").write_text("{}")
+    (source / "model.safetensors.index.json").write_text(
+        json.dumps({"weight_map": {"w": "../outside.safetensors"}}))
+    for read in (source_files, read_hf_weights):
+        with pytest.raises(CheckpointError, match=r"names '\.\./outside\.safetensors', "
+                                                  r"outside the checkpoint"):
+            read(source)
+
+
 # ------------------------------------------------------------ DCP storage items
 
 @contextmanager
