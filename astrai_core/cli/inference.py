@@ -26,7 +26,6 @@ def load_model_and_tokenizer(model_dir: Path, device_name: str, registry: Any = 
     ``registry``, the process's own by default), and its tokenizer. ``verify``: hash its
     files first (None: when it is small, see
     :func:`~astrai_core.checkpoints.manifest.hash_by_default`)."""
-    from astrai_core.checkpoints.manifest import hash_by_default
     from astrai_core.checkpoints.native import load_pretrained
     from astrai_core.data.tokenizer import load_tokenizer
     from astrai_core.devices.select import resolve_device
@@ -34,7 +33,7 @@ def load_model_and_tokenizer(model_dir: Path, device_name: str, registry: Any = 
     from astrai_core.plugins import process_registry
 
     # CheckpointError names the problem
-    model = load_pretrained(model_dir, hashes=hash_by_default(model_dir, verify))
+    model = load_pretrained(model_dir, hashes=verify)
     try:
         tokenizer = load_tokenizer(model_dir)
     except DataError as err:
