@@ -366,24 +366,14 @@ def _online_pair_loss(strategy: dict, model, rollout) -> float:
 def test_online_pairs_train(tmp_path, strategy):
     """Each step's loss is the formula over its rollout's best and worst completions, under
     the weights that sampled it, and each step lowers the loss of the pairs it trained on."""
-    import copy
-
-    from astrai_core.testing import write_arith_prompts
-    from astrai_core.training.trainer import Trainer
+    from astrai_core.testing import fit_recording_rollouts, write_arith_prompts
 
     prompts = write_arith_prompts(tmp_path / "prompts.jsonl", count=16)
     config = tiny_run_config(tmp_path, prompts, {**strategy, "mode": "online", "group_size": 4},
                              max_steps=2, sampler={"temperature": 1.5, "max_new_tokens": 8})
     config["data"]["batch_size"] = 4
     built, run = build_strategy(config, tmp_path)
-    drawn, draw = [], run.rollouts.draw  # (rollout, the policy that sampled it)
-
-    def capture():
-        drawn.append((draw(), copy.deepcopy(run.model).eval()))
-        return drawn[-1][0]
-
-    run.rollouts.draw = capture
-    Trainer(run, built).fit()
+    drawn = fit_recording_rollouts(built, run)  # (rollout, the policy that sampled it)
     metrics = [m for m in read_metrics(tmp_path / "run") if "loss" in m]
     assert len(metrics) == 2 and all(m["rollout/pairs"] >= 1 for m in metrics)
     used = [drawn[step + sum(m["rollout/skipped"] for m in metrics[:step + 1])]
