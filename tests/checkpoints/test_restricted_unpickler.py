@@ -36,9 +36,9 @@ def _pickle(expression: bytes) -> bytes:
     return pickle.PROTO + b"\x04" + expression + pickle.STOP
 
 
-# name -> (the refused global, a builder of the call given (tmp_path, stack)).
 def _simple(module: str, name: str, *args):
-    """A call of module.name on ``args``; a callable arg gets the tmp_path's marker."""
+    """(the refused global's name, a builder of the payload given (tmp_path, stack)): a
+    call of module.name on ``args``, each callable one applied to tmp_path first."""
     def build(tmp: Path, stack: bool) -> bytes:
         values = [arg(tmp) if callable(arg) else arg for arg in args]
         return _call(_global(module, name, stack), *(_value(v) for v in values))
@@ -81,6 +81,7 @@ def _allowed_class_method(tmp: Path, stack: bool) -> bytes:
     return _call(_global("pathlib", "PosixPath.write_text", stack), path, _value("ran"))
 
 
+# refused global -> its payload's builder, given (tmp_path, stack)
 HOSTILE = dict([
     _simple("torch", "save", "ran", _marker),
     _simple("torch", "load", _marker),
