@@ -76,17 +76,20 @@ def test_grpo_trains_two_steps_from_yaml(tmp_path):
         assert record["rollout/turns_mean"] == 1.0
     assert (tmp_path / "run" / "checkpoints" / "step_2" / "model.safetensors").exists()
     # the same run in this process, its rollouts recorded: each step's loss is the
-    # on-policy GRPO loss by hand and raises its rollout's policy-gradient objective
+    # on-policy GRPO loss by hand, and a step whose rubric scores differ within a group
+    # raises its rollout's policy-gradient objective (concurrent episodes take their
+    # seeds in the order they ask, so the rollouts need not be the subprocess's)
     config["output_dir"] = str(tmp_path / "recorded")
     strategy, run = build_strategy(config, tmp_path)
     drawn = fit_recording_rollouts(strategy, run)
     recorded = read_metrics(tmp_path / "recorded")
     assert len(drawn) == len(recorded) == 2
-    for record, same, reference in zip(recorded, records, grpo_step_references(drawn, run.model)):
+    references = grpo_step_references(drawn, run.model)
+    for record, reference in zip(recorded, references):
         assert record["loss"] == pytest.approx(reference["loss"], rel=1e-5, abs=1e-6)
-        assert reference["advantage_abs"] > 0  # the rubric's scores differ within some group
-        assert reference["after"] > reference["before"]
-        assert record["loss"] == pytest.approx(same["loss"], rel=1e-5, abs=1e-6)  # as from YAML
+        if reference["advantage_abs"] > 0:
+            assert reference["after"] > reference["before"]
+    assert any(reference["advantage_abs"] > 0 for reference in references)
 
 
 def test_an_environment_that_does_not_load_is_one_config_error(tmp_path):
