@@ -94,9 +94,11 @@ from astrai_core.serving.protocol import ChatCompletionRequest
 from astrai_core.serving.sampler_engine import SamplerEngine
 from astrai_core.serving.sequence import EngineRequest, FinishEvent
 from astrai_core.trackers.base import TrackedRun, Tracker, TrackerOptions
-from astrai_core.training.batch_sources import BatchSource, LoaderSource, RolloutSource
+from astrai_core.training.batch_sources import BatchSource, LoaderSource
 from astrai_core.training.modules import TrainedModule, frozen_copy, frozen_reference
-from astrai_core.training.online import OnlineConfig, OnlineStrategy
+from astrai_core.config.online import OnlineConfig
+from astrai_core.online.strategy import OnlineStrategy
+from astrai_core.online.source import RolloutSource
 from astrai_core.training.run_components import RunComponents
 from astrai_core.training.strategy import EmptyConfig, Strategy
 
