@@ -7,8 +7,8 @@ function per option, named after it, and :func:`check_online_options` calls each
 once, from :func:`astrai_core.config.plan.plan_run`, before anything is built. An option
 given to a strategy that draws no rollouts is refused by its own function too.
 
-The two rules that need the loaded model (a dense model cannot replay MoE routing) are
-checked where the model exists: :class:`astrai_core.online.routing.RouterReplay`.
+The one rule that needs the built model (a dense model cannot replay MoE routing) is
+checked where the model exists: :meth:`astrai_core.online.routing.RouterReplay.check`.
 """
 
 from __future__ import annotations
