@@ -16,9 +16,11 @@ The names are grouped by what a plugin does with them, in the same order below a
 from astrai_core.config.schema import RunConfig
 from astrai_core.config.strategy_needs import StrategyNeeds
 from astrai_core.plugins.protocols import StrategyProtocol
-from astrai_core.training.batch_sources import BatchSource, LoaderSource, RolloutSource
+from astrai_core.config.online import OnlineConfig
+from astrai_core.online.source import RolloutSource
+from astrai_core.online.strategy import OnlineStrategy
+from astrai_core.training.batch_sources import BatchSource, LoaderSource
 from astrai_core.training.modules import TrainedModule, frozen_copy, frozen_reference
-from astrai_core.training.online import OnlineConfig, OnlineStrategy
 from astrai_core.training.run_components import RunComponents
 from astrai_core.training.strategy import Strategy
 
