@@ -79,6 +79,17 @@ from astrai_core.rl.functional import (
 )
 from astrai_core.rl.estimator import AdvantageEstimator
 from astrai_core.rl.objective import ObjectiveSettings, PolicyObjective
+from astrai_core.rl.options import (
+    AggregationOption,
+    AuxLossOption,
+    EntropyOption,
+    KLEstimator,
+    KLEstimatorOption,
+    KLPenaltyOption,
+    LossAggregation,
+    LossAggregationOptions,
+    redefault,
+)
 from astrai_core.rl.policy_losses import apply_rollout_weights
 from astrai_core.rl.rollout_correction import RolloutCorrectionConfig, correction_weights
 from astrai_core.rollout.batch import RolloutBatch, episode_tensors, pad_rows
@@ -116,6 +127,9 @@ __all__ = [
     # RL objectives: the shared objective, policy losses, rollout correction
     "ObjectiveSettings", "PolicyObjective", "RolloutCorrectionConfig", "apply_rollout_weights",
     "correction_weights",
+    # the loss options strategy configs share (one owner per field)
+    "AggregationOption", "AuxLossOption", "EntropyOption", "KLEstimator", "KLEstimatorOption",
+    "KLPenaltyOption", "LossAggregation", "LossAggregationOptions", "redefault",
     # environments of multi-turn rollouts
     "AssistantTurn", "EnvMessage", "EnvStep", "EnvironmentProtocol", "MessageRenderer", "ToolCall",
     "error_message",

@@ -50,6 +50,7 @@ from astrai_core.model.head import has_chunked_head
 from astrai_core.model.router_replay import ROUTED_EXPERTS, has_moe, record_routing
 from astrai_core.rl.functional import token_rewards_from_scores
 from astrai_core.rl.objective import ObjectiveSettings, PolicyObjective
+from astrai_core.rl.options import KLEstimatorOption
 from astrai_core.rl.rollout_correction import RolloutCorrectionConfig, correction_weights
 from astrai_core.rollout.batch import RolloutBatch
 from astrai_core.rollout.dynamic_sampling import DynamicSampler, DynamicSamplingConfig
@@ -64,8 +65,9 @@ from astrai_core.training.run_components import RunComponents
 from astrai_core.training.strategy import Strategy
 
 
-class OnlineConfig(BaseModel):
-    """Options every online strategy shares (subclass configs extend this)."""
+class OnlineConfig(KLEstimatorOption):
+    """Options every online strategy shares (subclass configs extend this); the loss
+    options several strategies share come from :mod:`astrai_core.rl.options`."""
 
     model_config = ConfigDict(extra="forbid")
 
@@ -77,8 +79,6 @@ class OnlineConfig(BaseModel):
         "instead of the sampler's (they agree with the torch sampler)")
     kl_in_reward_coef: float = Field(0.0, ge=0, description="KL-to-reference shaping of "
                                      "the token rewards (needs a reference model)")
-    kl_estimator: str = Field("k1", pattern="^k[123]$", description="KL estimator of the "
-                              "reward shaping (kl_in_reward_coef) and of an in-loss KL term")
     eps_low: float = Field(0.2, ge=0, lt=1, description="ratio clip below: 1 - eps_low "
                            "(options of the default ppo_clip policy loss)")
     eps_high: float = Field(0.2, ge=0, description="ratio clip above: 1 + eps_high "
