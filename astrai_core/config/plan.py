@@ -202,6 +202,7 @@ def plan_run(config: RunConfig, source: YamlSource | None = None,
                                  config.model.trust_remote_code))
         needs = strategy.target.needs(strategy.config)
         _check_data(config, strategy.name, needs)
+        config = _unpack_rows(config, strategy.name, needs)
         advantage = _advantage(resolve, config, strategy, needs)
         policy_loss = (None if needs.policy_loss is None else resolve.component(
             needs.policy_loss.kind, needs.policy_loss.name, needs.policy_loss.params,
@@ -372,6 +373,18 @@ def _check_data(config: RunConfig, strategy: str, needs: StrategyNeeds) -> None:
             raise FieldError(where + ("format",),
                              f"strategy {strategy!r} evaluates {' or '.join(allowed)} data, not "
                              f"{evaluation.format!r} (its loss cannot be taken on those batches)")
+
+
+def _unpack_rows(config: RunConfig, strategy: str, needs: StrategyNeeds) -> RunConfig:
+    """``data.pack`` off for a strategy that needs one example per row, unless the config
+    sets it true itself (then one error: the two cannot both hold)."""
+    if needs.unpacked_rows is None or not config.data.pack:
+        return config
+    if "pack" in config.data.model_fields_set:
+        raise FieldError(("data", "pack"), f"strategy {strategy!r} {needs.unpacked_rows}, so "
+                         "each row must hold one example: remove data.pack (rows are then "
+                         "unpacked) or set it false")
+    return config.model_copy(update={"data": config.data.model_copy(update={"pack": False})})
 
 
 def _eval_fields(data: Any) -> list[tuple[FieldPath, Any]]:

@@ -31,7 +31,6 @@ from torch import Tensor
 from astrai_core.api import (
     AuxLossOption,
     BatchSource,
-    FieldError,
     LossAggregationOptions,
     RunComponents,
     RunConfig,
@@ -106,15 +105,13 @@ class Distill(Strategy):
 
     @classmethod
     def needs(cls, config: Any) -> StrategyNeeds:
-        return StrategyNeeds(data_formats=cls.data_formats,
-                             generates=config.on_policy_fraction > 0)
+        samples = config.on_policy_fraction > 0
+        return StrategyNeeds(data_formats=cls.data_formats, generates=samples,
+                             unpacked_rows="with on_policy_fraction > 0 samples a reply to "
+                             "each row's prompt" if samples else None)
 
     @classmethod
     def check_run(cls, config: Any, run_config: RunConfig) -> None:
-        if config.on_policy_fraction > 0 and run_config.data.pack:
-            raise FieldError(("data", "pack"), "on_policy_fraction > 0 samples replies to each "
-                             "row's prompt, so rows must hold one conversation each: set "
-                             "data.pack: false")
         check_teacher(config.teacher, run_config.model)
 
     def __init__(self, config: DistillConfig, run: RunComponents) -> None:
