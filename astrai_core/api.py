@@ -20,6 +20,7 @@ from astrai_core.checkpoints.manifest import write_manifest
 from astrai_core.checkpoints.hf.select import export_model_type, load_importer
 from astrai_core.checkpoints.hf.tensor_map import TensorMap, rename, split_gate_up, stack_experts
 from astrai_core.checkpoints.native import load_pretrained, load_state_dict_strict, save_pretrained
+from astrai_core.checkpoints.strategy_record import read_strategy_record, write_strategy_record
 from astrai_core.config.schema import RunConfig
 from astrai_core.config.strategy_needs import StrategyNeeds
 from astrai_core.config.trainer import TrainerConfig
@@ -146,6 +147,8 @@ __all__ = [
     "load_importer", "load_pretrained", "load_state_dict_strict", "qwen_sliding_window", "qwen_sliding_window_to_hf",
     "read_hf_config", "read_hf_weights", "rename", "require", "save_pretrained", "split_gate_up",
     "stack_experts", "staged_directory", "write_manifest",
+    # which strategy's checkpoint a directory is (`astrai export` finds its exporter by it)
+    "read_strategy_record", "write_strategy_record",
     # distributed: a sharded policy's parameters gathered for a block (a collective)
     "unsharded",
     # weight pushes from a sharded trainer, one bucket of full tensors at a time
