@@ -46,8 +46,8 @@ from astrai_plugin_distill.teacher import check_teacher, load_teacher, teacher_h
 
 
 class DistillConfig(AuxLossOption, LossAggregationOptions):
-    """The ``strategy:`` section of a distill run (a sequence of ``loss_aggregation`` is a
-    row)."""
+    """The ``strategy:`` section of a distill run (``loss_aggregation``'s sequences are
+    its rows)."""
 
     teacher: Path = Field(description="the teacher's checkpoint directory (shares the "
                           "student's tokenizer)")
