@@ -22,6 +22,7 @@ from astrai_core.config.component import ComponentSection
 from astrai_core.config.schema import RunConfig
 from astrai_core.config.strategy_needs import ComponentChoice, StrategyNeeds
 from astrai_core.errors import FieldError
+from astrai_core.rl.options import KLEstimatorOption
 from astrai_core.rl.rollout_correction import RolloutCorrectionConfig
 
 
@@ -37,7 +38,7 @@ class DynamicSamplingConfig(BaseModel):
                            "then it warns and fills up with uniform groups")
 
 
-class OnlineConfig(BaseModel):
+class OnlineConfig(KLEstimatorOption):
     """Options every online strategy shares (subclass configs extend this)."""
 
     model_config = ConfigDict(extra="forbid")
@@ -50,8 +51,6 @@ class OnlineConfig(BaseModel):
         "instead of the sampler's (they agree with the torch sampler)")
     kl_in_reward_coef: float = Field(0.0, ge=0, description="KL-to-reference shaping of "
                                      "the token rewards (needs a reference model)")
-    kl_estimator: str = Field("k1", pattern="^k[123]$", description="KL estimator of the "
-                              "reward shaping (kl_in_reward_coef) and of an in-loss KL term")
     eps_low: float = Field(0.2, ge=0, lt=1, description="ratio clip below: 1 - eps_low "
                            "(options of the default ppo_clip policy loss)")
     eps_high: float = Field(0.2, ge=0, description="ratio clip above: 1 + eps_high "

@@ -199,7 +199,7 @@ def plan_run(config: RunConfig, source: YamlSource | None = None,
     resolve = Resolver(registry, source)
     strategy = resolve.section("strategy", config.strategy, ("strategy",))
     try:
-        model_source, needs, advantage, policy_loss, rewards = _plan_training(
+        config, model_source, needs, advantage, policy_loss, rewards = _plan_training(
             resolve, config, strategy, Path.cwd() if base_dir is None else Path(base_dir))
     except FieldError as exc:
         raise resolve.error(exc.path, exc.message) from None
@@ -233,16 +233,18 @@ def plan_run(config: RunConfig, source: YamlSource | None = None,
 
 
 def _plan_training(resolve: Resolver, config: RunConfig, strategy: Component, base_dir: Path
-                   ) -> tuple[ModelSource | None, StrategyNeeds, Component | None,
+                   ) -> tuple[RunConfig, ModelSource | None, StrategyNeeds, Component | None,
                               Component | None, tuple[RewardChoice, ...]]:
-    """What the strategy trains on: the model's source, the strategy's needs, its advantage
-    estimator and policy loss, the reward functions; then the strategy's own checks."""
+    """What the strategy trains on: the config (rows unpacked where the strategy needs it),
+    the model's source, the strategy's needs, its advantage estimator and policy loss, the
+    reward functions; then the strategy's own checks."""
     _check_paths(config, base_dir)
     model_source = (None if config.model.path is None else
                     describe(config.model.path, config.model.backend, resolve.registry,
                              config.model.trust_remote_code))
     needs = strategy.target.needs(strategy.config)
     _check_data(config, strategy.name, needs)
+    config = _unpack_rows(config, strategy.name, needs)
     advantage = _advantage(resolve, config, strategy, needs)
     policy_loss = (None if needs.policy_loss is None else resolve.component(
         needs.policy_loss.kind, needs.policy_loss.name, needs.policy_loss.params,
@@ -252,7 +254,7 @@ def _plan_training(resolve: Resolver, config: RunConfig, strategy: Component, ba
     _check_rewards(config, needs, rewards, _environment_rewards(resolve, config))
     strategy.target.check_run(strategy.config, config)
     check_parallel(config, launched_world_size())
-    return model_source, needs, advantage, policy_loss, rewards
+    return config, model_source, needs, advantage, policy_loss, rewards
 
 
 # The samplers that generate with a transformers-backend policy (docs/models.md).
@@ -373,6 +375,18 @@ def _check_data(config: RunConfig, strategy: str, needs: StrategyNeeds) -> None:
             raise FieldError(where + ("format",),
                              f"strategy {strategy!r} evaluates {' or '.join(allowed)} data, not "
                              f"{evaluation.format!r} (its loss cannot be taken on those batches)")
+
+
+def _unpack_rows(config: RunConfig, strategy: str, needs: StrategyNeeds) -> RunConfig:
+    """``data.pack`` off for a strategy that needs one example per row, unless the config
+    sets it true itself (then one error: the two cannot both hold)."""
+    if needs.unpacked_rows is None or not config.data.pack:
+        return config
+    if "pack" in config.data.model_fields_set:
+        raise FieldError(("data", "pack"), f"strategy {strategy!r} {needs.unpacked_rows}, so "
+                         "each row must hold one example: remove data.pack (rows are then "
+                         "unpacked) or set it false")
+    return config.model_copy(update={"data": config.data.model_copy(update={"pack": False})})
 
 
 def _eval_fields(data: Any) -> list[tuple[FieldPath, Any]]:

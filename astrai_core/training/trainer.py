@@ -158,7 +158,8 @@ class Trainer:
                              summary={"step": self.step, "max_steps": self.cfg.max_steps},
                              initial_model_dir=self.run.initial_model_dir, state_tensors=tensors,
                              sharded_modules=self.modules, dist=self.run.dist,
-                             phase_hook=self.phase_hook, step=self.step)
+                             phase_hook=self.phase_hook, step=self.step,
+                             strategy=self.run.plan.strategy.name)
         self.phase_hook(CHECKPOINT_SAVED, self.step)  # tests of exact resume kill the run here
         if self.run.dist.is_main:
             ckpt.prune_checkpoints(self.run.output_dir, self.cfg.keep_last)
