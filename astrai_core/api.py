@@ -62,7 +62,6 @@ from astrai_core.rl.options import (
     KLEstimator,
     KLEstimatorOption,
     KLPenaltyOption,
-    LossAggregation,
     LossAggregationOptions,
     redefault,
 )
@@ -115,7 +114,7 @@ from astrai_core.checkpoints.hf.select import export_model_type, load_importer
 from astrai_core.checkpoints.hf.tensor_map import TensorMap, rename, split_gate_up, stack_experts
 from astrai_core.checkpoints.manifest import write_manifest
 from astrai_core.checkpoints.native import load_pretrained, load_state_dict_strict, save_pretrained
-from astrai_core.checkpoints.strategy_record import read_strategy_record, write_strategy_record
+from astrai_core.checkpoints.strategy_record import write_strategy_record
 from astrai_core.model import CausalLM, ModelConfig
 from astrai_core.model.head import (
     chunked_logits_map,
@@ -162,7 +161,7 @@ __all__ = [
     "PolicyObjective", "apply_rollout_weights",
     # the loss options strategy configs share (one owner per field)
     "AggregationOption", "AuxLossOption", "EntropyOption", "KLEstimator", "KLEstimatorOption",
-    "KLPenaltyOption", "LossAggregation", "LossAggregationOptions", "redefault",
+    "KLPenaltyOption", "LossAggregationOptions", "redefault",
     # samplers
     "Completion", "Request", "SamplerProtocol", "SamplingParams", "expand_requests",
     # weights
@@ -185,7 +184,7 @@ __all__ = [
     "common_fields_to_hf", "dense_mlp_map", "export_model_type", "load_importer",
     "qwen_sliding_window", "qwen_sliding_window_to_hf", "read_hf_config", "read_hf_weights",
     "rename", "require", "split_gate_up", "stack_experts", "staged_directory",
-    "read_strategy_record", "write_strategy_record",
+    "write_strategy_record",
     # devices, plugins, errors, logging
     "AcceleratorBackend", "DeviceBackend", "resolve_device", "process_registry", "scoped_env",
     "AstraiError", "CheckpointError", "ConfigError", "DataError", "FieldError", "PluginError",
