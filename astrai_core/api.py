@@ -16,9 +16,11 @@ The names are grouped by what a plugin does with them, in the same order below a
 from astrai_core.config.schema import RunConfig
 from astrai_core.config.strategy_needs import StrategyNeeds
 from astrai_core.plugins.protocols import StrategyProtocol
-from astrai_core.training.batch_sources import BatchSource, LoaderSource, RolloutSource
+from astrai_core.config.online import OnlineConfig
+from astrai_core.online.source import RolloutSource
+from astrai_core.online.strategy import OnlineStrategy
+from astrai_core.training.batch_sources import BatchSource, LoaderSource
 from astrai_core.training.modules import TrainedModule, frozen_copy, frozen_reference
-from astrai_core.training.online import OnlineConfig, OnlineStrategy
 from astrai_core.training.run_components import RunComponents
 from astrai_core.training.strategy import Strategy
 
@@ -53,6 +55,16 @@ from astrai_core.rl.functional import (
 from astrai_core.plugins.protocols import AdvantageEstimatorProtocol, PolicyLossProtocol
 from astrai_core.rl.estimator import AdvantageEstimator
 from astrai_core.rl.objective import ObjectiveSettings, PolicyObjective
+from astrai_core.rl.options import (
+    AggregationOption,
+    AuxLossOption,
+    EntropyOption,
+    KLEstimator,
+    KLEstimatorOption,
+    KLPenaltyOption,
+    LossAggregationOptions,
+    redefault,
+)
 from astrai_core.rl.policy_losses import apply_rollout_weights
 
 # Samplers: the protocol, what generate gets and what it returns.
@@ -102,6 +114,7 @@ from astrai_core.checkpoints.hf.select import export_model_type, load_importer
 from astrai_core.checkpoints.hf.tensor_map import TensorMap, rename, split_gate_up, stack_experts
 from astrai_core.checkpoints.manifest import write_manifest
 from astrai_core.checkpoints.native import load_pretrained, load_state_dict_strict, save_pretrained
+from astrai_core.checkpoints.strategy_record import write_strategy_record
 from astrai_core.model import CausalLM, ModelConfig
 from astrai_core.model.head import (
     chunked_logits_map,
@@ -146,6 +159,9 @@ __all__ = [
     # advantage estimators and policy losses
     "AdvantageEstimator", "AdvantageEstimatorProtocol", "ObjectiveSettings", "PolicyLossProtocol",
     "PolicyObjective", "apply_rollout_weights",
+    # the loss options strategy configs share (one owner per field)
+    "AggregationOption", "AuxLossOption", "EntropyOption", "KLEstimator", "KLEstimatorOption",
+    "KLPenaltyOption", "LossAggregationOptions", "redefault",
     # samplers
     "Completion", "Request", "SamplerProtocol", "SamplingParams", "expand_requests",
     # weights
@@ -168,6 +184,7 @@ __all__ = [
     "common_fields_to_hf", "dense_mlp_map", "export_model_type", "load_importer",
     "qwen_sliding_window", "qwen_sliding_window_to_hf", "read_hf_config", "read_hf_weights",
     "rename", "require", "split_gate_up", "stack_experts", "staged_directory",
+    "write_strategy_record",
     # devices, plugins, errors, logging
     "AcceleratorBackend", "DeviceBackend", "resolve_device", "process_registry", "scoped_env",
     "AstraiError", "CheckpointError", "ConfigError", "DataError", "FieldError", "PluginError",

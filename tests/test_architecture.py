@@ -180,6 +180,7 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     ("rewards", "trackers"),
     ("rollout",),
     ("training",),
+    ("online",),  # the online (RL) loop on top of the trainer's pieces
     ("strategies",),
     ("cli", "api"),
     ("testing",),  # the kit drives whole runs (its fault driver calls the CLI)

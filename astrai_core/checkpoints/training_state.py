@@ -53,6 +53,7 @@ from astrai_core.checkpoints.native_files import (
     write_weights,
 )
 from astrai_core.checkpoints.sharded import full_model_state, save_sharded
+from astrai_core.checkpoints.strategy_record import write_strategy_record
 from astrai_core.distributed.context import SINGLE, DistContext
 from astrai_core.distributed.fsdp import full_tensor
 from astrai_core.errors import CheckpointError
@@ -92,7 +93,7 @@ def save_checkpoint(target: Path, *, model: nn.Module, tokenizer_dir: Path,
                     state_tensors: dict[str, torch.Tensor] | None = None,
                     sharded_modules: list[Any] = (), dist: DistContext = SINGLE,
                     phase_hook: Callable[[str, int], None] = lambda phase, step: None,
-                    step: int = 0) -> Path:
+                    step: int = 0, strategy: str | None = None) -> Path:
     """Write one complete checkpoint directory atomically.
 
     ``initial_model_dir``: the checkpoint the run started from; its record of the original
@@ -105,6 +106,8 @@ def save_checkpoint(target: Path, *, model: nn.Module, tokenizer_dir: Path,
     the rest (the consolidated weights included) and renames the directory into place
     once every rank has finished. ``phase_hook(phase, step)`` is called after each part is
     written (:mod:`astrai_core.checkpoints.write_phases`), so tests can kill the run between them.
+    ``strategy``: the strategy that trained it, recorded for `astrai export`
+    (:mod:`astrai_core.checkpoints.strategy_record`).
     """
     # Gathered on rank 0 (collectives: all ranks). A LoRA policy saves only its adapter/,
     # so its full weights are not gathered at all (unless the checkpoint saves its base).
@@ -140,6 +143,8 @@ def save_checkpoint(target: Path, *, model: nn.Module, tokenizer_dir: Path,
                       str(staging / STATE_TENSORS))
         torch.save(training_state, staging / TRAINING_STATE)
         (staging / TRAINER_JSON).write_text(json.dumps(summary, indent=2) + "\n")
+        if strategy is not None:
+            write_strategy_record(staging, strategy)
         phase_hook(TRAINING_STATE_WRITTEN, step)
     return target
 

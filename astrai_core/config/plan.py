@@ -3,9 +3,11 @@
 :func:`plan_run` resolves every pluggable section (strategy, advantage, sampler, rewards,
 device) into its loaded target and validated options through one :class:`Resolver`, then
 runs every cross-section check (and sets ``data.max_prompt_len``'s default from the
-model's context): the policy loss an online strategy composes, the data formats the strategy reads, the evaluation
-format, the advantage estimator an online strategy needs and whether it wants values, the
-reward functions and the columns they need, and the strategy's own checks (batch splits).
+model's context): the policy loss an online strategy composes, the data formats the
+strategy reads, the evaluation format, the advantage estimator an online strategy needs
+and whether it wants values, the reward functions and the columns they need, the
+strategy's own checks, and the online options (:mod:`astrai_core.config.online`: one
+function per option, from ``trainer.micro_batch_tokens`` to ``strategy.router_replay``).
 
 Every mistake becomes one :class:`ConfigError` of the shape
 ``file:line: dotted.path: message`` (see :func:`astrai_core.config.loader.field_message`),
@@ -23,6 +25,7 @@ from pydantic import BaseModel, ValidationError
 
 from astrai_core.checkpoints.model_source import TRANSFORMERS, ModelSource, describe
 from astrai_core.config.loader import field_message, format_validation_error
+from astrai_core.config.online import OnlineConfig, check_online_options
 from astrai_core.config.prompt_budget import resolve_max_prompt_len
 from astrai_core.config.schema import ComponentSection, RunConfig
 from astrai_core.config.strategy_needs import StrategyNeeds
@@ -196,39 +199,21 @@ def plan_run(config: RunConfig, source: YamlSource | None = None,
     resolve = Resolver(registry, source)
     strategy = resolve.section("strategy", config.strategy, ("strategy",))
     try:
-        _check_paths(config, Path.cwd() if base_dir is None else Path(base_dir))
-        model_source = (None if config.model.path is None else
-                        describe(config.model.path, config.model.backend, registry,
-                                 config.model.trust_remote_code))
-        needs = strategy.target.needs(strategy.config)
-        _check_data(config, strategy.name, needs)
-        advantage = _advantage(resolve, config, strategy, needs)
-        policy_loss = (None if needs.policy_loss is None else resolve.component(
-            needs.policy_loss.kind, needs.policy_loss.name, needs.policy_loss.params,
-            needs.policy_loss.path))
-        rewards = tuple(resolve.reward(entry.name, entry.weight, entry.params, ("rewards", i))
-                        for i, entry in enumerate(config.rewards))
-        _check_rewards(config, needs, rewards, _environment_rewards(resolve, config))
-        strategy.target.check_run(strategy.config, config)
-        check_parallel(config, launched_world_size())
+        config, model_source, needs, advantage, policy_loss, rewards = _plan_training(
+            resolve, config, strategy, Path.cwd() if base_dir is None else Path(base_dir))
     except FieldError as exc:
         raise resolve.error(exc.path, exc.message) from None
     sampler_section = config.sampler or ComponentSection(name=DEFAULT_SAMPLER)
     sampler = resolve.section("sampler", sampler_section, ("sampler",))
     try:
-        _check_logprob_limit(config, needs)
-        _check_packing(config, needs)
-        _check_staleness(config, needs, registry, sampler)
-        _check_partial(config, needs)
+        online = strategy.config if isinstance(strategy.config, OnlineConfig) else None
+        check_online_options(config, needs, online, world=launched_world_size(),
+                             registry=registry, sampler=sampler.name, model_source=model_source)
         config = resolve_max_prompt_len(config, needs, sampler.options)
     except FieldError as exc:
         raise resolve.error(exc.path, exc.message) from None
     if model_source is not None and model_source.backend == TRANSFORMERS:
-        _check_transformers_backend(resolve, config, strategy, sampler, needs, model_source)
-    if needs.sampler_routing and not registry.get("sampler", sampler.name).reports_routing:
-        raise resolve.error(("strategy", "router_replay"),
-                            f"R3 replays the routing the sampler recorded, and sampler "
-                            f"{sampler.name!r} does not report MoE routing; use R2")
+        _check_transformers_backend(resolve, config, sampler, needs, model_source)
     device = (None if config.device.name == "auto"
               else resolve.section("device_backend", config.device, ("device",)))
     environment, episode = _environment(resolve, config, needs)
@@ -247,22 +232,40 @@ def plan_run(config: RunConfig, source: YamlSource | None = None,
                    episode=episode, trackers=trackers, model_source=model_source)
 
 
+def _plan_training(resolve: Resolver, config: RunConfig, strategy: Component, base_dir: Path
+                   ) -> tuple[RunConfig, ModelSource | None, StrategyNeeds, Component | None,
+                              Component | None, tuple[RewardChoice, ...]]:
+    """What the strategy trains on: the config (rows unpacked where the strategy needs it),
+    the model's source, the strategy's needs, its advantage estimator and policy loss, the
+    reward functions; then the strategy's own checks."""
+    _check_paths(config, base_dir)
+    model_source = (None if config.model.path is None else
+                    describe(config.model.path, config.model.backend, resolve.registry,
+                             config.model.trust_remote_code))
+    needs = strategy.target.needs(strategy.config)
+    _check_data(config, strategy.name, needs)
+    config = _unpack_rows(config, strategy.name, needs)
+    advantage = _advantage(resolve, config, strategy, needs)
+    policy_loss = (None if needs.policy_loss is None else resolve.component(
+        needs.policy_loss.kind, needs.policy_loss.name, needs.policy_loss.params,
+        needs.policy_loss.path))
+    rewards = tuple(resolve.reward(entry.name, entry.weight, entry.params, ("rewards", i))
+                    for i, entry in enumerate(config.rewards))
+    _check_rewards(config, needs, rewards, _environment_rewards(resolve, config))
+    strategy.target.check_run(strategy.config, config)
+    check_parallel(config, launched_world_size())
+    return config, model_source, needs, advantage, policy_loss, rewards
+
+
 # The samplers that generate with a transformers-backend policy (docs/models.md).
 TRANSFORMERS_SAMPLERS = ("torch", "ray", "vllm")
 
 
-def _check_transformers_backend(resolve: Resolver, config: RunConfig, strategy: Component,
-                                sampler: Component, needs: StrategyNeeds,
-                                source: ModelSource) -> None:
+def _check_transformers_backend(resolve: Resolver, config: RunConfig, sampler: Component,
+                                needs: StrategyNeeds, source: ModelSource) -> None:
     """What the transformers backend does not offer is refused before any work, naming
-    the model type."""
+    the model type (its router: :func:`astrai_core.config.online.check_router_replay`)."""
     model_type, backend = source.model_type, "the transformers backend"
-    replay = getattr(strategy.config, "router_replay", "disabled")
-    if replay != "disabled":
-        raise resolve.error(("strategy", "router_replay"), f"{replay} replays MoE routing "
-                            f"through astrai's own router, and model_type {model_type!r} runs "
-                            f"on {backend}, whose router astrai cannot see; set "
-                            "router_replay: disabled")
     generates = needs.rollouts or needs.generates or any(
         e.format == "prompt" for _, e in config.data.named_evals())
     if not generates:
@@ -374,6 +377,18 @@ def _check_data(config: RunConfig, strategy: str, needs: StrategyNeeds) -> None:
                              f"{evaluation.format!r} (its loss cannot be taken on those batches)")
 
 
+def _unpack_rows(config: RunConfig, strategy: str, needs: StrategyNeeds) -> RunConfig:
+    """``data.pack`` off for a strategy that needs one example per row, unless the config
+    sets it true itself (then one error: the two cannot both hold)."""
+    if needs.unpacked_rows is None or not config.data.pack:
+        return config
+    if "pack" in config.data.model_fields_set:
+        raise FieldError(("data", "pack"), f"strategy {strategy!r} {needs.unpacked_rows}, so "
+                         "each row must hold one example: remove data.pack (rows are then "
+                         "unpacked) or set it false")
+    return config.model_copy(update={"data": config.data.model_copy(update={"pack": False})})
+
+
 def _eval_fields(data: Any) -> list[tuple[FieldPath, Any]]:
     """(field path, source) of ``data.eval`` and each of ``data.eval_sets``."""
     found: list[tuple[FieldPath, Any]] = []
@@ -434,68 +449,6 @@ def _check_rewards(config: RunConfig, needs: StrategyNeeds, rewards: tuple[Rewar
                                  f"reward {reward.label!r} needs column(s) {', '.join(absent)}, "
                                  f"which data.sources.{number} ({source.path}) does not "
                                  "declare in its `columns`")
-
-
-def _check_staleness(config: RunConfig, needs: StrategyNeeds, registry: Registry,
-                     sampler: Component) -> None:
-    """``rollout.max_staleness > 0`` needs an online strategy and a sampler that generates
-    apart from the trainer (its spec says ``asynchronous``)."""
-    if config.rollout.max_staleness == 0:
-        return
-    path = ("rollout", "max_staleness")
-    if not needs.rollouts:
-        raise FieldError(path, f"strategy {config.strategy.name!r} trains offline: it draws "
-                         "no rollouts, so there is nothing to overlap (remove rollout:)")
-    spec = registry.get("sampler", sampler.name)
-    if getattr(spec, "asynchronous", False) or config.rollout.partial:
-        return  # partial rollouts carry sequences over steps with any sampler
-    allowed = sorted(s.name for s in registry.specs("sampler") if getattr(s, "asynchronous", False))
-    hint = (f"samplers that allow it: {', '.join(allowed)}" if allowed else
-            "no installed sampler allows it (pip install astrai-plugin-ray for the ray sampler)")
-    raise FieldError(path, f"sampler {sampler.name!r} generates inside the trainer's process, so "
-                     f"rollouts cannot overlap training; {hint} (or set max_staleness: 0)")
-
-
-def _check_partial(config: RunConfig, needs: StrategyNeeds) -> None:
-    """``rollout.partial: true`` carries single-turn sequences across rollout steps, so
-    their tokens may be up to ``max_staleness`` policy versions old."""
-    if not config.rollout.partial:
-        return
-    path = ("rollout", "partial")
-    if not needs.rollouts:
-        raise FieldError(path, f"strategy {config.strategy.name!r} trains offline: it draws "
-                         "no rollouts to interrupt (remove rollout.partial)")
-    if config.rollout.max_staleness < 1:
-        raise FieldError(path, "carries unfinished sequences to the next rollout step, whose "
-                         "policy is newer: set rollout.max_staleness >= 1 (the versions a "
-                         "token may lag; older ones are not trained on)")
-    if config.environment is not None:
-        raise FieldError(path, "continues single-turn completions; a multi-turn "
-                         "environment's episodes cannot be carried over yet (remove one)")
-
-
-def _check_logprob_limit(config: RunConfig, needs: StrategyNeeds) -> None:
-    """``rollout.max_logprob_diff`` compares the sampler's log-probs with the trainer's for
-    the same weights: it needs rollouts, and rollouts sampled by the same policy."""
-    if config.rollout.max_logprob_diff is None:
-        return
-    path = ("rollout", "max_logprob_diff")
-    if not needs.rollouts:
-        raise FieldError(path, f"strategy {config.strategy.name!r} trains offline: it draws "
-                         "no rollouts, so there are no sampler log-probs to check")
-    if config.rollout.max_staleness:
-        raise FieldError(path, "with rollout.max_staleness > 0 the sampler's weights lag the "
-                         "trainer's by design, so the mismatch measures the policy's change, "
-                         "not the weight push; remove one of the two")
-
-
-def _check_packing(config: RunConfig, needs: StrategyNeeds) -> None:
-    """``trainer.micro_batch_tokens`` packs the rows of online steps."""
-    if config.trainer.micro_batch_tokens is not None and not needs.rollouts:
-        raise FieldError(("trainer", "micro_batch_tokens"),
-                         f"packs the rollout rows of online strategies, and strategy "
-                         f"{config.strategy.name!r} draws no rollouts (offline data is packed "
-                         "by data.packing)")
 
 
 def _keywords(target: Any) -> list[str]:

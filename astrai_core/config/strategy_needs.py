@@ -33,3 +33,6 @@ class StrategyNeeds:
     policy_loss: ComponentChoice | None = None  # the policy loss its objective composes
     sampler_routing: bool = False      # replays the sampler's MoE routing (router_replay: R3)
     generates: bool = False            # samples from the policy without rewards: a sampler
+    # Why each row must hold one example (e.g. "samples a reply to each row's prompt");
+    # None: packed rows are fine. The plan then unpacks rows unless data.pack is set true.
+    unpacked_rows: str | None = None

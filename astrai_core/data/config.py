@@ -92,7 +92,9 @@ class DataConfig(BaseModel):
     """Tokens per row. Longer sequences are truncated (see ``overflow``)."""
     pack: bool = True
     """Pack several documents into each row of exactly ``seq_len`` tokens (text and
-    chat). Off: one example per row, right-padded to the longest row of the batch."""
+    chat). Off: one example per row, right-padded to the longest row of the batch. A
+    strategy that needs one example per row (distill sampling replies) turns it off
+    unless it is given."""
     overflow: Literal["truncate", "split"] = "truncate"
     """Documents longer than ``seq_len``: ``truncate`` keeps the first ``seq_len`` tokens;
     ``split`` cuts them into ``seq_len`` pieces trained as separate documents."""

@@ -26,6 +26,22 @@ def import_target(target: str) -> Any:
     return obj
 
 
+def _checked_target(value: str) -> str:
+    if not _TARGET.match(value):
+        raise ValueError(f"target {value!r} must look like 'package.module:attribute'")
+    return value
+
+
+def _load(target: str, label: str) -> Any:
+    """``target`` imported; a PluginError naming ``label`` when it cannot be."""
+    from astrai_core.errors import PluginError
+
+    try:
+        return import_target(target)
+    except Exception as exc:  # ImportError, AttributeError, or the module's own failure
+        raise PluginError(f"{label} cannot be loaded ({type(exc).__name__}: {exc})") from exc
+
+
 class Spec(BaseModel):
     """Common fields of every component record."""
 
@@ -49,9 +65,7 @@ class Spec(BaseModel):
     @field_validator("target")
     @classmethod
     def _check_target(cls, value: str) -> str:
-        if not _TARGET.match(value):
-            raise ValueError(f"target {value!r} must look like 'package.module:attribute'")
-        return value
+        return _checked_target(value)
 
     @field_validator("summary")
     @classmethod
@@ -71,10 +85,7 @@ class Spec(BaseModel):
         from astrai_core.plugins.protocols import missing_members
 
         label = f"{self.kind.replace('_', ' ')} {self.name!r}: target {self.target!r}"
-        try:
-            target = import_target(self.target)
-        except Exception as exc:  # ImportError, AttributeError, or the module's own failure
-            raise PluginError(f"{label} cannot be loaded ({type(exc).__name__}: {exc})") from exc
+        target = _load(self.target, label)
         missing = missing_members(self.kind, target)
         if missing:
             raise PluginError(f"{label} lacks {', '.join(missing)} (see "
@@ -92,6 +103,23 @@ class StrategySpec(Spec):
         description="advantage estimator an online strategy uses when the config has no "
         "`advantage` section (the run plan reads it)",
     )
+    exporter: str | None = Field(
+        default=None,
+        description='"module.path:function" that exports the strategy\'s checkpoints to a '
+        "Hugging Face directory when they are more than a causal LM (`astrai export` calls "
+        "it as fn(src, dst, model_type=..., importer=...) -> the directory)",
+    )
+
+    @field_validator("exporter")
+    @classmethod
+    def _check_exporter(cls, value: str | None) -> str | None:
+        return None if value is None else _checked_target(value)
+
+    def load_exporter(self) -> Any:
+        """The ``exporter`` function, imported; None when the strategy has none."""
+        if self.exporter is None:
+            return None
+        return _load(self.exporter, f"strategy {self.name!r}: exporter {self.exporter!r}")
 
 
 class AdvantageEstimatorSpec(Spec):

@@ -26,8 +26,16 @@ class ObjectiveSettings:
     loss_aggregation: str = "token-mean"
     norm_length: int | None = None       # seq-mean-token-sum-norm's constant length
     kl_coef: float = 0.0                 # in-loss KL to the reference
-    kl_estimator: str = "k3"
+    kl_estimator: str = "k3"             # strategies pass their config's (``of``)
     entropy_coef: float = 0.0
+
+    @classmethod
+    def of(cls, config: Any) -> ObjectiveSettings:
+        """The settings a strategy config holds: its shared loss options
+        (:mod:`astrai_core.rl.options`; ``norm_length`` where it has one)."""
+        return cls(loss_aggregation=config.loss_aggregation,
+                   norm_length=getattr(config, "norm_length", None), kl_coef=config.kl_coef,
+                   kl_estimator=config.kl_estimator, entropy_coef=config.entropy_coef)
 
 
 class PolicyObjective:

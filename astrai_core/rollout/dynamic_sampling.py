@@ -21,24 +21,12 @@ from __future__ import annotations
 from typing import Any
 
 import torch
-from pydantic import BaseModel, ConfigDict, Field
 
 from astrai_core.log import get_logger
 from astrai_core.model.router_replay import ROUTED_EXPERTS, widened_routing
 from astrai_core.rollout.batch import RolloutBatch, pad_rows
 
 log = get_logger("astrai.rollout")
-
-
-class DynamicSamplingConfig(BaseModel):
-    """The ``dynamic_sampling:`` option of an online strategy."""
-
-    model_config = ConfigDict(extra="forbid")
-
-    enabled: bool = Field(True, description="drop groups whose rewards are all equal and draw "
-                          "again until the rollout holds data.batch_size informative groups")
-    max_tries: int = Field(4, ge=1, description="draws per rollout at most, the first included; "
-                           "then it warns and fills up with uniform groups")
 
 
 def informative_groups(rollout: RolloutBatch) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
@@ -55,7 +43,7 @@ def informative_groups(rollout: RolloutBatch) -> tuple[list[torch.Tensor], list[
 
 
 class DynamicSampler:
-    """A drawer (training/batch_sources.py) over the rollout runner; see the module docstring."""
+    """A drawer (online/source.py) over the rollout runner; see the module docstring."""
 
     def __init__(self, runner: Any, groups: int, max_tries: int) -> None:
         self.runner = runner

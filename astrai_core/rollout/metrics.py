@@ -1,11 +1,9 @@
-"""Rollout metrics: rewards and lengths, and the sampler/trainer log-prob mismatch."""
+"""Rollout metrics: rewards, lengths, episodes (the sampler/trainer log-prob mismatch is
+:mod:`astrai_core.online.mismatch`)."""
 
 from __future__ import annotations
 
-import torch
-
 from astrai_core.rollout.batch import RolloutBatch
-from astrai_core.rollout.forward import policy_forward
 
 
 def rollout_metrics(batch: RolloutBatch, prefix: str = "rollout/") -> dict[str, float]:
@@ -43,20 +41,3 @@ def episode_metrics(stats: list[dict[str, float]], finish_reasons: list[str],
         metrics[f"{prefix}max_turns_fraction"] = ended / len(finish_reasons)
     return metrics
 
-
-@torch.no_grad()
-def logprob_diff(model: torch.nn.Module, batch: RolloutBatch, temperature: float = 1.0) -> dict[str, float]:
-    """Max and mean |sampler log-prob - trainer log-prob| over the valid response tokens
-    ({} when the batch carries no sampler log-probs)."""
-    if batch.old_logprobs is None:
-        return {}
-    was_training = model.training
-    model.eval()
-    try:
-        trainer = policy_forward(model, batch, temperature=temperature)["logprobs"]
-    finally:
-        model.train(was_training)
-    diff = (trainer - batch.old_logprobs.to(trainer.device)).abs()[batch.response_mask.to(trainer.device)]
-    if diff.numel() == 0:
-        return {"rollout/logprob_diff_max": 0.0, "rollout/logprob_diff_mean": 0.0}
-    return {"rollout/logprob_diff_max": diff.max().item(), "rollout/logprob_diff_mean": diff.mean().item()}

@@ -3,7 +3,7 @@
 Each :meth:`RolloutRunner.draw` takes ``prompts_per_rollout`` prompt records, samples
 ``group_size`` completions per prompt with the sampler, scores them with the weighted
 rewards and returns a :class:`RolloutBatch`. How often a rollout is drawn and how it is
-cut into optimizer steps is the rollout source's business (training/batch_sources.py), not the
+cut into optimizer steps is the rollout source's business (online/source.py), not the
 runner's. Weights reach the sampler only through :meth:`publish`, at an optimizer-step
 boundary; a lock makes a rollout and a publish exclusive, so a rollout never mixes
 policy versions. With ``record_routing`` (``router_replay: R3``) the sampler records the

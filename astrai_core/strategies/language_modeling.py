@@ -5,9 +5,10 @@ from __future__ import annotations
 from typing import Any, ClassVar
 
 import torch
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel
 
 from astrai_core.model.head import target_logprobs
+from astrai_core.rl.options import AuxLossOption
 from astrai_core.training.strategy import Strategy
 
 
@@ -34,11 +35,8 @@ def router_metrics(router_stats: list[dict[str, Any]]) -> dict[str, torch.Tensor
             for name in names}
 
 
-class LanguageModelingConfig(BaseModel):
-    model_config = ConfigDict(extra="forbid")
-
-    aux_loss_coef: float | None = Field(
-        None, ge=0, description="MoE load-balancing weight (default: the model's config)")
+class LanguageModelingConfig(AuxLossOption):
+    """The ``strategy:`` section of a seq or sft run."""
 
 
 class LanguageModeling(Strategy):

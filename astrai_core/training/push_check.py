@@ -15,7 +15,10 @@ from typing import Any
 
 from astrai_core.errors import AstraiError
 
-METRIC = "rollout/logprob_diff_max"
+# The mismatch metrics' names after a rollout's metric prefix: ``logprob_diff_max`` and
+# ``logprob_diff_mean`` (astrai_core.online.mismatch measures them); the check reads the max.
+MISMATCH = "logprob_diff_"
+METRIC = f"rollout/{MISMATCH}max"
 
 
 class SamplerMismatch(AstraiError):

@@ -158,7 +158,8 @@ class Trainer:
                              summary={"step": self.step, "max_steps": self.cfg.max_steps},
                              initial_model_dir=self.run.initial_model_dir, state_tensors=tensors,
                              sharded_modules=self.modules, dist=self.run.dist,
-                             phase_hook=self.phase_hook, step=self.step)
+                             phase_hook=self.phase_hook, step=self.step,
+                             strategy=self.run.plan.strategy.name)
         self.phase_hook(CHECKPOINT_SAVED, self.step)  # tests of exact resume kill the run here
         if self.run.dist.is_main:
             ckpt.prune_checkpoints(self.run.output_dir, self.cfg.keep_last)
@@ -259,48 +260,13 @@ class Trainer:
     def _train_step(self) -> dict[str, Any]:
         for trained in self.modules:
             trained.module.train()
-        sums: dict[str, float] = defaultdict(float)
         micro_batches = self.source.next_step()
-        accum = len(micro_batches)
         dist = self.run.dist
-        weights: list[float] = []  # loss weights, when the strategy reports them
-        records: list[MicroBatchRecord] = []
-        for index, batch in enumerate(micro_batches):
-            with self.run.autocast():
-                loss, metrics = self.strategy.compute_loss(batch)
-            loss_value = loss.detach().item()
-            if not torch.isfinite(loss.detach()):
-                self._diverged(f"loss is {loss_value}")
-            weight = metrics.pop(LOSS_WEIGHT, None)
-            # Distributed, each rank's loss is a mean over its share: weighted by it, the
-            # sum over ranks and micro-batches divided by the global total (_unweight) is
-            # the one-process gradient.
-            if (accum > 1 or dist.enabled) and weight is not None and len(weights) == index:
-                weights.append(float(to_number(weight)))
-                (loss * weights[-1]).backward()
-            else:
-                (loss / accum).backward()
-            records.append(MicroBatchRecord(loss_value, weights[-1] if len(weights) > index
-                                            else None,
-                                            {k: to_number(v) for k, v in metrics.items()}))
-        if weights and len(weights) != accum:
-            raise RuntimeError(f"{type(self.strategy).__name__}.compute_loss reported "
-                               f"{LOSS_WEIGHT!r} for some micro-batches of a step only")
+        records, weighted = backward_micro_batches(self.strategy, micro_batches,
+                                                   self.run.autocast, dist, self._diverged)
         records = reduce_micro_batches(records, dist)  # the global values (identity: 1 rank)
-        for index, record in enumerate(records):
-            loss_value, metrics = record.loss, record.metrics
-            if weights:
-                weights[index] = record.weight
-                sums["loss"] += loss_value * record.weight
-            else:
-                sums["loss"] += loss_value / accum
-            for name, value in metrics.items():
-                # "tokens" is a count summed over micro-batches; the rest are averaged
-                sums[name] += to_number(value) * (1 if name == "tokens" else 1 / accum)
-        if weights:
-            total = sum(weights) or 1.0  # all zero: no targets, zero gradients anyway
-            sums["loss"] /= total
-            # the gradient reduction already averaged over the ranks
+        sums, total = step_sums(records, weighted, len(micro_batches))
+        if weighted:  # the gradient reduction already averaged over the ranks
             self._unweight(total / dist.world_size)
         for trained in self.modules:
             norm = trained.clip()
@@ -346,3 +312,57 @@ class Trainer:
                 trained.module.train()
         self.reporter.eval_finished(self.step, metrics)
         return metrics
+
+
+def backward_micro_batches(strategy: Strategy, micro_batches: list[Any], autocast: Any,
+                           dist: Any, diverged: Any) -> tuple[list[MicroBatchRecord], bool]:
+    """The backward pass of each micro-batch's loss, accumulating one step's gradients:
+    (each micro-batch's record, whether the losses were weighted by their ``loss_weight``).
+    ``diverged(what)`` raises on a non-finite loss."""
+    accum = len(micro_batches)
+    weights: list[float] = []  # loss weights, when the strategy reports them
+    records: list[MicroBatchRecord] = []
+    for index, batch in enumerate(micro_batches):
+        with autocast():
+            loss, metrics = strategy.compute_loss(batch)
+        loss_value = loss.detach().item()
+        if not torch.isfinite(loss.detach()):
+            diverged(f"loss is {loss_value}")
+        weight = metrics.pop(LOSS_WEIGHT, None)
+        # Distributed, each rank's loss is a mean over its share: weighted by it, the
+        # sum over ranks and micro-batches divided by the global total (_unweight) is
+        # the one-process gradient.
+        if (accum > 1 or dist.enabled) and weight is not None and len(weights) == index:
+            weights.append(float(to_number(weight)))
+            (loss * weights[-1]).backward()
+        else:
+            (loss / accum).backward()
+        records.append(MicroBatchRecord(loss_value, weights[-1] if len(weights) > index
+                                        else None,
+                                        {k: to_number(v) for k, v in metrics.items()}))
+    if weights and len(weights) != accum:
+        raise RuntimeError(f"{type(strategy).__name__}.compute_loss reported "
+                           f"{LOSS_WEIGHT!r} for some micro-batches of a step only")
+    return records, bool(weights)
+
+
+def step_sums(records: list[MicroBatchRecord], weighted: bool, accum: int
+              ) -> tuple[dict[str, float], float]:
+    """The step's loss and metrics from its micro-batches' (global) records, and the total
+    loss weight: weighted, the loss is the weighted mean, else the mean; ``tokens`` is a
+    count summed over micro-batches, the other metrics are averaged."""
+    sums: dict[str, float] = defaultdict(float)
+    weights: list[float] = []
+    for record in records:
+        if weighted:
+            weights.append(record.weight)
+            sums["loss"] += record.loss * record.weight
+        else:
+            sums["loss"] += record.loss / accum
+        for name, value in record.metrics.items():
+            sums[name] += to_number(value) * (1 if name == "tokens" else 1 / accum)
+    total = 0.0
+    if weighted:
+        total = sum(weights) or 1.0  # all zero: no targets, zero gradients anyway
+        sums["loss"] /= total
+    return sums, total

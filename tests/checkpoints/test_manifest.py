@@ -85,6 +85,61 @@ def test_same_size_corruption_passes_a_load_and_fails_hashing_and_export(saved, 
     assert not (tmp_path / "hf").exists()
 
 
+@pytest.fixture
+def with_dcp(tmp_path):
+    """A training checkpoint whose trained module went through torch.distributed.checkpoint
+    (dcp/ holds the shards and the hidden dcp/.metadata), after one optimizer step."""
+    from types import SimpleNamespace
+
+    from astrai_core.checkpoints.training_state import save_checkpoint
+
+    torch.manual_seed(0)
+    model = CausalLM(ModelConfig(**CONFIG))
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    model(torch.tensor([[1, 2, 3]]))["logits"].sum().backward()
+    optimizer.step()
+    target = tmp_path / "run" / "checkpoints" / "step_1"
+    return save_checkpoint(
+        target, model=model, tokenizer_dir=ARITH_TOKENIZER, extra_modules={},
+        training_state={"step": 1}, summary={"step": 1},
+        sharded_modules=[SimpleNamespace(name="policy", module=model, optimizer=optimizer)])
+
+
+def test_every_file_of_a_dcp_checkpoint_is_listed_hidden_ones_included(with_dcp):
+    files = json.loads((with_dcp / MANIFEST_FILE).read_text())["files"]
+    on_disk = {p.relative_to(with_dcp).as_posix() for p in with_dcp.rglob("*") if p.is_file()}
+    assert "dcp/.metadata" in files
+    assert set(files) == on_disk - {MANIFEST_FILE}
+    assert any(name.startswith("dcp/") and name.endswith(".distcp") for name in files)
+    metadata = (with_dcp / "dcp" / ".metadata").read_bytes()
+    assert files["dcp/.metadata"] == {"size": len(metadata),
+                                      "sha256": hashlib.sha256(metadata).hexdigest()}
+    verify_manifest(with_dcp, hashes=True)
+
+
+def test_a_changed_hidden_dcp_metadata_fails_verification(with_dcp):
+    from astrai_core.checkpoints.training_state import latest_checkpoint
+
+    path = with_dcp / "dcp" / ".metadata"
+    data = bytearray(path.read_bytes())
+    data[-2] ^= 0xFF  # the same size: only its sha256 tells
+    path.write_bytes(bytes(data))
+    with pytest.raises(CheckpointError, match=r"dcp/\.metadata is corrupt or was changed"):
+        verify_manifest(with_dcp, hashes=True)
+    with pytest.raises(CheckpointError, match=r"no complete checkpoint .* step_1: .*"
+                                              r"dcp/\.metadata is corrupt"):
+        latest_checkpoint(with_dcp.parent.parent)  # --resume refuses it
+    path.write_bytes(bytes(data) + b"\0")
+    with pytest.raises(CheckpointError, match=r"dcp/\.metadata is truncated or corrupt"):
+        verify_manifest(with_dcp)
+
+
+def test_an_unlisted_hidden_file_is_refused(with_dcp):
+    (with_dcp / "dcp" / ".extra").write_bytes(b"x")
+    with pytest.raises(CheckpointError, match=r"dcp/\.extra is not listed in the checkpoint"):
+        verify_manifest(with_dcp)
+
+
 def _flip_a_byte(saved):
     shard = sorted(saved.glob("model-00001-of-*.safetensors"))[0]
     data = bytearray(shard.read_bytes())

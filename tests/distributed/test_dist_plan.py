@@ -49,11 +49,22 @@ def test_an_online_micro_batch_must_split_over_the_ranks(tmp_path, monkeypatch):
                               "cannot be split evenly over 2"), message
 
 
-def test_the_same_config_plans_on_one_process(tmp_path, monkeypatch):
+@pytest.mark.parametrize("world", [None, "1"], ids=["no torchrun", "torchrun of one"])
+def test_the_same_config_plans_on_one_process(tmp_path, monkeypatch, world):
+    """The batch of 3 that 2 ranks refuse is planned as given on one process, unchanged."""
     config = tiny_config(tmp_path)
     config["data"]["batch_size"] = 3
-    monkeypatch.delenv("WORLD_SIZE", raising=False)
-    plan_run(RunConfig.model_validate(config), base_dir=tmp_path)
+    if world is None:
+        monkeypatch.delenv("WORLD_SIZE", raising=False)
+    else:
+        monkeypatch.setenv("WORLD_SIZE", world)
+    given = RunConfig.model_validate(config)
+    plan = plan_run(given, base_dir=tmp_path)
+    assert plan.config.data.batch_size == 3
+    assert plan.config.model_dump() == given.model_dump()  # nothing rewritten to fit
+    assert (plan.strategy.name, plan.device.name, plan.sampler.name) == ("sft", "cpu", "torch")
+    assert plan.needs.data_formats == ("chat", "text") and not plan.needs.rollouts
+    assert plan.advantage is None and plan.policy_loss is None and plan.rewards == ()
 
 
 class FakeTwoRanks(DistContext):

@@ -11,10 +11,10 @@ import pytest
 import yaml
 from transformers import AutoTokenizer
 
-from astrai_core.config.loader import load_config
 from astrai_core.rewards.code_tests import CodeTests
-from astrai_core.testing import ARITH_TOKENIZER, REPO_ROOT, build_strategy, read_metrics, tiny_run_config
-from astrai_core.training.run import train
+from astrai_core.testing import (ARITH_TOKENIZER, REPO_ROOT, build_strategy,
+                                 fit_recording_rollouts, grpo_step_references, read_metrics,
+                                 tiny_run_config)
 
 
 @pytest.fixture(scope="module")
@@ -83,11 +83,25 @@ def test_grpo_rewards_are_the_sandboxed_tests_on_the_sampled_completions(tmp_pat
 
 
 def test_a_grpo_run_with_code_tests_trains_two_steps(tmp_path):
+    """Each step's reward is the sandboxed tests' verdicts on the completions it sampled,
+    its loss the on-policy GRPO loss by hand, and it raises the policy-gradient objective
+    of the rollout it trained on."""
     config = tiny_run_config(tmp_path, _prompts(tmp_path), {"name": "grpo", "group_size": 4},
                              rewards=[{"name": "code_tests", "max_workers": 4}], max_steps=2)
     path = tmp_path / "run.yaml"
     path.write_text(yaml.safe_dump(config))
-    train(load_config(path), overwrite=True)
-    rewards = [m["rollout/reward_mean"] for m in read_metrics(tmp_path / "run")
-               if "rollout/reward_mean" in m]
-    assert len(rewards) == 2 and all(0.0 <= r <= 1.0 for r in rewards)
+    strategy, run = build_strategy(yaml.safe_load(path.read_text()), tmp_path)
+    drawn = fit_recording_rollouts(strategy, run)
+    metrics = [m for m in read_metrics(tmp_path / "run") if "rollout/reward_mean" in m]
+    assert len(metrics) == len(drawn) == 2
+    tokenizer = AutoTokenizer.from_pretrained(str(ARITH_TOKENIZER))
+    for record, (rollout, _), reference in zip(metrics, drawn,
+                                               grpo_step_references(drawn, run.model)):
+        texts = [tokenizer.decode(ids[mask].tolist(), skip_special_tokens=True)
+                 for ids, mask in zip(rollout.response_ids, rollout.response_mask)]
+        verdicts = CodeTests()([""] * len(texts), texts, tests=["assert True"] * len(texts))
+        assert record["rollout/reward_mean"] == pytest.approx(sum(verdicts) / len(verdicts))
+        assert 0.0 <= record["rollout/reward_mean"] <= 1.0
+        assert record["loss"] == pytest.approx(reference["loss"], rel=1e-5, abs=1e-6)
+        assert reference["advantage_abs"] > 0  # the rewards differ within some group
+        assert reference["after"] > reference["before"]

@@ -118,7 +118,7 @@ def test_replay_reproduces_the_samplers_routing_and_logprobs(tmp_path):
     own = _own_routing(model, batch.input_ids(), batch.attention_mask())
     assert torch.equal(own[known], experts.long()[known])  # the policy routes like the sampler
     model.train()
-    with strategy.replaying_routing(batch):
+    with strategy.routing.training_forward(model, batch):
         out = policy_forward(model, batch, run.logprob_temperature)
     diff = (out["logprobs"].detach() - batch.old_logprobs).abs()[mask]
     assert diff.max().item() <= TOLERANCE  # the sampler's own log-probs
@@ -134,7 +134,7 @@ def test_a_perturbed_router_moves_routing_and_logprobs_unless_replayed(tmp_path)
             layer.mlp.router.weight.add_(0.5 * torch.randn_like(layer.mlp.router.weight))
     model.train()
     free = policy_forward(model, batch, run.logprob_temperature)["logprobs"].detach()
-    with strategy.replaying_routing(batch):
+    with strategy.routing.training_forward(model, batch):
         replayed = policy_forward(model, batch, run.logprob_temperature)["logprobs"].detach()
     own = _own_routing(model, batch.input_ids(), batch.attention_mask())
     # an independent count: real positions the sampler routed where some layer now differs

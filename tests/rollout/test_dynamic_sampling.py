@@ -86,7 +86,7 @@ def test_dynamic_sampling_gives_up_after_max_tries_with_its_metric(fake_sampler)
 def test_dynamic_sampling_options_are_validated():
     from pydantic import ValidationError
 
-    from astrai_core.training.online import OnlineConfig
+    from astrai_core.config.online import OnlineConfig
 
     assert OnlineConfig(group_size=2, dynamic_sampling={"max_tries": 3}).dynamic_sampling.max_tries == 3
     with pytest.raises(ValidationError, match="group_size >= 2"):

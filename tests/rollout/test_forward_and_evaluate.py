@@ -1,13 +1,14 @@
 """policy_forward against unpadded per-row forwards; the runner with the torch sampler agrees
-with the trainer (logprob_diff); evaluation by generation."""
+with the trainer (the loop's mismatch measure); evaluation by generation."""
 
 from __future__ import annotations
 
 import pytest
 import torch
 
+from astrai_core.online.mismatch import rollout_mismatch
 from astrai_core.rewards import RewardSet
-from astrai_core.rollout import RolloutRunner, evaluate_generation, logprob_diff, policy_forward
+from astrai_core.rollout import RolloutRunner, evaluate_generation, policy_forward
 from astrai_core.sampling import SamplingParams, TorchSampler
 
 PROMPTS = [[5, 9, 12], [7, 3], [1, 2, 3, 4, 5, 6, 7], [40]]
@@ -45,6 +46,19 @@ def test_policy_forward_matches_unpadded_forward_per_row(native_model, rollout):
             assert torch.allclose(out["logprobs"][row, :n], expected, atol=1e-5)
             assert torch.allclose(out["entropy"][row, :n], entropy, atol=1e-5)
             assert torch.allclose(out["hidden_states"][row, :n], single["hidden_states"][0, before], atol=1e-5)
+
+
+def logprob_diff(model, batch, temperature):
+    """The mismatch metrics of ``batch`` against ``model``'s no-grad forward, measured as
+    the online loop measures them."""
+    was_training = model.training
+    model.eval()
+    try:
+        with torch.no_grad():
+            trainer = policy_forward(model, batch, temperature=temperature)["logprobs"]
+    finally:
+        model.train(was_training)
+    return rollout_mismatch(trainer, batch.old_logprobs, batch.response_mask)[1]
 
 
 def test_runner_logprobs_agree_with_the_trainer(native_model, rollout):

@@ -6,10 +6,11 @@ from __future__ import annotations
 
 import torch
 
+from astrai_core.online.source import RolloutSource
 from astrai_core.rewards import RewardSet
 from astrai_core.rollout import RolloutRunner
 from astrai_core.sampling import SamplingParams
-from astrai_core.training.batch_sources import TENSORS, RolloutSource
+from astrai_core.training.batch_sources import TENSORS
 
 PARAMS = SamplingParams(max_new_tokens=4, temperature=1.0)
 

@@ -110,7 +110,7 @@ def test_grpo_refuses_an_estimator_that_needs_values(tmp_path):
 # An online strategy a plugin author might write: it never builds a reference model.
 _NO_REFERENCE_PLUGIN = '''
 from astrai_core import StrategySpec, hookimpl
-from astrai_core.training.online import OnlineStrategy
+from astrai_core.api import OnlineStrategy
 
 
 class NoReference(OnlineStrategy):

@@ -16,8 +16,11 @@ import torch
 from astrai_core.rl.rollout_correction import RolloutCorrectionConfig
 from astrai_core.rollout.batch import RolloutBatch
 from astrai_core.testing import build_strategy, read_metrics, tiny_run_config, write_arith_prompts
-from astrai_core.training.online import OnlineConfig
-from astrai_core.training.online_logprobs import DeferredOldLogprobs, may_defer
+from astrai_core.config.online import OnlineConfig
+from astrai_core.online.deferred import DeferredOldLogprobs, may_defer
+from astrai_core.online.mismatch import rollout_mismatch
+from astrai_core.online.routing import RouterReplay
+from astrai_core.training.push_check import METRIC
 from astrai_core.training.trainer import Trainer
 
 TIMING = ("time/", "throughput/")
@@ -123,8 +126,9 @@ def test_rollout_correction_is_computed_on_each_micro_batch(tmp_path, perturbed_
 ])
 def test_which_runs_with_rollout_correction_keep_the_no_grad_forward(options, deferred):
     config = OnlineConfig(rollout_correction={"level": "token"}, **options)
-    assert may_defer(config, capable=True, recompute=True) is deferred
-    assert not may_defer(config, capable=False, recompute=True)
+    routing = RouterReplay(config.router_replay)
+    assert may_defer(config, capable=True, recompute=True, routing=routing) is deferred
+    assert not may_defer(config, capable=False, recompute=True, routing=routing)
 
 
 def _micro_batch(sampler: list[list[float]], mask: list[list[bool]]) -> RolloutBatch:
@@ -164,3 +168,30 @@ def test_the_step_metrics_combine_micro_batches_and_keep_a_nan():
         (k3(0.5) + k3(-0.5) + k3(1.0)) / 5)
     deferred.old_logprobs_for(second, torch.tensor([[float("nan"), -3.0]]), training=True)
     assert math.isnan(deferred.pop_metrics()["rollout/logprob_diff_max"])
+
+
+@pytest.mark.parametrize("level", ["token", "sequence"])
+def test_the_whole_rollout_and_its_micro_batches_measure_alike(level):
+    """The no-grad forward measures the whole rollout, the training forwards its
+    micro-batches: the same weights, and the same metrics once added up, under the key
+    rollout.max_logprob_diff reads."""
+    generator = torch.Generator().manual_seed(0)
+    sampler = -torch.rand(4, 5, generator=generator) * 3
+    trainer = sampler + torch.randn(4, 5, generator=generator) * 0.3
+    mask = torch.rand(4, 5, generator=generator) > 0.3
+    mask[2] = False  # a row without a token
+    correction = RolloutCorrectionConfig(level=level, mode="truncate", threshold=1.2)
+    weights, whole = rollout_mismatch(trainer, sampler, mask, correction)
+    deferred = DeferredOldLogprobs()
+    deferred.start(recompute=True, measure=True, prefix="rollout/", correction=correction)
+    parts = []
+    for rows in (slice(0, 1), slice(1, 4)):
+        batch = _micro_batch(sampler[rows].tolist(), mask[rows].tolist())
+        deferred.old_logprobs_for(batch, trainer[rows], training=True)
+        parts.append(batch.extras["rollout_weights"])
+    torch.testing.assert_close(torch.cat(parts), weights, rtol=0, atol=0)
+    split = deferred.pop_metrics()
+    assert METRIC in whole and split.keys() == whole.keys()
+    assert whole[METRIC] == (trainer - sampler).abs()[mask].max().item()
+    for key, value in whole.items():
+        assert split[key] == pytest.approx(value, rel=1e-6), key

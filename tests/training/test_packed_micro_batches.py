@@ -155,6 +155,36 @@ def test_a_packed_run_equals_the_padded_run(tmp_path, name):
             assert got[key] == pytest.approx(want[key], rel=TOL, abs=TOL), key
 
 
+# what stays the same however a step's rows are cut into micro-batches (the other metrics
+# are means of the micro-batches' means)
+STEP_METRICS = ("loss", "grad_norm", "tokens", "rollout/reward_mean", "rollout/advantage_mean")
+
+
+@pytest.mark.parametrize("name", sorted(n for n in STRATEGIES if n.startswith("grpo")))
+def test_several_packed_micro_batches_per_step_equal_one_padded(tmp_path, name, monkeypatch):
+    """Each step's rows in several packed micro-batches (BUDGET tokens each) against one
+    padded micro-batch: the same losses, gradient norms and weights, for every loss
+    aggregation, only if each micro-batch counts by the tokens or rows it averages over."""
+    from astrai_core.training.batch_sources import RolloutSource
+
+    counts, next_step = [], RolloutSource.next_step
+
+    def counted(self):
+        parts = next_step(self)
+        counts.append(len(parts))
+        return parts
+
+    monkeypatch.setattr(RolloutSource, "next_step", counted)
+    weights, metrics = _fit(tmp_path, "packed", STRATEGIES[name], micro_batch_tokens=BUDGET)
+    assert len(counts) == 3 and min(counts) >= 2, counts
+    ref_weights, ref_metrics = _fit(tmp_path, "padded", STRATEGIES[name])
+    for key, value in ref_weights.items():
+        torch.testing.assert_close(weights[key], value, rtol=0, atol=TOL, msg=key)
+    for got, want in zip(metrics, ref_metrics, strict=True):
+        for key in STEP_METRICS:
+            assert got[key] == pytest.approx(want[key], rel=TOL, abs=TOL), key
+
+
 def test_options_are_checked(tmp_path):
     config = _config(tmp_path, STRATEGIES["grpo token-mean"], micro_batch_tokens=64,
                      grad_accum_steps=2)

@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from astrai_core.rollout.batch import RolloutBatch
-from astrai_core.training.batch_sources import RolloutSource
+from astrai_core.online.source import RolloutSource
 
 
 class FakeDrawer:

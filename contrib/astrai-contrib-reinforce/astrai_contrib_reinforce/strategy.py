@@ -20,18 +20,16 @@ from __future__ import annotations
 
 from typing import Any, ClassVar
 
-from pydantic import BaseModel, Field, model_validator
+from pydantic import BaseModel, model_validator
 from torch import Tensor
 
-from astrai_core.api import (OnlineConfig, OnlineStrategy, RolloutBatch, RunComponents,
+from astrai_core.api import (EntropyOption, OnlineConfig, OnlineStrategy, RolloutBatch, RunComponents,
                              frozen_reference, policy_forward)
 
 
-class ReinforceConfig(OnlineConfig):
-    """The ``strategy:`` section of a reinforce run."""
-
-    entropy_coef: float = Field(0.0, ge=0, description="weight of a token-mean entropy "
-                                "bonus (0 = pure REINFORCE)")
+class ReinforceConfig(EntropyOption, OnlineConfig):
+    """The ``strategy:`` section of a reinforce run (its entropy bonus is a token mean;
+    0: pure REINFORCE)."""
 
     @model_validator(mode="after")
     def _on_policy(self) -> ReinforceConfig:

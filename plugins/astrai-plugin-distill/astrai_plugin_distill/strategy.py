@@ -25,12 +25,13 @@ from pathlib import Path
 from typing import Any, ClassVar, Literal
 
 import torch
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, Field, model_validator
 from torch import Tensor
 
 from astrai_core.api import (
+    AuxLossOption,
     BatchSource,
-    FieldError,
+    LossAggregationOptions,
     RunComponents,
     RunConfig,
     Strategy,
@@ -44,10 +45,9 @@ from astrai_plugin_distill.onpolicy import OnPolicyMix
 from astrai_plugin_distill.teacher import check_teacher, load_teacher, teacher_head
 
 
-class DistillConfig(BaseModel):
-    """The ``strategy:`` section of a distill run."""
-
-    model_config = ConfigDict(extra="forbid")
+class DistillConfig(AuxLossOption, LossAggregationOptions):
+    """The ``strategy:`` section of a distill run (``loss_aggregation``'s sequences are
+    its rows)."""
 
     teacher: Path = Field(description="the teacher's checkpoint directory (shares the "
                           "student's tokenizer)")
@@ -68,13 +68,6 @@ class DistillConfig(BaseModel):
     estimator: Literal["exact", "sampled"] = Field(
         "exact", description="reverse_kl: exact over the vocabulary, or the sampled-token "
         "estimate log p_s - log p_t (needs on_policy_fraction: 1)")
-    loss_aggregation: Literal["token-mean", "seq-mean-token-mean", "seq-mean-token-sum",
-                              "seq-mean-token-sum-norm"] = Field(
-        "token-mean", description="how the per-token losses make the loss (a sequence is "
-        "a row)")
-    norm_length: int | None = Field(
-        None, ge=1, description="seq-mean-token-sum-norm's constant length "
-        "(default: the batch's width)")
     sft_coef: float = Field(
         0.0, ge=0, description="weight of the student's cross-entropy on the dataset's "
         "replies, added to the divergence on those tokens (0: the teacher alone)")
@@ -82,8 +75,6 @@ class DistillConfig(BaseModel):
         False, description="dataset rows: the divergence only on rows whose every reply "
         "token is the teacher's most likely token (the others learn from the labels alone; "
         "needs sft_coef)")
-    aux_loss_coef: float | None = Field(
-        None, ge=0, description="MoE load-balancing weight (default: the model's config)")
 
     @model_validator(mode="after")
     def _consistent(self) -> DistillConfig:
@@ -103,9 +94,6 @@ class DistillConfig(BaseModel):
         if self.sft_coef and self.on_policy_fraction == 1:
             raise ValueError("sft_coef weighs the cross-entropy on the dataset's replies, and "
                              "on_policy_fraction: 1 leaves none")
-        if self.norm_length is not None and self.loss_aggregation != "seq-mean-token-sum-norm":
-            raise ValueError("norm_length applies only to loss_aggregation: "
-                             "seq-mean-token-sum-norm")
         return self
 
 
@@ -117,15 +105,13 @@ class Distill(Strategy):
 
     @classmethod
     def needs(cls, config: Any) -> StrategyNeeds:
-        return StrategyNeeds(data_formats=cls.data_formats,
-                             generates=config.on_policy_fraction > 0)
+        samples = config.on_policy_fraction > 0
+        return StrategyNeeds(data_formats=cls.data_formats, generates=samples,
+                             unpacked_rows="with on_policy_fraction > 0 samples a reply to "
+                             "each row's prompt" if samples else None)
 
     @classmethod
     def check_run(cls, config: Any, run_config: RunConfig) -> None:
-        if config.on_policy_fraction > 0 and run_config.data.pack:
-            raise FieldError(("data", "pack"), "on_policy_fraction > 0 samples replies to each "
-                             "row's prompt, so rows must hold one conversation each: set "
-                             "data.pack: false")
         check_teacher(config.teacher, run_config.model)
 
     def __init__(self, config: DistillConfig, run: RunComponents) -> None:

@@ -63,12 +63,24 @@ def test_forward_kl_top_k_renormalises_over_the_teachers_top_tokens():
     assert full.item() == pytest.approx(forward_kl(student, teacher).item())
 
 
-def test_jsd_by_hand_and_its_limits():
-    beta = 0.5
-    mixture = [beta * t + (1 - beta) * s for s, t in zip(P_S, P_T)]
-    expected = beta * _kl(P_T, mixture) + (1 - beta) * _kl(P_S, mixture)
+# beta -> (the mixture m = beta p_t + (1 - beta) p_s, beta KL(p_t || m) + (1 - beta) KL(p_s || m))
+# by hand; an asymmetric beta, so that swapping the mixture's weights changes the value
+# (at 0.5 it would not: 0.0338 either way)
+JSD_BY_HAND = {
+    0.1: ((0.525, 0.475), 0.1 * (0.75 * math.log(0.75 / 0.525) + 0.25 * math.log(0.25 / 0.475))
+          + 0.9 * (0.5 * math.log(0.5 / 0.525) + 0.5 * math.log(0.5 / 0.475))),   # 0.011831
+    0.3: ((0.575, 0.425), 0.3 * (0.75 * math.log(0.75 / 0.575) + 0.25 * math.log(0.25 / 0.425))
+          + 0.7 * (0.5 * math.log(0.5 / 0.575) + 0.5 * math.log(0.5 / 0.425))),   # 0.027951
+}
+
+
+@pytest.mark.parametrize("beta", sorted(JSD_BY_HAND))
+def test_jsd_by_hand_and_its_limits(beta):
+    mixture, by_hand = JSD_BY_HAND[beta]
+    assert mixture == pytest.approx([beta * t + (1 - beta) * s for s, t in zip(P_S, P_T)])
+    assert by_hand == pytest.approx({0.1: 0.0118306822, 0.3: 0.0279510390}[beta], abs=1e-10)
     value, grad = _grad(lambda s, t: generalized_jsd(s, t, beta))
-    assert value.item() == pytest.approx(expected)
+    assert value.item() == pytest.approx(by_hand, rel=1e-12)
     numeric = []  # central differences on the student's logits
     for i in range(2):
         step = torch.zeros_like(STUDENT)

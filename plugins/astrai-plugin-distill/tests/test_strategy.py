@@ -287,3 +287,43 @@ def test_resume_continues_the_samples_and_data_exactly(tmp_path, chats, teacher,
     for mine, ref in zip(again, whole[2:]):
         assert mine["distill_loss"] == pytest.approx(ref["distill_loss"], rel=1e-6)
         assert mine["tokens"] == ref["tokens"]
+
+
+def _default_config(tmp_path, chats, teacher):
+    """A distill run as a user first writes it: the teacher, nothing about packing."""
+    from astrai_core.testing import tiny_run_config
+
+    config = tiny_run_config(tmp_path, chats, {"name": "distill", "teacher": str(teacher)},
+                             data_format="chat", data={"shuffle": False}, rewards=[],
+                             max_steps=1)
+    assert "pack" not in config["data"]  # on_policy_fraction 0.5 by default, so it samples
+    return config
+
+
+def test_a_default_config_trains_on_unpacked_rows(tmp_path, chats, teacher, distill_config):
+    from astrai_core.config.plan import plan_run
+    from astrai_core.config.schema import RunConfig
+
+    config = _default_config(tmp_path, chats, teacher)
+    plan = plan_run(RunConfig.model_validate(config), base_dir=tmp_path)
+    assert plan.config.data.pack is False and plan.needs.generates
+    train(load_config(_write_yaml(tmp_path, config)))
+    default = read_metrics(tmp_path / "run")
+    # the same step as the run that says data.pack: false itself
+    config["data"]["pack"] = False
+    config["output_dir"] = str(tmp_path / "unpacked")
+    train(load_config(_write_yaml(tmp_path, config)))
+    unpacked = read_metrics(tmp_path / "unpacked")
+    assert len(default) == 1 and default[0]["distill/on_policy_rows"] > 0
+    assert default[0]["distill_loss"] == unpacked[0]["distill_loss"]
+
+
+def test_data_pack_true_with_sampling_is_one_error_line(tmp_path, chats, teacher):
+    config = _default_config(tmp_path, chats, teacher)
+    config["data"]["pack"] = True
+    result = run_astrai("train", str(_write_yaml(tmp_path, config)))
+    assert result.returncode == 2 and "Traceback" not in result.stderr, result.stderr[-3000:]
+    errors = [line for line in result.stderr.splitlines() if line.startswith("error: ")]
+    assert len(errors) == 1, result.stderr[-3000:]
+    assert "data.pack" in errors[0] and "on_policy_fraction" in errors[0], errors[0]
+    assert not (tmp_path / "run").exists()  # nothing written

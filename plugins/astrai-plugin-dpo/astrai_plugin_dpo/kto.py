@@ -20,27 +20,23 @@ from __future__ import annotations
 from typing import Any, ClassVar
 
 import torch
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, Field
 from torch import Tensor
 
-from astrai_core.api import (AstraiError, FieldError, RunComponents, Strategy,
+from astrai_core.api import (AstraiError, AuxLossOption, FieldError, RunComponents, Strategy,
                              frozen_reference, pad_rows)
 from astrai_plugin_dpo.losses import kto_kl_estimate, kto_loss
 from astrai_plugin_dpo.pairs import response_logprobs
 
 
-class KTOConfig(BaseModel):
+class KTOConfig(AuxLossOption):
     """The ``strategy:`` section of a kto run."""
-
-    model_config = ConfigDict(extra="forbid")
 
     beta: float = Field(0.1, gt=0, description="strength of the KL anchor to the reference")
     desirable_weight: float = Field(1.0, gt=0, description="weight of desirable examples' "
                                     "losses")
     undesirable_weight: float = Field(1.0, gt=0, description="weight of undesirable "
                                       "examples' losses")
-    aux_loss_coef: float | None = Field(
-        None, ge=0, description="MoE load-balancing weight (default: the model's config)")
 
 
 def mismatched_batch(batch: dict[str, Tensor], dist: Any = None) -> dict[str, Tensor]:

@@ -17,18 +17,16 @@ from __future__ import annotations
 from typing import Any, ClassVar, Literal
 
 import torch
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, Field
 from torch import Tensor
 
-from astrai_core.api import BatchSource, FieldError, RolloutBatch, Strategy, StrategyNeeds
+from astrai_core.api import AuxLossOption, BatchSource, FieldError, RolloutBatch, Strategy, StrategyNeeds
 from astrai_plugin_dpo.pairs import (PairSource, dataset_pair_logprobs, response_lengths,
                                      rollout_pair_logprobs)
 
 
-class PairConfig(BaseModel):
+class PairConfig(AuxLossOption):
     """Options every pairwise preference strategy shares."""
-
-    model_config = ConfigDict(extra="forbid")
 
     mode: Literal["offline", "online"] = Field(
         "offline", description="offline: preference data; online: best vs worst of rollouts")
@@ -36,8 +34,6 @@ class PairConfig(BaseModel):
     max_skipped_rollouts: int = Field(
         20, ge=1, description="online: consecutive rollouts without enough pairs before "
         "giving up")
-    aux_loss_coef: float | None = Field(
-        None, ge=0, description="MoE load-balancing weight (default: the model's config)")
 
 
 class PairStrategy(Strategy):

@@ -230,18 +230,52 @@ def test_kto_needs_two_rows_per_batch(tmp_path, unpaired_file):
         train(load_config(path))
 
 
-def test_kto_evaluates_unpaired_data_whose_last_batch_has_one_row(tmp_path, unpaired_file):
+def _kto_batch_loss(rows, policy, reference, tokenizer, direct_logprob, beta, w_d, w_u):
+    """(KTO's loss, response tokens) of one batch of unpaired rows, row by row: each row
+    tokenised as prompt + completion + <|end|>, z0 from row i's prompt with row i-1's
+    completion (cyclically: a batch of one row pairs it with itself)."""
+    def logratio(prompt, completion):
+        ids = torch.tensor(tokenizer(prompt + completion)["input_ids"] + [tokenizer.eos_token_id])
+        mask = torch.zeros(len(ids), dtype=torch.bool)
+        mask[-(len(completion) + 1):] = True
+        with torch.no_grad():
+            return (direct_logprob(policy, ids, torch.ones_like(ids), mask)
+                    - direct_logprob(reference, ids, torch.ones_like(ids), mask)).item()
+
+    z0 = max(0.0, sum(logratio(row["prompt"], rows[i - 1]["completion"])
+                      for i, row in enumerate(rows)) / len(rows))
+    losses = []
+    for row in rows:
+        r = logratio(row["prompt"], row["completion"])
+        losses.append(w_d * (1 - 1 / (1 + math.exp(-beta * (r - z0)))) if row["label"]
+                      else w_u * (1 - 1 / (1 + math.exp(-beta * (z0 - r)))))
+    return sum(losses) / len(losses), sum(len(row["completion"]) + 1 for row in rows)
+
+
+def test_kto_evaluates_unpaired_data_whose_last_batch_has_one_row(tmp_path, unpaired_file,
+                                                                  direct_logprob):
+    """eval/loss over batches of 2 rows and then 1 (paired with itself) is the
+    token-weighted mean of the per-row reference losses of each batch."""
+    from astrai_core.training.trainer import Trainer
+
+    beta, w_d, w_u = 0.5, 1.4, 0.6
     eval_file = tmp_path / "eval.jsonl"
     eval_file.write_text("".join(unpaired_file.read_text().splitlines(keepends=True)[:3]))
-    config = tiny_run_config(tmp_path, unpaired_file, {"name": "kto"}, data_format="unpaired",
-                             max_steps=2, eval_every=2)
+    config = tiny_run_config(tmp_path, unpaired_file, {
+        "name": "kto", "beta": beta, "desirable_weight": w_d, "undesirable_weight": w_u},
+        data_format="unpaired", max_steps=2, eval_every=2, lr=1e-2)
     config["data"].update(eval={"path": str(eval_file), "format": "unpaired"},
-                          eval_batch_size=2)  # batches of 2 rows, then 1
-    path = tmp_path / "run.yaml"
-    path.write_text(yaml.safe_dump(config))
-    train(load_config(path))
+                          eval_batch_size=2, shuffle=False)  # batches of 2 rows, then 1
+    strategy, run = build_strategy(config, tmp_path)
+    Trainer(run, strategy).fit()  # evaluates after its last step: with the final weights
     losses = [m["eval/loss"] for m in read_metrics(tmp_path / "run") if "eval/loss" in m]
-    assert len(losses) == 1 and math.isfinite(losses[0])
+    assert len(losses) == 1
+    rows = [json.loads(line) for line in eval_file.read_text().splitlines()]
+    batches = [_kto_batch_loss(part, run.model.eval(), strategy.reference, run.tokenizer,
+                               direct_logprob, beta, w_d, w_u) for part in (rows[:2], rows[2:])]
+    expected = sum(loss * tokens for loss, tokens in batches) / sum(t for _, t in batches)
+    assert losses[0] == pytest.approx(expected, rel=1e-5)
+    assert abs(batches[1][0] - batches[0][0]) > 1e-3  # the one-row batch's weight counts
 
 
 def test_kto_refuses_preference_data(tmp_path, pairs_file):
@@ -293,20 +327,66 @@ def test_trains_from_yaml_and_separates_good_from_bad(tmp_path, pairs_file, unpa
     assert (tmp_path / "run" / "checkpoints").is_dir()
 
 
-@pytest.mark.parametrize("strategy", [{"name": "orpo"}, {"name": "dpo", "loss_type": "simpo"}])
+def _best_and_worst(rollout) -> tuple[list[int], list[int]]:
+    """Each group's first best-reward row and its first worst, groups that tie skipped."""
+    groups, rewards = rollout.group_ids.tolist(), rollout.rewards.tolist()
+    chosen, rejected = [], []
+    for group in dict.fromkeys(groups):
+        rows = [i for i, g in enumerate(groups) if g == group]
+        values = [rewards[i] for i in rows]
+        if max(values) != min(values):
+            chosen.append(rows[values.index(max(values))])
+            rejected.append(rows[values.index(min(values))])
+    return chosen, rejected
+
+
+def _online_pair_loss(strategy: dict, model, rollout) -> float:
+    """ORPO's or SimPO's loss over a rollout's best-and-worst pairs, from per-row unpadded
+    float64 log-probs."""
+    from astrai_core.testing import reference_token_logprobs
+
+    chosen, rejected = _best_and_worst(rollout)
+    with torch.no_grad():
+        logps = reference_token_logprobs(model, rollout)
+    average = torch.stack([logp.mean() for logp in logps])
+    avg_c, avg_r = average[chosen], average[rejected]
+    if strategy["name"] == "orpo":
+        def log_odds(avg):
+            return avg - torch.log1p(-torch.exp(avg))
+
+        odds = -strategy["beta"] * F.logsigmoid(log_odds(avg_c) - log_odds(avg_r))
+        return (-avg_c + odds).mean().item()
+    z = strategy["beta"] * (avg_c - avg_r) - strategy["gamma"]
+    return -F.logsigmoid(z).mean().item()
+
+
+@pytest.mark.parametrize("strategy", [{"name": "orpo", "beta": 0.3},
+                                      {"name": "dpo", "loss_type": "simpo", "beta": 2.0,
+                                       "gamma": 0.5}])
 def test_online_pairs_train(tmp_path, strategy):
-    from astrai_core.testing import write_arith_prompts
+    """Each step's loss is the formula over its rollout's best and worst completions, under
+    the weights that sampled it, and each step lowers the loss of the pairs it trained on."""
+    from astrai_core.testing import fit_recording_rollouts, write_arith_prompts
 
     prompts = write_arith_prompts(tmp_path / "prompts.jsonl", count=16)
     config = tiny_run_config(tmp_path, prompts, {**strategy, "mode": "online", "group_size": 4},
-                             max_steps=2, sampler={"temperature": 1.3})
+                             max_steps=2, sampler={"temperature": 1.5, "max_new_tokens": 8})
     config["data"]["batch_size"] = 4
-    path = tmp_path / "run.yaml"
-    path.write_text(yaml.safe_dump(config))
-    train(load_config(path))
+    built, run = build_strategy(config, tmp_path)
+    drawn = fit_recording_rollouts(built, run)  # (rollout, the policy that sampled it)
     metrics = [m for m in read_metrics(tmp_path / "run") if "loss" in m]
     assert len(metrics) == 2 and all(m["rollout/pairs"] >= 1 for m in metrics)
-    assert all(math.isfinite(m["loss"]) for m in metrics)
+    used = [drawn[step + sum(m["rollout/skipped"] for m in metrics[:step + 1])]
+            for step in range(2)]  # the rollouts the two steps trained on
+    after = [used[1][1], run.model.eval()]
+    lengths = used[0][0].response_mask.sum(-1)
+    chosen, rejected = _best_and_worst(used[0][0])
+    assert (lengths[chosen] != lengths[rejected]).any()  # the length normalisation counts
+    for step, (rollout, before) in enumerate(used):
+        assert metrics[step]["loss"] == pytest.approx(
+            _online_pair_loss(strategy, before, rollout), rel=1e-5)
+        assert (_online_pair_loss(strategy, after[step], rollout)
+                < _online_pair_loss(strategy, before, rollout))
 
 
 def test_online_pairs_refuse_stale_rollouts(tmp_path):

@@ -26,7 +26,13 @@ from pydantic import BaseModel, Field, model_validator
 from torch import Tensor
 
 from astrai_core.api import (
+    AuxLossOption,
+    EntropyOption,
     FieldError,
+    KLEstimator,
+    KLEstimatorOption,
+    KLPenaltyOption,
+    LossAggregationOptions,
     ObjectiveSettings,
     OnlineConfig,
     OnlineStrategy,
@@ -36,35 +42,23 @@ from astrai_core.api import (
     RunConfig,
     StrategyNeeds,
     frozen_reference,
+    redefault,
 )
 from astrai_plugin_grpo.offline import OfflineRollouts
 
 
-class GRPOConfig(OnlineConfig):
+class GRPOConfig(AuxLossOption, EntropyOption, KLPenaltyOption, LossAggregationOptions,
+                 OnlineConfig):
     """The ``strategy:`` section of a grpo run."""
 
     mode: Literal["online", "offline"] = Field(
         "online", description="online: rollouts from the sampler; offline: dataset rows "
         "with `response` and `reward` columns")
-    kl_coef: float = Field(0.0, ge=0, description="in-loss KL to the frozen reference")
-    kl_estimator: Literal["k1", "k2", "k3"] = Field(
-        "k3", description="KL estimator of the in-loss term and of the reward shaping")
-    entropy_coef: float = Field(0.0, ge=0, description="entropy bonus weight")
-    loss_aggregation: Literal["token-mean", "seq-mean-token-mean", "seq-mean-token-sum",
-                              "seq-mean-token-sum-norm"] = Field(
-        "token-mean", description="how the per-token losses make the loss: token-mean "
-        "(over every response token of the batch), or seq-mean-* (per sequence first)")
-    norm_length: int | None = Field(
-        None, ge=1, description="seq-mean-token-sum-norm's constant length "
-        "(default: the batch's response width)")
-    aux_loss_coef: float | None = Field(
-        None, ge=0, description="MoE load-balancing weight (default: the model's config)")
+    # the GRPO paper's in-loss estimator (the other online strategies: k1)
+    kl_estimator: KLEstimator = redefault(KLEstimatorOption, "kl_estimator", "k3")
 
     @model_validator(mode="after")
     def _consistent(self) -> GRPOConfig:
-        if self.norm_length is not None and self.loss_aggregation != "seq-mean-token-sum-norm":
-            raise ValueError("norm_length applies only to loss_aggregation: "
-                             "seq-mean-token-sum-norm")
         if self.mode == "offline" and (self.epochs != 1 or self.mini_batches != 1):
             raise ValueError("offline mode takes one optimizer step per data batch: "
                              "epochs and mini_batches must be 1")
@@ -100,10 +94,7 @@ class GRPO(OnlineStrategy):
         super().__init__(config, run)
         self.reference = frozen_reference(run.model) if config.kl_coef or config.kl_in_reward_coef \
             else None
-        self.objective = self.policy_objective(ObjectiveSettings(
-            loss_aggregation=config.loss_aggregation, norm_length=config.norm_length,
-            kl_coef=config.kl_coef, kl_estimator=config.kl_estimator,
-            entropy_coef=config.entropy_coef))
+        self.objective = self.policy_objective(ObjectiveSettings.of(config))
 
     def batch_source(self) -> RolloutSource:
         if self.config.mode == "online":

@@ -23,6 +23,10 @@ from pydantic import BaseModel, Field
 from torch import Tensor
 
 from astrai_core.api import (
+    AggregationOption,
+    AuxLossOption,
+    EntropyOption,
+    KLPenaltyOption,
     OnlineConfig,
     OnlineStrategy,
     RolloutBatch,
@@ -35,6 +39,7 @@ from astrai_core.api import (
     get_logger,
     masked_mean,
     masked_var,
+    redefault,
 )
 from astrai_plugin_ppo.critic import ValueCritic, build_critic
 from astrai_plugin_ppo.value_loss import clipped_value_loss
@@ -42,19 +47,16 @@ from astrai_plugin_ppo.value_loss import clipped_value_loss
 log = get_logger("astrai.ppo")
 
 
-class PPOConfig(OnlineConfig):
+class PPOConfig(AuxLossOption, EntropyOption, KLPenaltyOption, AggregationOption,
+                OnlineConfig):
     """The ``strategy:`` section of a ppo run."""
 
     group_size: int = Field(4, ge=1, description="completions sampled per prompt")
     epochs: int = Field(2, ge=1, description="passes over each rollout")
     mini_batches: int = Field(2, ge=1, description="optimizer steps per pass over a rollout")
-    loss_aggregation: Literal["token-mean", "seq-mean-token-mean"] = Field(
-        "token-mean", description="how the per-token losses make the loss: token-mean "
-        "(over every response token of the batch), or seq-mean-* (per sequence first)")
-    entropy_coef: float = Field(0.0, ge=0, description="entropy bonus weight")
-    kl_coef: float = Field(0.0, ge=0, description="in-loss KL to the frozen reference")
-    aux_loss_coef: float | None = Field(
-        None, ge=0, description="MoE load-balancing weight (default: the model's config)")
+    # two of the aggregations: the per-sequence sums are not offered beside the value loss
+    loss_aggregation: Literal["token-mean", "seq-mean-token-mean"] = redefault(
+        AggregationOption, "loss_aggregation", "token-mean")
     # -- the critic
     vf_coef: float = Field(1.0, gt=0, description="value loss weight")
     value_clip_eps: float = Field(0.2, ge=0, description="clip of V around the rollout's V_old")
@@ -86,9 +88,7 @@ class PPO(OnlineStrategy):
             else None
         self.critic: ValueCritic = build_critic(run.model, config.critic_init, config.critic_path,
                                                 config.value_head_init_std)
-        self.objective = self.policy_objective(ObjectiveSettings(
-            loss_aggregation=config.loss_aggregation, kl_coef=config.kl_coef,
-            kl_estimator=config.kl_estimator, entropy_coef=config.entropy_coef))
+        self.objective = self.policy_objective(ObjectiveSettings.of(config))
         log.info("critic", parameters=sum(p.numel() for p in self.critic.parameters()),
                  init=config.critic_path or config.critic_init, lr=config.critic_lr)
 

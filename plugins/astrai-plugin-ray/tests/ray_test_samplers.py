@@ -1,14 +1,14 @@
 """Samplers for the ray sampler's tests, loaded as a plugin (ASTRAI_PLUGINS) by the test
 process and by every Ray worker: a torch sampler that is deliberately slow (per call, or
 per token, the latter interruptible as the torch sampler is), and one whose process dies
-at a given generate call."""
+at a given generate call; and a device backend that is never available."""
 
 from __future__ import annotations
 
 import os
 import time
 
-from astrai_core import SamplerSpec, hookimpl
+from astrai_core import DeviceBackendSpec, SamplerSpec, hookimpl
 from astrai_core.sampling.torch_sampler import TorchSampler
 
 
@@ -20,6 +20,17 @@ def astrai_samplers():
                         summary="the torch sampler, token_delay_s slower per token"),
             SamplerSpec(name="dying_torch", target="ray_test_samplers:DyingTorchSampler",
                         summary="the torch sampler, whose process exits at call die_at_call")]
+
+
+@hookimpl
+def astrai_device_backends():
+    return [DeviceBackendSpec(name="absent_device", target="astrai_core.devices.cpu:CpuBackend",
+                              summary="a device no machine has: a worker on it cannot start",
+                              available="ray_test_samplers:absent_device_available")]
+
+
+def absent_device_available() -> bool:
+    return False
 
 
 class SlowTorchSampler(TorchSampler):

@@ -4,7 +4,8 @@
 - reward functions ``reward_model`` (a trained reward model scores each completion) and
   ``judge`` (an LLM judge behind any OpenAI-compatible endpoint);
 - ``python -m astrai_plugin_rm export|import SRC DST``: reward-model checkpoints to and from
-  Hugging Face ``AutoModelForSequenceClassification`` directories.
+  Hugging Face ``AutoModelForSequenceClassification`` directories; the spec names the
+  exporter, so ``astrai export`` of an rm checkpoint writes the same directory.
 """
 
 from __future__ import annotations
@@ -20,6 +21,8 @@ def astrai_strategies() -> list[StrategySpec]:
             target="astrai_plugin_rm.strategy:RewardModeling",
             summary="Bradley-Terry reward model (the model + a scalar score head) on preference "
                     "pairs; optional margin and reward centring",
+            # its checkpoints are sequence classifiers: `astrai export` writes them so
+            exporter="astrai_plugin_rm.hf:export_reward_model",
         )
     ]
 

@@ -8,7 +8,9 @@ Import: the reverse, through the importer of the directory's ``model_type``. Bot
 their output beside the destination and rename it into place, so a destination that
 exists is complete.
 
-Command line (a plugin adds no ``astrai`` subcommand)::
+``astrai export`` of a reward-model checkpoint (one trained by strategy ``rm`` or written
+by the import, both record the strategy) runs this same export: the strategy's spec names
+it. Command line::
 
     python -m astrai_plugin_rm export RM_CHECKPOINT HF_DIR [--model-type llama]
     python -m astrai_plugin_rm import HF_DIR RM_CHECKPOINT [--importer NAME]
@@ -33,10 +35,12 @@ from astrai_core.api import (
     read_hf_weights,
     staged_directory,
     write_manifest,
+    write_strategy_record,
 )
 from astrai_plugin_rm.checkpoint import SCORE_FILE, load_score_weight
 from astrai_plugin_rm.scoring import reward_pad_id
 
+STRATEGY = "rm"  # the strategy whose checkpoints these are (its spec names the exporter)
 CAUSAL, CLASSIFIER = "ForCausalLM", "ForSequenceClassification"
 INDEX_FILE = "model.safetensors.index.json"
 SINGLE_FILE = "model.safetensors"
@@ -95,6 +99,7 @@ def import_reward_model(src: str | Path, dst: str | Path, *, importer: str | Non
                 shutil.copy2(path, causal / path.name)
         hf_importer.import_checkpoint(causal, stage)
         _save({"weight": weight}, stage / SCORE_FILE)
+        write_strategy_record(stage, STRATEGY)  # `astrai export` then finds our exporter
         write_manifest(stage)  # the score head belongs to the checkpoint too
     return dst
 

@@ -18,20 +18,18 @@ from __future__ import annotations
 from typing import Any, ClassVar
 
 import torch
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, Field
 from torch import Tensor
 
-from astrai_core.api import RunComponents, Strategy, TrainedModule
+from astrai_core.api import AuxLossOption, RunComponents, Strategy, TrainedModule
 from astrai_plugin_rm.loss import bradley_terry_loss
 from astrai_plugin_rm.scoring import SCORE_HEAD, new_score_head, reward_pad_id, sequence_rewards
 
 SIDES = ("chosen", "rejected")
 
 
-class RewardModelingConfig(BaseModel):
+class RewardModelingConfig(AuxLossOption):
     """The ``strategy:`` section of an rm run."""
-
-    model_config = ConfigDict(extra="forbid")
 
     center_rewards_coefficient: float | None = Field(
         None, ge=0, description="weight of mean((r_chosen + r_rejected)^2), which keeps "
@@ -40,8 +38,6 @@ class RewardModelingConfig(BaseModel):
         None, gt=0, description="the score head's peak learning rate (default: trainer.lr)")
     head_init_std: float = Field(
         0.02, ge=0, description="std of the score head's normal init (0: a zero head)")
-    aux_loss_coef: float | None = Field(
-        None, ge=0, description="MoE load-balancing weight (default: the model's config)")
 
 
 class RewardModeling(Strategy):

@@ -9,8 +9,9 @@ import yaml
 from verifiers_test_envs import exact, has_digit, write_tasks
 
 from astrai_core.api import ConfigError
-from astrai_core.testing import (build_strategy, read_metrics, reference_token_logprobs,
-                                 run_astrai, tiny_run_config, write_arith_prompts)
+from astrai_core.testing import (build_strategy, fit_recording_rollouts, grpo_step_references,
+                                 read_metrics, reference_token_logprobs, run_astrai,
+                                 tiny_run_config, write_arith_prompts)
 
 GROUP = 2
 
@@ -63,6 +64,7 @@ def test_rewards_are_the_rubrics_and_the_trained_tokens_are_the_sampled_ones(tmp
 @pytest.mark.slow
 def test_grpo_trains_two_steps_from_yaml(tmp_path):
     config = _config(tmp_path)
+    config["strategy"]["group_size"] = 4  # so that each step's rubric scores differ
     path = tmp_path / "grpo.yaml"
     path.write_text(yaml.safe_dump(config))
     done = run_astrai("train", str(path))
@@ -73,6 +75,21 @@ def test_grpo_trains_two_steps_from_yaml(tmp_path):
         assert 0.0 <= record["rollout/reward/verifiers"] <= 1.5
         assert record["rollout/turns_mean"] == 1.0
     assert (tmp_path / "run" / "checkpoints" / "step_2" / "model.safetensors").exists()
+    # the same run in this process, its rollouts recorded: each step's loss is the
+    # on-policy GRPO loss by hand, and a step whose rubric scores differ within a group
+    # raises its rollout's policy-gradient objective (concurrent episodes take their
+    # seeds in the order they ask, so the rollouts need not be the subprocess's)
+    config["output_dir"] = str(tmp_path / "recorded")
+    strategy, run = build_strategy(config, tmp_path)
+    drawn = fit_recording_rollouts(strategy, run)
+    recorded = read_metrics(tmp_path / "recorded")
+    assert len(drawn) == len(recorded) == 2
+    references = grpo_step_references(drawn, run.model)
+    for record, reference in zip(recorded, references):
+        assert record["loss"] == pytest.approx(reference["loss"], rel=1e-5, abs=1e-6)
+        if reference["advantage_abs"] > 0:
+            assert reference["after"] > reference["before"]
+    assert any(reference["advantage_abs"] > 0 for reference in references)
 
 
 def test_an_environment_that_does_not_load_is_one_config_error(tmp_path):
