@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from astrai_core.checkpoints.hf.files import INDEX_FILE, SINGLE_FILE, read_json
-from astrai_core.checkpoints.manifest import MANIFEST_FILE, sha256_of
+from astrai_core.checkpoints.manifest import MANIFEST_FILE, require_listed, sha256_of
 from astrai_core.checkpoints.native_files import TOKENIZER_FILES
 from astrai_core.log import get_logger
 
@@ -46,8 +46,11 @@ def source_files(src: Path) -> list[Path]:
     """The files of a Hugging Face directory that an import reads."""
     names = ["config.json", "generation_config.json", *TOKENIZER_FILES]
     if (src / INDEX_FILE).is_file():
-        weight_map = read_json(src / INDEX_FILE).get("weight_map", {})
-        names += [INDEX_FILE, *sorted(set(weight_map.values()))]
+        shards = sorted(set(read_json(src / INDEX_FILE).get("weight_map", {}).values()))
+        for name in shards:  # a shard outside the directory is refused, never hashed
+            if (src / name).is_file():
+                require_listed(src, name, src / INDEX_FILE)
+        names += [INDEX_FILE, *shards]
     else:
         names.append(SINGLE_FILE)
     return [src / name for name in dict.fromkeys(names) if (src / name).is_file()]

@@ -4,13 +4,19 @@ Every checkpoint writer puts it in its staging directory last, just before the r
 a checkpoint whose files match its manifest is exactly what was written. Readers check it
 before they read anything else but ``config.json`` (JSON, which cannot run code):
 
-- sizes always (``load_pretrained``, ``astrai generate``, ``astrai serve``): cheap, and it
-  catches a truncated or half-copied file;
-- sizes and sha256 on ``--resume`` and ``astrai export`` (reading every byte of a
-  multi-GB model on each load would be too slow for the others).
+- sizes always (``load_pretrained``): cheap, and it catches a truncated or half-copied
+  file;
+- sizes and sha256 on ``--resume`` and ``astrai export``, and on ``astrai generate`` and
+  ``astrai serve`` when asked (``--verify``) or when the checkpoint is small enough that
+  hashing it costs a few seconds at most (:func:`hash_by_default`): reading every byte
+  of a multi-GB model on each load would be too slow.
 
 A file in the directory that the manifest does not list is refused too: nothing unlisted
-is read. A directory without a manifest (written by an older astrai, or by hand) is
+is read. A listed file must lie inside the directory (no ``..``, no absolute name, no
+link leading out of it), and the files that other files name (the shards of
+``model.safetensors.index.json``, the storage items of ``dcp/.metadata``) must be listed:
+every byte a load reads is inside the checkpoint and hashed
+(:func:`require_listed`). A directory without a manifest (written by an older astrai, or by hand) is
 refused with the way to accept it: ``astrai manifest DIR`` writes one for the files as
 they are, for someone who trusts them.
 """
@@ -28,6 +34,10 @@ from astrai_core.errors import CheckpointError
 MANIFEST_FILE = "manifest.json"
 MANIFEST_FORMAT = "astrai-manifest-v1"
 _CHUNK = 1 << 20
+# Checkpoints up to this many bytes are hashed by `generate` and `serve` unless told not
+# to: sha256 reads about 400 MB/s on one core of a small machine, so this costs a few
+# seconds, against a model load that reads the files anyway.
+HASH_BY_DEFAULT_BYTES = 1 << 30
 _verified: dict[str, tuple] = {}  # hashed directories -> the stat of their files then
 
 
@@ -92,9 +102,11 @@ def verify_manifest(directory: str | os.PathLike, *, hashes: bool = False) -> No
     if hashes and _verified.get(str(directory.resolve())) == stats:
         return  # hashed already in this process, and no file has changed since
     files = _read(directory)
+    inside = directory.resolve()
     for relative, entry in files.items():
         path = directory / relative
-        if ".." in Path(relative).parts or Path(relative).is_absolute():
+        if (".." in Path(relative).parts or Path(relative).is_absolute()
+                or not path.resolve().is_relative_to(inside)):  # a link leading out
             raise CheckpointError(f"{directory / MANIFEST_FILE} lists {relative!r}, outside "
                                   "the checkpoint")
         if not path.is_file():
@@ -117,6 +129,49 @@ def verify_manifest(directory: str | os.PathLike, *, hashes: bool = False) -> No
             raise CheckpointError(f"{_noun(relative)}{directory / relative} is corrupt or was "
                                   "changed: its sha256 differs from the manifest's")
     _verified[str(directory.resolve())] = stats
+
+
+def hash_by_default(directory: str | os.PathLike, verify: bool | None) -> bool:
+    """Whether a load of ``directory`` hashes its files: ``verify`` when given, else when
+    the files its manifest lists total at most :data:`HASH_BY_DEFAULT_BYTES` (a directory
+    without a valid manifest is refused by the verification itself)."""
+    if verify is not None:
+        return verify
+    try:
+        files = _read(Path(directory))
+    except CheckpointError:
+        return False
+    return sum(entry["size"] for entry in files.values()) <= HASH_BY_DEFAULT_BYTES
+
+
+def _inside(relative: object) -> bool:
+    """Whether ``relative`` is a file name that stays inside the directory it is joined
+    to: a non-empty relative path without ``..``."""
+    return (isinstance(relative, str) and bool(relative.strip()) and "\x00" not in relative
+            and not Path(relative).is_absolute() and ".." not in Path(relative).parts)
+
+
+def require_listed(directory: Path, relative: object, named_in: Path, under: str = "") -> int:
+    """The size of the file ``relative`` (in ``directory/under``) that ``named_in`` (an
+    index, DCP metadata) names in checkpoint ``directory``: it must stay inside and, where
+    the directory has a manifest, be listed in it (so it was hashed); CheckpointError
+    naming ``named_in`` otherwise. Without a manifest (a Hugging Face directory being
+    imported) the file must exist (a link is followed: the Hugging Face cache links its
+    snapshots' files to blobs beside them)."""
+    if not _inside(relative):
+        raise CheckpointError(f"{named_in} names {relative!r}, outside the checkpoint "
+                              f"{directory}; refusing to read it")
+    key = f"{under}/{relative}" if under else relative
+    if (directory / MANIFEST_FILE).is_file():
+        entry = _read(directory).get(key)
+        if entry is None:
+            raise CheckpointError(f"{named_in} names {relative!r}, which the checkpoint's "
+                                  f"{MANIFEST_FILE} does not list; refusing to read it")
+        return entry["size"]
+    path = directory / key
+    if not path.is_file():
+        raise CheckpointError(f"{_noun(key)}{path} is missing ({named_in} names it)")
+    return path.stat().st_size
 
 
 def note_written(directory: Path) -> None:

@@ -15,7 +15,7 @@ import torch
 
 from astrai_core.checkpoints import lora_files
 from astrai_core.checkpoints.hf_model import is_transformers_checkpoint, load_transformers_model
-from astrai_core.checkpoints.manifest import verify_manifest, write_manifest
+from astrai_core.checkpoints.manifest import hash_by_default, verify_manifest, write_manifest
 from astrai_core.checkpoints.native_files import (
     INDEX_FILE,
     atomic_directory,
@@ -54,7 +54,8 @@ def save_pretrained(model: CausalLM, directory: str | os.PathLike, *,
 
 
 def load_pretrained(directory: str | os.PathLike, *, dtype: torch.dtype | None = None,
-                    device: torch.device | str | None = None) -> CausalLM:
+                    device: torch.device | str | None = None,
+                    hashes: bool | None = False) -> CausalLM:
     """Load a native checkpoint directory into a CausalLM (weights via safetensors only);
     a checkpoint of a transformers-backend run (a Hugging Face directory with a manifest)
     into a :class:`~astrai_core.model_backends.transformers_lm.TransformersCausalLM`.
@@ -62,20 +63,21 @@ def load_pretrained(directory: str | os.PathLike, *, dtype: torch.dtype | None =
     A LoRA training checkpoint (``adapter/``) gives its base with the adapter applied
     (:func:`astrai_core.checkpoints.lora_files.load_lora_checkpoint`).
 
-    Every file's size is checked against the checkpoint's ``manifest.json`` first (not its
-    sha256: hashing a large model on each load is too slow; `astrai export` and
-    ``--resume`` hash, see :mod:`astrai_core.checkpoints.manifest`)."""
+    Every file's size is checked against the checkpoint's ``manifest.json`` first, and
+    with ``hashes`` its sha256 (a native LoRA checkpoint's recorded base's too; None: of
+    each directory that is small, see ``manifest.hash_by_default``): hashing a large
+    model on each load is slow."""
     directory = Path(directory)
     if is_transformers_checkpoint(directory):  # a Hugging Face directory and run state
-        verify_manifest(directory)
+        verify_manifest(directory, hashes=hash_by_default(directory, hashes))
         load_hf = partial(load_transformers_model, dtype=dtype, device=device)
         if lora_files.is_lora_checkpoint(directory):  # base: this directory, or recorded
             return lora_files.load_lora_checkpoint(directory, load_hf, load_hf)
         return load_hf(directory)
-    verify_checkpoint(directory)
+    verify_checkpoint(directory, hashes=hash_by_default(directory, hashes))
     load_plain = partial(_load_plain, dtype=dtype, device=device)
-    if lora_files.is_lora_checkpoint(directory):
-        load_base = partial(load_pretrained, dtype=dtype, device=device)  # may be LoRA too
+    if lora_files.is_lora_checkpoint(directory):  # the base may be LoRA too
+        load_base = partial(load_pretrained, dtype=dtype, device=device, hashes=hashes)
         return lora_files.load_lora_checkpoint(directory, load_plain, load_base)
     return load_plain(directory)
 

@@ -23,6 +23,7 @@ from pydantic import ValidationError
 from safetensors import SafetensorError, safe_open
 from safetensors.torch import save_file
 
+from astrai_core.checkpoints.manifest import require_listed
 from astrai_core.errors import AstraiError, CheckpointError
 from astrai_core.model.config import ModelConfig
 
@@ -167,14 +168,19 @@ def load_config(directory: str | os.PathLike) -> ModelConfig:
 
 
 def weight_files(directory: Path) -> list[Path]:
-    """The safetensors files of a checkpoint: the index's shards, or model.safetensors."""
+    """The safetensors files of a checkpoint: the index's shards, or model.safetensors.
+    Each shard must be a file inside ``directory`` that its manifest lists (when it has
+    one): an index naming ``../elsewhere.safetensors`` is refused."""
     index_path = directory / INDEX_FILE
     if index_path.is_file():
         try:
             weight_map = json.loads(index_path.read_text())["weight_map"]
-        except (OSError, json.JSONDecodeError, KeyError, TypeError) as exc:
+            names = sorted(set(weight_map.values()))
+        except (OSError, json.JSONDecodeError, KeyError, TypeError, AttributeError) as exc:
             raise CheckpointError(f"{index_path} is not a valid safetensors index: {exc}") from exc
-        files = [directory / name for name in sorted(set(weight_map.values()))]
+        for name in names:
+            require_listed(directory, name, index_path)
+        files = [directory / name for name in names]
     else:
         files = [directory / WEIGHTS_FILE]
     for path in files:

@@ -19,6 +19,7 @@ from typing import Any
 from torch import nn
 
 from astrai_core.distributed.context import DistContext
+from astrai_core.errors import CheckpointError
 
 DCP_DIR = "dcp"
 
@@ -35,6 +36,25 @@ def _single_process_quiet() -> Iterator[None]:
     with warnings.catch_warnings():
         warnings.filterwarnings("ignore", message="torch.distributed is", category=UserWarning)
         yield
+
+
+@contextlib.contextmanager
+def _one_line(directory: Path) -> Iterator[None]:
+    """DCP's failures while loading as one CheckpointError: its CheckpointException
+    carries every rank's traceback (a BaseException, printed as pages)."""
+    from astrai_core.checkpoints.safe_dcp import unwrap_failure
+
+    try:
+        yield
+    except (CheckpointError, KeyboardInterrupt, SystemExit, GeneratorExit):
+        raise
+    except BaseException as error:  # noqa: BLE001 - DCP's CheckpointException
+        inner = unwrap_failure(error)
+        if isinstance(inner, CheckpointError):
+            raise inner from None
+        first = (str(inner).strip().splitlines() or [""])[0]
+        raise CheckpointError(f"{directory / DCP_DIR}: cannot load the sharded state "
+                              f"({type(inner).__name__}: {first})") from None
 
 
 def _optimizers(optimizer: Any) -> list[Any]:
@@ -92,12 +112,14 @@ def load_sharded(directory: Path, modules: list[Any]) -> None:
 
     from astrai_core.checkpoints.safe_dcp import SafeLoadPlanner, SafeReader
 
-    saved = _saved_keys(directory)  # the metadata, read here: its errors are ours, not DCP's
+    # the metadata, read and checked here: its errors are ours (DCP would log a failure
+    # as a traceback and go on to look for per-rank metadata)
+    saved = _saved_keys(directory)
     state = sharded_state(modules)
     # Partial: the template has optimizer state for every trainable parameter (DCP makes
     # it with a zero-lr step), the checkpoint only for those that ever had a gradient
     # (a critic's unused lm_head); AdamW skips the others, as the saved run did.
-    with _single_process_quiet():
+    with _single_process_quiet(), _one_line(directory):
         dcp.load(state, storage_reader=SafeReader(str(directory / DCP_DIR)),
                  no_dist=not _distributed(), planner=SafeLoadPlanner(allow_partial_load=True))
     for m in modules:
@@ -133,7 +155,9 @@ def read_sharded(directory: Path) -> dict[str, Any]:
 
     from astrai_core.checkpoints.safe_dcp import SafeReader, SafeWholeLoadPlanner
 
+    _saved_keys(directory)  # checked before DCP reads it (DCP logs its failures as pages)
     state: dict[str, Any] = {}
-    _load_state_dict(state, storage_reader=SafeReader(str(directory / DCP_DIR)),
-                     planner=SafeWholeLoadPlanner(), no_dist=True)
+    with _one_line(directory):
+        _load_state_dict(state, storage_reader=SafeReader(str(directory / DCP_DIR)),
+                         planner=SafeWholeLoadPlanner(), no_dist=True)
     return state

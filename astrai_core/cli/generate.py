@@ -6,6 +6,8 @@ import argparse
 import sys
 from pathlib import Path
 
+from astrai_core.cli.inference import add_verify_argument
+
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("model_dir", metavar="MODEL_DIR", help="native checkpoint directory")
@@ -19,6 +21,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--no-chat-template", action="store_true",
                         help="feed the prompt as raw text even when the tokenizer has a chat template")
     parser.add_argument("--device", default="auto", help="device backend name (auto, cpu, cuda, ...)")
+    add_verify_argument(parser)
 
 
 def run(args: argparse.Namespace) -> int:
@@ -34,7 +37,8 @@ def run(args: argparse.Namespace) -> int:
     except ValidationError as err:
         problem = err.errors()[0]
         raise ConfigError(f"--{str(problem['loc'][0]).replace('_', '-')}: {problem['msg']}") from None
-    model, tokenizer = load_model_and_tokenizer(Path(args.model_dir), args.device)
+    model, tokenizer = load_model_and_tokenizer(Path(args.model_dir), args.device,
+                                                verify=args.verify)
     prompt_ids = _encode(tokenizer, args.prompt, use_chat_template=not args.no_chat_template)
     if tokenizer.eos_token_id is not None:
         params = params.model_copy(update={"stop_token_ids": (tokenizer.eos_token_id,)})

@@ -5,6 +5,8 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
+from astrai_core.cli.inference import add_verify_argument
+
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("model_dir", metavar="MODEL_DIR", help="native checkpoint directory (with a tokenizer)")
@@ -36,6 +38,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--device", default="auto", help="device backend name (auto, cpu, cuda, ...)")
     parser.add_argument("--threads", type=int, default=None,
                         help="torch intra-op CPU threads (default: torch's choice)")
+    add_verify_argument(parser)
 
 
 def _require_serve_extra() -> None:
@@ -49,12 +52,13 @@ def _require_serve_extra() -> None:
 
 
 def build_engine(registry, sampler_name: str, model_dir: Path, device_name: str, max_batch_size: int,
-                 max_queued: int | None = None):
-    """The engine for ``--sampler``: the continuous-batching one for torch, the adapter otherwise."""
+                 max_queued: int | None = None, verify: bool | None = False):
+    """The engine for ``--sampler``: the continuous-batching one for torch, the adapter
+    otherwise; ``verify`` as ``--verify`` (None: hash a small checkpoint)."""
     from astrai_core.cli.inference import load_model_and_tokenizer
 
     spec = registry.get("sampler", sampler_name)  # unknown names list the available ones
-    model, tokenizer = load_model_and_tokenizer(model_dir, device_name, registry)
+    model, tokenizer = load_model_and_tokenizer(model_dir, device_name, registry, verify=verify)
     return engine_for(model, tokenizer, spec, max_batch_size, max_queued)
 
 
@@ -120,7 +124,7 @@ def run(args: argparse.Namespace) -> int:
         torch.set_num_threads(args.threads)
     registry = process_registry()  # once: the sampler and the device backend come from it
     engine = build_engine(registry, args.sampler, model_dir, args.device, args.max_batch_size,
-                          args.max_queued_seqs)
+                          args.max_queued_seqs, verify=args.verify)
     name = args.served_model_name or model_dir.resolve().name
     parser = None if args.tool_call_parser == "none" else args.tool_call_parser
     app = create_app(engine, model_name=name, tool_call_parser=parser,

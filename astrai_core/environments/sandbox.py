@@ -8,7 +8,9 @@ stderr, exit status, why it stopped). What holds, checked at run time and report
 - **time**: a wall-clock limit (the host kills the whole sandbox) and a CPU limit
   (``RLIMIT_CPU``, per process);
 - **memory, files, output**: ``RLIMIT_AS``, ``RLIMIT_FSIZE``, ``RLIMIT_NOFILE``; stdout
-  and stderr beyond ``max_output_bytes`` stop the program (``output_limit``);
+  and stderr beyond ``max_output_bytes`` stop the program (``output_limit``); memory for
+  the sandbox and all its processes together where a cgroup v2 can be made
+  (:mod:`.sandbox_cgroup`), else per process only (``isolation["memory"]``);
 - **processes**: as root the program runs as a sandbox user of its own (uid
   from ``uid_base`` on, one per sandbox running at once on the machine), so
   ``RLIMIT_NPROC`` bounds its processes (a fork bomb meets ``EAGAIN``); a new pid
@@ -46,6 +48,7 @@ from typing import Any, Literal, TypeVar
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from astrai_core.environments import sandbox_cgroup
 from astrai_core.errors import AstraiError
 
 LAUNCHER = os.path.join(os.path.dirname(os.path.abspath(__file__)), "sandbox_launch.py")
@@ -173,6 +176,7 @@ class Sandbox:
         config = self.config
         workdir = tempfile.mkdtemp(prefix="astrai-sandbox-")
         uid = _SLOTS.take(config.uid_base) if os.geteuid() == 0 else None
+        cgroup = sandbox_cgroup.create(config.memory_mb * _MiB)
         try:
             for name, text in files.items():
                 if "/" in name or name.startswith("."):
@@ -184,8 +188,11 @@ class Sandbox:
                 handle.write(stdin)
             with open(stdin_path, "rb") as stdin_file:
                 os.unlink(stdin_path)   # the program reads it through its fd only
-                return _execute(_launch_config(config, workdir, uid, argv), config, stdin_file)
+                launch = {**_launch_config(config, workdir, uid, argv), "cgroup": cgroup}
+                return _execute(launch, config, stdin_file)
         finally:
+            if cgroup is not None:
+                sandbox_cgroup.remove(cgroup)
             if uid is not None:
                 _SLOTS.give(uid)
             shutil.rmtree(workdir, ignore_errors=True)
@@ -346,6 +353,7 @@ def _isolation(facts: dict[str, Any], launch: dict[str, Any]) -> dict[str, Any]:
     namespaces = facts.get("namespaces", [])
     return {"net": "net" in namespaces, "mount": bool(facts.get("masked")),
             "pid": "pid" in namespaces, "user_drop": bool(facts.get("dropped")),
+            "memory": "sandbox" if facts.get("cgroup") else "per_process",
             "uid": facts.get("uid"), "network_policy": launch["network"],
             "python": facts.get("python")}
 

@@ -4,8 +4,9 @@ Standard library only, and never imported by astrai: it is the first process of 
 sandbox, started by :mod:`astrai_core.environments.sandbox` with one JSON argument and a
 status pipe (its descriptor in the JSON). It isolates itself and then runs the program in three processes::
 
-    launcher (P0)   unshare(net, mount, pid, ipc, uts); tmpfs over the world-writable
-      |             directories; the work files copied into a private tmpfs
+    launcher (P0)   joins the sandbox's cgroup where there is one (memory of all its
+      |             processes together); unshare(net, mount, pid, ipc, uts); tmpfs over
+      |             the world-writable directories; the work files into a private tmpfs
       +- init (P1)  pid 1 of the new pid namespace: mounts its /proc, reaps, and when the
           |         program exits, exits with its status: the kernel then kills every
           |         process left in the namespace
@@ -83,16 +84,21 @@ def enter_namespaces(config):
     return done
 
 
-def private_filesystem(config, files):
+def private_filesystem(config, files, masked):
     """tmpfs over every world-writable directory, then the work directory in a tmpfs of
-    its own size. Returns the masked directories (empty when mounting is refused)."""
+    its own size. Appends each masked directory to ``masked`` as it is mounted, so the
+    report is true even when a later step fails. The interpreter's directories that a
+    mask would hide (a venv under /tmp) are bound back at their own paths."""
     mount(None, "/", None, MS_REC | MS_PRIVATE, None)
     options = f"size={config['disk_bytes']},mode=1777"
-    masked = []
     for directory in MASKED:
         if os.path.isdir(directory) and not os.path.islink(directory):
+            hidden = [path for path in config["expose"]
+                      if path == directory or path.startswith(directory + "/")]
+            handles = {path: os.open(path, os.O_PATH | os.O_DIRECTORY) for path in hidden}
             mount("tmpfs", directory, "tmpfs", MS_NOSUID | MS_NODEV, options)
             masked.append(directory)
+            bind_back(handles)
     workdir = config["workdir"]
     os.makedirs(workdir, exist_ok=True)
     if not any(workdir.startswith(directory + "/") for directory in masked):
@@ -102,7 +108,15 @@ def private_filesystem(config, files):
             handle.write(data)
     if config["uid"] is not None:
         expose(config["expose"])
-    return masked
+
+
+def bind_back(handles):
+    """Bind each directory (``{path: O_PATH descriptor}``, opened before a tmpfs hid it)
+    back at its path; the directories above it are created in the tmpfs, open to all."""
+    for path, handle in handles.items():
+        os.makedirs(path, mode=0o755, exist_ok=True)
+        mount(f"/proc/self/fd/{handle}", path, None, MS_BIND | MS_REC, None)
+        os.close(handle)
 
 
 def _closed_ancestor(path):
@@ -127,10 +141,7 @@ def expose(paths):
     for ancestor, inside in closed.items():
         handles = {path: os.open(path, os.O_PATH | os.O_DIRECTORY) for path in inside}
         mount("tmpfs", ancestor, "tmpfs", MS_NOSUID | MS_NODEV, "size=1m,mode=755")
-        for path, handle in handles.items():
-            os.makedirs(path, mode=0o755, exist_ok=True)
-            mount(f"/proc/self/fd/{handle}", path, None, MS_BIND | MS_REC, None)
-            os.close(handle)
+        bind_back(handles)
 
 
 def read_files(workdir):
@@ -216,16 +227,30 @@ def run_init(config, pid_namespace):
             os._exit(os.waitstatus_to_exitcode(status) % 256)
 
 
+def join_cgroup(path):
+    """Move this process (and so everything it starts) into the sandbox's cgroup, which
+    limits their memory together; reported, and skipped when refused."""
+    if not path:
+        return
+    try:
+        with open(os.path.join(path, "cgroup.procs"), "w") as handle:
+            handle.write(str(os.getpid()))
+        report(cgroup=True)
+    except OSError as exc:
+        report(cgroup_error=str(exc))
+
+
 def main():
     global STATUS_FD
     config = json.loads(sys.argv[1])
     STATUS_FD = config["status_fd"]
+    join_cgroup(config.get("cgroup"))
     files = read_files(config["workdir"])
     namespaces = enter_namespaces(config)
     masked = []
     if "mount" in namespaces:
         try:
-            masked = private_filesystem(config, files)
+            private_filesystem(config, files, masked)
         except OSError as exc:
             report(mount_error=str(exc))
     own_workdir(config)

@@ -2,12 +2,18 @@
 
 from __future__ import annotations
 
+import errno
 import json
 import math
 import os
 import time
+import uuid
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
+
+from astrai_core.errors import AstraiError
 
 
 def to_number(value: Any) -> float | int:
@@ -30,23 +36,41 @@ class MetricsLog:
 
     def _truncate_after(self, step: int) -> None:
         # A run that died after its last checkpoint logged steps that the resumed run
-        # will log again; keep only what the checkpoint had seen.
+        # will log again; keep only what the checkpoint had seen. Written aside, then
+        # renamed: a failure (a full disk) leaves the old file whole and no aside.
         if not self.path.exists():
             return
         kept = [line for line in self.path.read_text().splitlines()
                 if line.strip() and json.loads(line)["step"] <= step]
-        staging = self.path.with_suffix(".jsonl.tmp")
-        staging.write_text("".join(line + "\n" for line in kept))
-        os.replace(staging, self.path)
+        staging = self.path.with_name(f".{self.path.name}.tmp-{uuid.uuid4().hex[:8]}")
+        try:
+            with _disk_errors(self.path):
+                staging.write_text("".join(line + "\n" for line in kept))
+                os.replace(staging, self.path)
+        finally:
+            staging.unlink(missing_ok=True)
 
     def write(self, step: int, metrics: dict[str, Any]) -> None:
         record = {"step": step}
         for name, value in metrics.items():
             number = to_number(value)
             record[name] = None if isinstance(number, float) and not math.isfinite(number) else number
-        with self.path.open("a") as handle:
+        with _disk_errors(self.path), self.path.open("a") as handle:
             handle.write(json.dumps(record) + "\n")
             handle.flush()
+
+
+@contextmanager
+def _disk_errors(path: Path) -> Iterator[None]:
+    """A full disk (or quota) while writing ``path`` as one error naming it."""
+    try:
+        yield
+    except OSError as error:
+        if error.errno not in (errno.ENOSPC, errno.EDQUOT):
+            raise
+        raise AstraiError(f"no space left on the device of {path.parent} while writing "
+                          f"{path.name} ({error.strerror}); free some space and run again"
+                          ) from None
 
 
 class Throughput:

@@ -138,3 +138,39 @@ def test_an_unlisted_hidden_file_is_refused(with_dcp):
     (with_dcp / "dcp" / ".extra").write_bytes(b"x")
     with pytest.raises(CheckpointError, match=r"dcp/\.extra is not listed in the checkpoint"):
         verify_manifest(with_dcp)
+
+
+def _flip_a_byte(saved):
+    shard = sorted(saved.glob("model-00001-of-*.safetensors"))[0]
+    data = bytearray(shard.read_bytes())
+    data[-1] ^= 0xFF  # the same size: only a hash sees it
+    shard.write_bytes(bytes(data))
+    return shard
+
+
+def test_generate_hashes_a_small_checkpoint_by_default_and_on_verify(saved):
+    shard = _flip_a_byte(saved)
+    for flags in ((), ("--verify",)):
+        done = _cli("generate", str(saved), "--prompt", "1+1", "--max-new-tokens", "1",
+                    "--device", "cpu", *flags)
+        assert done.returncode != 0
+        lines = done.stderr.strip().splitlines()
+        assert len(lines) == 1 and f"{shard} is corrupt or was changed" in lines[0], lines
+    done = _cli("generate", str(saved), "--prompt", "1+1", "--max-new-tokens", "1",
+                "--device", "cpu", "--no-verify")
+    assert done.returncode == 0, done.stderr[-2000:]  # sizes only, as asked
+
+
+def test_serve_verifies_like_generate(saved, monkeypatch):
+    from astrai_core.checkpoints import manifest
+    from astrai_core.cli.serve import build_engine
+    from astrai_core.plugins import process_registry
+
+    shard = _flip_a_byte(saved)
+    registry = process_registry()
+    for verify in (None, True):
+        with pytest.raises(CheckpointError, match=f"{shard.name} is corrupt or was changed"):
+            build_engine(registry, "torch", saved, "cpu", 1, verify=verify)
+    build_engine(registry, "torch", saved, "cpu", 1, verify=False).close()
+    monkeypatch.setattr(manifest, "HASH_BY_DEFAULT_BYTES", 1000)  # larger: sizes only
+    build_engine(registry, "torch", saved, "cpu", 1, verify=None).close()

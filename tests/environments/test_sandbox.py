@@ -220,3 +220,58 @@ def test_sandboxes_of_two_processes_get_different_users(isolation):
     uids = [int(r.stdout) for r in results]
     assert theirs not in uids and len(set(uids)) == 3
     assert uids == [r.isolation["uid"] for r in results]
+
+
+def test_the_mount_report_is_true_with_the_venv_under_a_masked_directory(tmp_path, isolation):
+    """A venv under /tmp (which the sandbox hides under a tmpfs) is bound back, the code
+    runs with it, and the report says the masks were mounted."""
+    if not isolation["mount"]:
+        pytest.skip("no mount namespace here")
+    import json
+    import subprocess
+    import sys
+    import sysconfig
+
+    if not str(tmp_path).startswith("/tmp/"):
+        pytest.skip("the test's directory is not under /tmp")
+    venv = tmp_path / "venv"
+    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(venv)], check=True)
+    imports = os.pathsep.join([*filter(None, sys.path), sysconfig.get_paths()["purelib"]])
+    host = ("import json, sys\nfrom astrai_core.environments.sandbox import Sandbox\n"
+            "r = Sandbox(timeout=10).run_python('import sys; print(sys.prefix)')\n"
+            "print(json.dumps([r.status, r.stdout, r.stderr, r.isolation]))")
+    done = subprocess.run([str(venv / "bin" / "python"), "-c", host], capture_output=True,
+                          text=True, timeout=60, env={**os.environ, "PYTHONPATH": imports})
+    assert done.returncode == 0, done.stderr[-3000:]
+    status, stdout, stderr, report = json.loads(done.stdout.splitlines()[-1])
+    assert report["mount"] is True, report
+    assert status == "ok", stderr
+    assert stdout.strip() == str(venv)  # the venv's interpreter, seen inside the sandbox
+
+
+_CHILDREN = """
+import subprocess, sys
+child = "b = bytearray(150 * 2**20); b[::4096] = b'x' * len(b[::4096]); import time; time.sleep(1); print('held')"
+procs = [subprocess.Popen([sys.executable, "-I", "-c", child], stdout=subprocess.PIPE, text=True)
+         for _ in range(4)]
+print(sum(p.communicate()[0].strip() == "held" for p in procs))
+"""
+
+
+def test_children_together_are_held_to_memory_mb_or_the_report_says_per_process():
+    """Four children of 150 MB each, under a 256 MiB limit: each is under it, together
+    they are over it. With a cgroup the sandbox is stopped; without one the report says
+    that memory is limited per process, as it then is."""
+    from astrai_core.environments import sandbox_cgroup
+
+    cgroup = sandbox_cgroup.create(256 * 2**20)
+    if cgroup is not None:
+        sandbox_cgroup.remove(cgroup)
+    result = Sandbox(timeout=20, cpu_seconds=10, memory_mb=256, processes=16).run_python(
+        _CHILDREN)
+    if cgroup is None:
+        assert result.isolation["memory"] == "per_process"
+        assert result.ok and result.stdout.strip() == "4"  # all held: per process only
+    else:
+        assert result.isolation["memory"] == "sandbox"
+        assert not (result.ok and result.stdout.strip() == "4"), result.summary()

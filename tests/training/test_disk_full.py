@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import errno
 import re
+import shutil
 import subprocess
 
 import pytest
@@ -77,3 +78,28 @@ def test_a_real_full_disk_is_one_error_line(tmp_path, small_disk):
     assert f"no space left on the device of {checkpoints} while writing step_4" in errors[0]
     assert [p.name for p in checkpoints.iterdir()] == ["step_2"]
     verify_manifest(checkpoints / "step_2", hashes=True)
+
+
+def test_resume_on_a_full_disk_is_one_line_and_leaves_nothing_half_written(tmp_path,
+                                                                            small_disk):
+    config = tiny_config(tmp_path, max_steps=2, save_every=2, progress=False)
+    train(RunConfig.model_validate(config))
+    size = directory_bytes(tmp_path / "run")
+    disk = small_disk(size * 2 + 256 * 1024)
+    shutil.copytree(tmp_path / "run", disk / "run")
+    metrics = (disk / "run" / "metrics.jsonl").read_bytes()
+    with open(disk / "filler", "wb") as filler:  # every byte left taken
+        with pytest.raises(OSError):
+            while True:
+                filler.write(b"\0" * 65536)
+                filler.flush()
+    config["output_dir"] = str(disk / "run")
+    config["trainer"]["max_steps"] = 4
+    done = astrai("train", str(write_config(tmp_path, config)), "--resume")
+    assert done.returncode != 0
+    errors = [line for line in done.stderr.splitlines() if line.startswith("error:")]
+    assert len(errors) == 1 and "Traceback" not in done.stderr, done.stderr[-3000:]
+    assert f"no space left on the device of {disk / 'run'}" in errors[0]
+    assert sorted(p.name for p in (disk / "run").iterdir()) == ["checkpoints", "metrics.jsonl"]
+    assert (disk / "run" / "metrics.jsonl").read_bytes() == metrics  # whole, unchanged
+    assert [p.name for p in (disk / "run" / "checkpoints").iterdir()] == ["step_2"]
