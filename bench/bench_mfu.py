@@ -191,12 +191,11 @@ def measure_peer(args: argparse.Namespace, setup: Setup, shape: dict[str, Any],
 
     model = build_transformers_peer(setup, shape, args.activation_checkpointing)
     seconds, loss = time_steps(model, args, setup, shape["vocab_size"])
-    memory = setup.backend.memory_stats()
     parameters = sum(p.numel() for p in model.parameters())  # a tied head once
     del model
     return {"name": f"transformers {transformers.__version__} Qwen3ForCausalLM",
-            "parameters": parameters, **figures(flops, args.batch * args.seq, seconds, peak, 1), "final_loss": loss,
-            "memory": memory}
+            "parameters": parameters, **figures(flops, args.batch * args.seq, seconds, peak, 1),
+            "final_loss": loss}
 
 
 def run(args: argparse.Namespace) -> dict[str, Any]:
