@@ -23,6 +23,7 @@ from pydantic import BaseModel, ValidationError
 
 from astrai_core.checkpoints.model_source import TRANSFORMERS, ModelSource, describe
 from astrai_core.config.loader import field_message, format_validation_error
+from astrai_core.config.model_fit import check_model_fit
 from astrai_core.config.prompt_budget import resolve_max_prompt_len
 from astrai_core.config.schema import ComponentSection, RunConfig
 from astrai_core.config.strategy_needs import StrategyNeeds
@@ -197,9 +198,7 @@ def plan_run(config: RunConfig, source: YamlSource | None = None,
     strategy = resolve.section("strategy", config.strategy, ("strategy",))
     try:
         _check_paths(config, Path.cwd() if base_dir is None else Path(base_dir))
-        model_source = (None if config.model.path is None else
-                        describe(config.model.path, config.model.backend, registry,
-                                 config.model.trust_remote_code))
+        model_source = _model_source(config, registry)
         needs = strategy.target.needs(strategy.config)
         _check_data(config, strategy.name, needs)
         advantage = _advantage(resolve, config, strategy, needs)
@@ -245,6 +244,16 @@ def plan_run(config: RunConfig, source: YamlSource | None = None,
                    needs=needs, advantage=advantage, sampler=sampler, rewards=rewards,
                    device=device, policy_loss=policy_loss, environment=environment,
                    episode=episode, trackers=trackers, model_source=model_source)
+
+
+def _model_source(config: RunConfig, registry: Registry) -> ModelSource | None:
+    """``model.path`` resolved (None: a from-scratch model), and the run's sizes checked
+    against the model's config."""
+    source = (None if config.model.path is None else
+              describe(config.model.path, config.model.backend, registry,
+                       config.model.trust_remote_code))
+    check_model_fit(config, source)
+    return source
 
 
 # The samplers that generate with a transformers-backend policy (docs/models.md).
