@@ -239,7 +239,7 @@ def plan_run(config: RunConfig, source: YamlSource | None = None,
         raise resolve.error(("environment",), f"multi-turn episodes with sampler "
                             f"{sampler.name!r} run on one trainer process only; use the "
                             "torch sampler in a distributed run, or one process")
-    trackers = plan_trackers(resolve, config.trainer.report_to)
+    trackers = plan_trackers(resolve, config.trainer.report_to, Path(config.output_dir))
     return RunPlan(config=config, source=source, registry=registry, strategy=strategy,
                    needs=needs, advantage=advantage, sampler=sampler, rewards=rewards,
                    device=device, policy_loss=policy_loss, environment=environment,
@@ -290,8 +290,10 @@ def _check_transformers_backend(resolve: Resolver, config: RunConfig, strategy: 
                             f"model_type {model_type!r} on {backend} yet; use torch")
 
 
-def plan_trackers(resolve: Resolver, entries: list[Any]) -> tuple[Component, ...]:
-    """``trainer.report_to``: each tracker loaded with its options, its backend installed."""
+def plan_trackers(resolve: Resolver, entries: list[Any],
+                  output_dir: Path | None = None) -> tuple[Component, ...]:
+    """``trainer.report_to``: each tracker loaded with its options, its backend installed,
+    and (given the run's ``output_dir``) its own ``check`` passed: its store can be opened."""
     trackers = []
     for index, entry in enumerate(entries):
         path: FieldPath = ("trainer", "report_to", index)
@@ -299,6 +301,12 @@ def plan_trackers(resolve: Resolver, entries: list[Any]) -> tuple[Component, ...
             raise resolve.error(path + ("name",), f"tracker {entry.name!r} is listed twice")
         tracker = resolve.component("tracker", entry.name, entry.params, path)
         resolve.check_installed(f"tracker {entry.name!r}", tracker.target, path)
+        check = getattr(tracker.target, "check", None)
+        if output_dir is not None and check is not None:
+            try:
+                tracker.target(**tracker.options).check(output_dir)
+            except ValueError as exc:
+                raise resolve.error(path, f"tracker {entry.name!r}: {exc}") from None
         trackers.append(tracker)
     return tuple(trackers)
 
