@@ -3,7 +3,18 @@
 from __future__ import annotations
 
 import argparse
+import socket
 from pathlib import Path
+
+from astrai_core.errors import AstraiError
+
+PORT_IN_USE_EXIT = 4  # docs/user-guide.md: "exit status"
+
+
+class PortInUseError(AstraiError):
+    """``--host``/``--port`` cannot be bound (another server holds it)."""
+
+    exit_code = PORT_IN_USE_EXIT
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -65,11 +76,23 @@ def engine_for(model, tokenizer, spec, max_batch_size: int, max_queued: int | No
                          max_queued=max_queued)
 
 
+def check_port_free(host: str, port: int) -> None:
+    """Bind ``host:port`` once, the way uvicorn will (SO_REUSEADDR), and let it go: a busy
+    port is one error line before the model loads, not uvicorn's startup failure after."""
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    with socket.socket(family, socket.SOCK_STREAM) as probe:
+        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            probe.bind((host, port))
+        except OSError as exc:
+            raise PortInUseError(f"--port {port}: cannot listen on {host}:{port} "
+                                 f"({exc.strerror or exc}); pick another --port") from None
+
+
 def run(args: argparse.Namespace) -> int:
     _require_serve_extra()
     import uvicorn
 
-    from astrai_core.errors import AstraiError
     from astrai_core.plugins import process_registry
     from astrai_core.serving.app import create_app
 
@@ -80,6 +103,7 @@ def run(args: argparse.Namespace) -> int:
     if args.max_seqs_per_request > args.max_queued_seqs:  # such a request could never be queued
         raise AstraiError(f"--max-seqs-per-request ({args.max_seqs_per_request}) must not exceed "
                           f"--max-queued-seqs ({args.max_queued_seqs})")
+    check_port_free(args.host, args.port)
     if args.threads:
         import torch
 
