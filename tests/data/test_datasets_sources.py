@@ -203,3 +203,21 @@ def test_an_unreachable_hub_is_one_quick_line_without_retries(tmp_path):
     assert len(errors) == 1 and "Retrying" not in result.stderr, result.stderr[-2000:]
     assert "the hub was unreachable: only the local cache was read" in errors[0]
     assert took < 20, took  # the retries alone took ~26 s
+
+
+def test_a_parquet_prompt_row_without_answer_names_the_users_file_and_row(tmp_path):
+    from astrai_core.data.build import build_train_loader
+    from astrai_core.data.tokenizer import load_tokenizer
+
+    rows = [dict(r) for r in ROWS]
+    rows[2]["answer"] = None  # Arrow gives every row the column: this one has no value
+    parquet = tmp_path / "prompts.parquet"
+    datasets.Dataset.from_list(rows).to_parquet(str(parquet))
+    cfg = DataConfig(sources=[SourceConfig(path=parquet, format="prompt")], batch_size=2,
+                     cache_dir=tmp_path / "cache")
+    with pytest.raises(DataError) as raised:
+        build_train_loader(cfg, load_tokenizer(ARITH_TOKENIZER),
+                           required_columns={"exact_match": ("answer",)})
+    assert str(raised.value).startswith(
+        f"data source {parquet}, row 2 (data.sources[0].path): a null in column 'answer', which "
+        "reward 'exact_match' needs"), str(raised.value)
