@@ -5,7 +5,9 @@
 - ``data.seq_len``, when set, fits the model's context (``max_position_embeddings``: for a
   RoPE-scaled model, the scaled length its config states), when the run's batches are
   sequences of that length (the prompt and generation lengths are checked by
-  :mod:`astrai_core.config.prompt_budget`).
+  :mod:`astrai_core.config.prompt_budget`);
+- :func:`check_memory`, once the device backend is chosen and before the model loads:
+  one micro-batch's activations (a coarse estimate) against the memory the device has.
 """
 
 from __future__ import annotations

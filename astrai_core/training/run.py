@@ -112,8 +112,8 @@ def _check_memory(plan: RunPlan, backend: Any) -> None:
     from astrai_core.config.plan import Resolver
 
     try:
-        check_memory(plan.config, plan.model_source, backend.available_memory(),
-                     f"{backend.name} memory")
+        available = getattr(backend, "available_memory", lambda: None)()  # a plugin's may lack it
+        check_memory(plan.config, plan.model_source, available, f"{backend.name} memory")
     except FieldError as exc:
         raise Resolver(plan.registry, plan.source).error(exc.path, exc.message) from None
 
