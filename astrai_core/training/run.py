@@ -28,7 +28,7 @@ from astrai_core.devices.select import resolve_device
 from astrai_core.distributed.context import SINGLE, DistContext, init_distributed
 from astrai_core.distributed.data import shard_loader
 from astrai_core.distributed.fsdp import UnshardedSampler, shard_run
-from astrai_core.errors import CheckpointError, ConfigError
+from astrai_core.errors import CheckpointError, ConfigError, FieldError
 from astrai_core.log import get_logger
 from astrai_core.plugins.registry import Registry
 from astrai_core.training.phases import PhaseHook
@@ -86,6 +86,7 @@ def prepare_run(config: RunConfig, *, source: YamlSource | None = None, resume: 
     tokenizer_dir = Path(config.model.tokenizer) if config.model.tokenizer else model_dir
     backend = resolve_device(plan.registry, config.device.name,
                              **(plan.device.options if plan.device else {}))
+    _check_memory(plan, backend)
     dist = init_distributed(backend, config.parallel)
     _seed_everything(config.trainer.seed, backend)  # the same on every rank: one initial model
     device = dist.device if dist.enabled else backend.device(0)
@@ -103,6 +104,18 @@ def prepare_run(config: RunConfig, *, source: YamlSource | None = None, resume: 
     log.info("training", strategy=plan.strategy.name, device=str(device),
              parameters=sum(p.numel() for p in model.parameters()), output_dir=str(output_dir))
     return run, strategy
+
+
+def _check_memory(plan: RunPlan, backend: Any) -> None:
+    """Sizes whose activations cannot fit the device are refused before the model loads."""
+    from astrai_core.config.model_fit import check_memory
+    from astrai_core.config.plan import Resolver
+
+    try:
+        available = getattr(backend, "available_memory", lambda: None)()  # a plugin's may lack it
+        check_memory(plan.config, plan.model_source, available, f"{backend.name} memory")
+    except FieldError as exc:
+        raise Resolver(plan.registry, plan.source).error(exc.path, exc.message) from None
 
 
 def _generates_from_policy(plan: RunPlan, sampler: Any) -> bool:
