@@ -52,6 +52,8 @@ from astrai_core.model.head import (
 )
 from astrai_core.model.lora import has_lora, merge_and_unload, merged_state_dict
 from astrai_core.plugins import process_registry
+from astrai_core.plugins.sampler_capabilities import (NO_CAPABILITIES, SamplerCapabilities,
+                                                      sampler_capabilities)
 from astrai_core.plugins.protocols import (
     AdvantageEstimatorProtocol,
     EnvironmentProtocol,
@@ -146,6 +148,7 @@ __all__ = [
     "DataError", "DeviceBackend", "FieldError", "resolve_device", "PluginError", "PolicyLossProtocol",
     "RewardFunctionProtocol",
     "SamplerProtocol", "StrategyProtocol", "get_logger", "process_registry",
+    "NO_CAPABILITIES", "SamplerCapabilities", "sampler_capabilities",
     # trackers (trainer.report_to): what start() gets, and the built-ins' base class
     "TrackedRun", "Tracker", "TrackerOptions", "TrackerProtocol",
 ]

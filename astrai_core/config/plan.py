@@ -234,7 +234,7 @@ def plan_run(config: RunConfig, source: YamlSource | None = None,
     environment, episode = _environment(resolve, config, needs)
     if (environment.name != DEFAULT_ENVIRONMENT and episode.max_turns > 1
             and launched_world_size() > 1
-            and getattr(registry.get("sampler", sampler.name), "asynchronous", False)):
+            and registry.get("sampler", sampler.name).asynchronous):
         # Such a sampler serves a distributed trainer's ranks in step, one request each;
         # the turns of multi-turn episodes differ in number from rank to rank.
         raise resolve.error(("environment",), f"multi-turn episodes with sampler "
@@ -447,9 +447,9 @@ def _check_staleness(config: RunConfig, needs: StrategyNeeds, registry: Registry
         raise FieldError(path, f"strategy {config.strategy.name!r} trains offline: it draws "
                          "no rollouts, so there is nothing to overlap (remove rollout:)")
     spec = registry.get("sampler", sampler.name)
-    if getattr(spec, "asynchronous", False) or config.rollout.partial:
+    if spec.asynchronous or config.rollout.partial:
         return  # partial rollouts carry sequences over steps with any sampler
-    allowed = sorted(s.name for s in registry.specs("sampler") if getattr(s, "asynchronous", False))
+    allowed = sorted(s.name for s in registry.specs("sampler") if s.asynchronous)
     hint = (f"samplers that allow it: {', '.join(allowed)}" if allowed else
             "no installed sampler allows it (pip install astrai-plugin-ray for the ray sampler)")
     raise FieldError(path, f"sampler {sampler.name!r} generates inside the trainer's process, so "

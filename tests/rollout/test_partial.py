@@ -7,6 +7,7 @@ import json
 
 import torch
 
+from astrai_core.api import SamplerCapabilities
 from astrai_core.rewards import RewardSet
 from astrai_core.rollout import RolloutRunner
 from astrai_core.rollout.partial import PartialRollouts
@@ -150,7 +151,7 @@ class InterruptibleSampler(ScriptedSampler):
         self.running: Call | None = None
         self.sent: list[tuple[int, list[int]]] = []  # (version, max_new_tokens) of each call
 
-    interruptible = True
+    capabilities = SamplerCapabilities(interruptible=True)
 
     def generate_async(self, prompts, params, interruptible=False):
         self.calls.append([list(p) for p in prompts])
@@ -190,7 +191,8 @@ def test_overlapped_segments_decode_while_the_trainer_steps_and_stop_at_the_upda
     runner = RolloutRunner(sampler, tokenizer=None,
                            rewards=RewardSet.from_config([{"name": "exact_match"}]),
                            sampling_params=SamplingParams(max_new_tokens=8, seed=7),
-                           group_size=2, prompts_per_rollout=1, prompt_source=Prompts())
+                           group_size=2, prompts_per_rollout=1, prompt_source=Prompts(),
+                           asynchronous=True)
     drawer = PartialRollouts(runner, segment_tokens=2, max_staleness=2, in_flight=2,
                              overlap=True)
     # draw 1 (version 0): one waited-on segment of 2 tokens; [1] finishes. Then the next

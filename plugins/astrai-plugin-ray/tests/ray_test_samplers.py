@@ -5,11 +5,15 @@ at a given generate call."""
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import time
 
 from astrai_core import SamplerSpec, hookimpl
 from astrai_core.sampling.torch_sampler import TorchSampler
+
+# the torch sampler's capabilities but for the interrupt, which these generates do not take
+UNINTERRUPTIBLE = dataclasses.replace(TorchSampler.capabilities, interruptible=False)
 
 
 @hookimpl
@@ -23,6 +27,8 @@ def astrai_samplers():
 
 
 class SlowTorchSampler(TorchSampler):
+    capabilities = UNINTERRUPTIBLE
+
     class Config(TorchSampler.Config):
         delay_s: float = 0.0
 
@@ -53,6 +59,8 @@ class SlowStepTorchSampler(TorchSampler):
 
 
 class DyingTorchSampler(TorchSampler):
+    capabilities = UNINTERRUPTIBLE
+
     class Config(TorchSampler.Config):
         die_at_call: int = 1
 
