@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 
+import pytest
 import torch
 
 from astrai_core.api import SamplerCapabilities
@@ -233,3 +234,45 @@ def test_without_overlap_an_asynchronous_sampler_samples_only_while_the_trainer_
     _draw(drawer, [0, 1, 0, 1])
     assert len(sampler.calls) == 1  # no segment left running behind the draw
     assert sampler.running is None or not sampler.running.interruptible
+
+
+class UninterruptibleAsync(InterruptibleSampler):
+    """Asynchronous, its ``generate_async`` takes any keyword, and it declares no
+    ``interruptible``: it must never be asked for an interruptible call."""
+
+    capabilities = SamplerCapabilities()
+
+    def generate_async(self, prompts, params, **keywords):
+        self.keywords.append(keywords)
+        return super().generate_async(prompts, params, **keywords)
+
+
+@pytest.mark.parametrize("declared", [True, False], ids=["interruptible", "not declared"])
+def test_overlapped_segments_are_interruptible_only_when_the_sampler_declares_it(declared):
+    sampler = InterruptibleSampler(cut=1) if declared else UninterruptibleAsync(cut=1)
+    sampler.keywords = []
+    if declared:  # record the keywords the declaring sampler gets too
+        plain = sampler.generate_async
+
+        def generate_async(prompts, params, **keywords):
+            sampler.keywords.append(keywords)
+            return plain(prompts, params, **keywords)
+
+        sampler.generate_async = generate_async
+    runner = RolloutRunner(sampler, tokenizer=None,
+                           rewards=RewardSet.from_config([{"name": "exact_match"}]),
+                           sampling_params=SamplingParams(max_new_tokens=8, seed=7),
+                           group_size=2, prompts_per_rollout=1, prompt_source=Prompts(),
+                           asynchronous=True)
+    drawer = PartialRollouts(runner, segment_tokens=2, max_staleness=2, in_flight=2,
+                             overlap=True)
+    _draw(drawer, [0, 1, 0, 1])
+    runner.publish()
+    # the segment sent behind the draw: without a token limit, to be interrupted by the
+    # push, only for a sampler that declares it; else one segment's worth, run to its end
+    assert sampler.keywords == ([{"interruptible": True}] * 2 if declared else [{}, {}])
+    assert sampler.sent[1] == ((0, [6, 6, 8, 8]) if declared else (0, [2, 2, 2, 2]))
+    state = drawer.state_dict()
+    carried = [s["tokens"] for g in state["groups"] for s in g["sequences"]]
+    assert carried == ([[20, 21, 22], [20, 21, 22], [20], [20]] if declared
+                       else [[20, 21, 22], [20, 21, 22, 23], [20], [20]])

@@ -1,7 +1,8 @@
 """Samplers for the ray sampler's tests, loaded as a plugin (ASTRAI_PLUGINS) by the test
 process and by every Ray worker: a torch sampler that is deliberately slow (per call, or
 per token, the latter interruptible as the torch sampler is), and one whose process dies
-at a given generate call."""
+at a given generate call; and two whose generate takes the interrupt and any keyword and
+names those it got, one declared interruptible and one not."""
 
 from __future__ import annotations
 
@@ -23,7 +24,12 @@ def astrai_samplers():
             SamplerSpec(name="slow_step_torch", target="ray_test_samplers:SlowStepTorchSampler",
                         summary="the torch sampler, token_delay_s slower per token"),
             SamplerSpec(name="dying_torch", target="ray_test_samplers:DyingTorchSampler",
-                        summary="the torch sampler, whose process exits at call die_at_call")]
+                        summary="the torch sampler, whose process exits at call die_at_call"),
+            SamplerSpec(name="keyword_torch", target="ray_test_samplers:KeywordTorchSampler",
+                        summary="the torch sampler, naming the keywords generate got"),
+            SamplerSpec(name="interruptible_keyword_torch",
+                        target="ray_test_samplers:InterruptibleKeywordTorchSampler",
+                        summary="keyword_torch, declared interruptible")]
 
 
 class SlowTorchSampler(TorchSampler):
@@ -74,3 +80,22 @@ class DyingTorchSampler(TorchSampler):
         if self.calls == self.die_at_call:
             os._exit(1)  # the worker's process dies, as when it is killed or its node fails
         return super().generate(prompts, params, on_token)
+
+
+class KeywordTorchSampler(TorchSampler):
+    """``generate`` takes ``interrupt`` and any keyword, and names those it got in each
+    completion's text; it declares no ``interruptible``, so a worker must never pass it
+    the interrupt, whatever its signature."""
+
+    capabilities = UNINTERRUPTIBLE
+
+    def generate(self, prompts, params, interrupt=None, **keywords):
+        got = sorted([*keywords, *(["interrupt"] if interrupt is not None else [])])
+        completions = super().generate(prompts, params, interrupt=interrupt)
+        for completion in completions:
+            completion.text = ",".join(got)
+        return completions
+
+
+class InterruptibleKeywordTorchSampler(KeywordTorchSampler):
+    capabilities = TorchSampler.capabilities
