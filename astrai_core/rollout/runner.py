@@ -147,7 +147,9 @@ class RolloutRunner:
         self.policy_version = int(state.get("policy_version", 0))
 
     def publish_from(self, model: torch.nn.Module) -> int:
-        """Publish ``model``'s weights as a new policy version (see :meth:`publish`)."""
+        """Publish ``model``'s weights as a new policy version (see :meth:`publish`); a
+        sampler that declares ``shares_policy`` was built with ``model`` and reads them
+        from it itself."""
         return self.publish(self._weights_for_sampler(model))
 
     def sync_from(self, model: torch.nn.Module) -> None:
