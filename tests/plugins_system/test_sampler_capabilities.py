@@ -136,3 +136,17 @@ def test_an_asynchronous_spec_needs_generate_async(sampler_module):
         _load(sampler_module, "Minimal", Minimal, asynchronous=True)
     apart = type("Apart", (Minimal,), {"generate_async": lambda self, p, q: None})
     assert _load(sampler_module, "Apart", apart, asynchronous=True) is apart
+
+
+# ---------------------------------------------------------------- the plugin guide
+def test_the_guide_names_every_protocol_and_documents_every_capability():
+    from pathlib import Path
+
+    from astrai_core.plugins.protocols import PROTOCOLS
+
+    text = (Path(__file__).resolve().parents[2] / "docs" / "plugins.md").read_text()
+    for kind, protocol in PROTOCOLS.items():
+        assert f"| `{kind}` | `{protocol.__name__}` |" in text, f"{protocol.__name__} is unnamed"
+    section = text.split("#### Sampler capabilities", 1)[1].split("\n### ", 1)[0]
+    for name in CAPABILITIES:
+        assert f"| `{name}` | `False` |" in section, f"{name} is undocumented"
