@@ -46,7 +46,9 @@ class RecordStream:
 
 
 class RolloutRunner:
-    """Draws rollouts for the trainer; see the module docstring."""
+    """Draws rollouts for the trainer; see the module docstring. ``capabilities``: what the
+    sampler declares (read from it when not given); ``asynchronous``: its spec's flag, which
+    lets partial rollouts overlap training (the run passes both)."""
 
     def __init__(self, sampler: Any, tokenizer: Any, rewards: RewardSet, sampling_params: SamplingParams,
                  group_size: int, prompt_source: Iterable[Any], prompts_per_rollout: int = 8,
@@ -61,8 +63,6 @@ class RolloutRunner:
                               "not record it (use R2)")
         self.record_routing = record_routing  # training rollouts carry the sampler's routing
         self.sampler = sampler
-        # what the sampler declared (read from it here unless the caller read it already)
-        # and whether its spec says asynchronous (it has generate_async)
         self.capabilities = (sampler_capabilities(sampler) if capabilities is None
                              else capabilities)
         self.asynchronous = asynchronous
