@@ -68,13 +68,15 @@ class Prompts:
         self.position = state["position"]
 
 
-def _drawer(sampler, source=None, staleness=1):
+def _drawer(sampler, source=None, staleness=1, overlap=False):
+    """``overlap``: with an asynchronous sampler, as its spec would say."""
     runner = RolloutRunner(sampler, tokenizer=None,
                            rewards=RewardSet.from_config([{"name": "exact_match"}]),
                            sampling_params=SamplingParams(max_new_tokens=8, seed=7),
                            group_size=2, prompts_per_rollout=1,
-                           prompt_source=source or Prompts())
-    return PartialRollouts(runner, segment_tokens=2, max_staleness=staleness, in_flight=2)
+                           prompt_source=source or Prompts(), asynchronous=overlap)
+    return PartialRollouts(runner, segment_tokens=2, max_staleness=staleness, in_flight=2,
+                           overlap=overlap)
 
 
 def _draw(drawer, order):
@@ -189,13 +191,8 @@ class Call:
 
 def test_overlapped_segments_decode_while_the_trainer_steps_and_stop_at_the_update():
     sampler = InterruptibleSampler(cut=1)
-    runner = RolloutRunner(sampler, tokenizer=None,
-                           rewards=RewardSet.from_config([{"name": "exact_match"}]),
-                           sampling_params=SamplingParams(max_new_tokens=8, seed=7),
-                           group_size=2, prompts_per_rollout=1, prompt_source=Prompts(),
-                           asynchronous=True)
-    drawer = PartialRollouts(runner, segment_tokens=2, max_staleness=2, in_flight=2,
-                             overlap=True)
+    drawer = _drawer(sampler, staleness=2, overlap=True)
+    runner = drawer.runner
     # draw 1 (version 0): one waited-on segment of 2 tokens; [1] finishes. Then the next
     # segment is sent at once, without a token limit: [2] continued, [3] admitted.
     first = _draw(drawer, [0, 1, 0, 1])
@@ -236,38 +233,31 @@ def test_without_overlap_an_asynchronous_sampler_samples_only_while_the_trainer_
     assert sampler.running is None or not sampler.running.interruptible
 
 
-class UninterruptibleAsync(InterruptibleSampler):
-    """Asynchronous, its ``generate_async`` takes any keyword, and it declares no
-    ``interruptible``: it must never be asked for an interruptible call."""
+class KeywordsRecorded(InterruptibleSampler):
+    """Records the keywords each ``generate_async`` gets."""
 
-    capabilities = SamplerCapabilities()
+    def __init__(self, cut: int) -> None:
+        super().__init__(cut)
+        self.keywords: list[dict] = []
 
     def generate_async(self, prompts, params, **keywords):
         self.keywords.append(keywords)
         return super().generate_async(prompts, params, **keywords)
 
 
+class UninterruptibleAsync(KeywordsRecorded):
+    """Asynchronous, takes any keyword, and declares no ``interruptible``: it must never
+    be asked for an interruptible call."""
+
+    capabilities = SamplerCapabilities()
+
+
 @pytest.mark.parametrize("declared", [True, False], ids=["interruptible", "not declared"])
 def test_overlapped_segments_are_interruptible_only_when_the_sampler_declares_it(declared):
-    sampler = InterruptibleSampler(cut=1) if declared else UninterruptibleAsync(cut=1)
-    sampler.keywords = []
-    if declared:  # record the keywords the declaring sampler gets too
-        plain = sampler.generate_async
-
-        def generate_async(prompts, params, **keywords):
-            sampler.keywords.append(keywords)
-            return plain(prompts, params, **keywords)
-
-        sampler.generate_async = generate_async
-    runner = RolloutRunner(sampler, tokenizer=None,
-                           rewards=RewardSet.from_config([{"name": "exact_match"}]),
-                           sampling_params=SamplingParams(max_new_tokens=8, seed=7),
-                           group_size=2, prompts_per_rollout=1, prompt_source=Prompts(),
-                           asynchronous=True)
-    drawer = PartialRollouts(runner, segment_tokens=2, max_staleness=2, in_flight=2,
-                             overlap=True)
+    sampler = (KeywordsRecorded if declared else UninterruptibleAsync)(cut=1)
+    drawer = _drawer(sampler, staleness=2, overlap=True)
     _draw(drawer, [0, 1, 0, 1])
-    runner.publish()
+    drawer.runner.publish()
     # the segment sent behind the draw: without a token limit, to be interrupted by the
     # push, only for a sampler that declares it; else one segment's worth, run to its end
     assert sampler.keywords == ([{"interruptible": True}] * 2 if declared else [{}, {}])
