@@ -220,7 +220,7 @@ def plan_run(config: RunConfig, source: YamlSource | None = None,
     environment, episode = _environment(resolve, config, needs)
     if (environment.name != DEFAULT_ENVIRONMENT and episode.max_turns > 1
             and launched_world_size() > 1
-            and getattr(registry.get("sampler", sampler.name), "asynchronous", False)):
+            and registry.get("sampler", sampler.name).asynchronous):
         # Such a sampler serves a distributed trainer's ranks in step, one request each;
         # the turns of multi-turn episodes differ in number from rank to rank.
         raise resolve.error(("environment",), f"multi-turn episodes with sampler "
