@@ -76,7 +76,7 @@ class MLflow(Tracker):
 
     def log_samples(self, samples: list[dict[str, Any]], step: int) -> None:
         self.client.log_text(self.run_id, samples_markdown(samples),
-                             f"rollout_samples/step_{step:08d}.md")
+                             f"rollout_samples/step_{step:08d}.txt")
 
     def close(self, status: str) -> None:
         self.client.set_terminated(self.run_id, status=STATUS.get(status, "FAILED"))
