@@ -68,3 +68,19 @@ def test_training_logs_rendered_samples_to_the_log_and_tensorboard(tmp_path, cap
     texts = {e.step: e.tensor_proto.string_val[0].decode()
              for e in events.Tensors("rollout/samples/text_summary")}
     assert sorted(texts) == [1, 3] and "<|user|>" in texts[1] and texts[1].count("- reward") == 2
+
+
+def test_mlflow_keeps_the_samples_as_a_text_artifact(tmp_path, monkeypatch):
+    pytest.importorskip("mlflow")
+    from astrai_core.trackers.base import TrackedRun
+    from astrai_core.trackers.mlflow import MLflow
+
+    monkeypatch.setenv("MLFLOW_ALLOW_FILE_STORE", "true")
+    tracker = MLflow(project="astrai-test", tracking_uri=(tmp_path / "mlruns").as_uri())
+    tracker.start(TrackedRun(tracker="mlflow", config={}, output_dir=tmp_path, resume_step=None))
+    tracker.log_samples([{"prompt": "<|user|>1+1=<|end|><|assistant|>", "completion": "2",
+                          "reward": 1.0}], 7)
+    tracker.close("finished")
+    [artifact] = (tmp_path / "mlruns").rglob("rollout_samples/step_00000007.txt")
+    assert artifact.read_text() == "- reward 1: prompt `'<|user|>1+1=<|end|><|assistant|>'` " \
+                                   "completion `'2'`"
