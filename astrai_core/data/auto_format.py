@@ -32,8 +32,8 @@ def candidates(row: dict) -> list[str]:
         found.append("preference")
     if prompted and {"completion", "label"} <= keys:
         found.append("unpaired")
-    if prompted and "completion" in keys:
-        found.append("prompt_completion")
+    if prompted and "completion" in keys and "label" not in keys:
+        found.append("prompt_completion")  # labelled completions are not all to be learned
     messages = row.get("messages")
     if "prompt" not in keys and isinstance(messages, list) and messages \
             and isinstance(messages[-1], dict) and messages[-1].get("role") == "assistant":

@@ -133,8 +133,8 @@ def test_auto_candidates_follow_trls_columns():
     assert candidates({"messages": [user("q"), assistant("a")]}) == ["chat", "prompt"]
     assert candidates({"prompt": "q", "completion": "a"}) == ["prompt_completion", "prompt"]
     assert candidates({"chosen": "q a", "rejected": "q b"}) == ["preference"]
-    assert candidates({"prompt": "q", "completion": "a", "label": True}) == [
-        "unpaired", "prompt_completion", "prompt"]
+    # an undesirable completion is never learned as a prompt-completion pair
+    assert candidates({"prompt": "q", "completion": "a", "label": True}) == ["unpaired", "prompt"]
     assert candidates({"prompt": "q", "completions": ["a"], "labels": [True]}) == ["stepwise"]
 
 
