@@ -46,6 +46,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         "tokenized prompts are cached (default .cache/astrai/data)")
     parser.add_argument("--sampler", default="torch", help="registered sampler")
     parser.add_argument("--device", default="auto", help="device backend name")
+    parser.add_argument("--chat-template", action=argparse.BooleanOptionalAction, default=True,
+                        help="a string prompt goes through the tokenizer's chat template as one "
+                        "user turn (as data.chat_template); --no-chat-template feeds it as raw text")
+    parser.add_argument("--show", type=int, default=0, metavar="N",
+                        help="print the first N prompts exactly as the model saw them, with "
+                        "their completions and rewards (to stderr)")
     parser.add_argument("--out", default=None, metavar="FILE.json", help="also write the "
                         "metrics there")
 
@@ -55,6 +61,8 @@ def run(args: argparse.Namespace) -> int:
 
     if args.n < 1:
         raise ConfigError("--n: must be at least 1")
+    if args.show < 0:
+        raise ConfigError("--show: must be 0 or more")
     temperature = args.temperature if args.temperature is not None else \
         (0.0 if args.n == 1 else 1.0)
     if args.n > 1 and temperature == 0.0:
@@ -125,17 +133,29 @@ def _score(args: argparse.Namespace, resolve: Any, model: Any, tokenizer: Any,
     accuracy = next((name for name in ACCURACY_REWARDS if name in labels), labels[0])
     import torch
 
+    shown: list[dict[str, Any]] = []
     try:
         with torch.no_grad():
             metrics = evaluate_generation(sampler, tokenizer, records, rewards,
                                           max_new_tokens=args.max_new_tokens,
                                           batch_size=args.batch_size, samples=args.n,
                                           temperature=temperature, seed=args.seed,
-                                          accuracy_reward=accuracy)
+                                          accuracy_reward=accuracy, shown=shown, show=args.show)
     finally:  # an engine or workers the sampler holds go, also on an error
         if sampler_capabilities(sampler).needs_close:
             sampler.close()
+    print_samples(shown)
     return metrics
+
+
+def print_samples(shown: list[dict[str, Any]]) -> None:
+    """``--show``: each prompt and completion quoted (``repr``), so that a template's
+    markers, spaces and newlines are all visible."""
+    for number, sample in enumerate(shown, start=1):
+        scores = ", ".join(f"{name}={value:g}" for name, value in sample["rewards"].items())
+        sys.stderr.write(f"--- sample {number} (reward {sample['reward']:g}: {scores})\n"
+                         f"prompt:     {sample['prompt']!r}\n"
+                         f"completion: {sample['completion']!r}\n")
 
 
 def prompt_budget(max_prompt_len: int | None, max_new_tokens: int, context: int | None
@@ -176,6 +196,7 @@ def _prompts(args: argparse.Namespace, tokenizer: Any, required: dict[str, Any],
         config = DataConfig.model_validate({"sources": [source], "eval": source,
                                             "batch_size": args.batch_size,
                                             "max_prompt_len": max_prompt_len,
+                                            "chat_template": args.chat_template,
                                             "cache_dir": args.cache_dir})
     except ValueError as exc:
         raise ConfigError(f"--data: {exc}") from None

@@ -242,6 +242,7 @@ def _plan_training(resolve: Resolver, config: RunConfig, strategy: Component, ba
     _check_paths(config, base_dir)
     model_source = _model_source(config, resolve.registry)
     needs = strategy.target.needs(strategy.config)
+    config = _resolve_auto_formats(config, needs, base_dir)
     _check_data(config, strategy.name, needs)
     config = _unpack_rows(config, strategy.name, needs)
     advantage = _advantage(resolve, config, strategy, needs)
@@ -374,6 +375,17 @@ def _check_adapter_dir(lora: Any) -> None:
             raise FieldError(("model", "lora", field),
                              f"{getattr(lora, field)!r} contradicts the adapter at "
                              f"model.lora.path ({spellings[field]}={saved.get(spellings[field])!r})")
+
+
+def _resolve_auto_formats(config: RunConfig, needs: StrategyNeeds,
+                          base_dir: Path | None) -> RunConfig:
+    """``format: auto`` sources given the format their columns show, among those the
+    strategy reads (training) or evaluates (generation from prompts, or its own loss)."""
+    from astrai_core.data.auto_format import resolve_auto
+
+    evaluation = ("prompt",) if needs.rollouts else (*needs.data_formats, "prompt")
+    data = resolve_auto(config.data, needs.data_formats, evaluation, base_dir)
+    return config if data is config.data else config.model_copy(update={"data": data})
 
 
 def _check_data(config: RunConfig, strategy: str, needs: StrategyNeeds) -> None:

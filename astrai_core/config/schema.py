@@ -81,6 +81,13 @@ class RolloutSection(Section):
         "mismatch (rollout/logprob_diff_max) exceeds this: a weight push that did not reach "
         "the sampler is an error: 1e-4 for the torch sampler, 1e-3 for vllm on CPU in float32 "
         "(docs/rl-objectives.md); null = no check")
+    log_samples: int = Field(
+        default=0, ge=0, description="every that many training rollouts (and the first), log "
+        "log_samples_count of their samples: the prompt exactly as the model saw it, the "
+        "completion and its reward, to the run log and to trackers that take text or tables "
+        "(wandb, tensorboard, mlflow, trackio); 0 = never")
+    log_samples_count: int = Field(
+        default=2, ge=1, description="samples logged each time (log_samples)")
     partial: bool = Field(
         default=False, description="interruptible rollouts: each rollout step decodes at "
         "most partial_tokens tokens per sequence, trains on the groups that finished and "

@@ -11,7 +11,8 @@ from astrai_core.data.loader import (EvalLoader, PreferenceLoader, PromptExample
                                      SequenceLoader, UnpairedLoader, unpaired_labels)
 from astrai_core.data.mixing import ExampleStream
 from astrai_core.data.packing import SequenceExamples
-from astrai_core.data.tokenize import TokenizedSource, tokenize_source
+from astrai_core.data.render import wraps_string_prompts
+from astrai_core.data.tokenize import RenderOptions, TokenizedSource, tokenize_source
 from astrai_core.errors import DataError
 from astrai_core.log import get_logger
 
@@ -80,6 +81,24 @@ def _origin(source: Any) -> Any:
     return source.path if needs_datasets(source) else None
 
 
+def _tokenized(cfg: DataConfig, source: Any, tokenizer: Any, field: str,
+               tools: list[dict] | None) -> TokenizedSource:
+    """``source`` tokenized with the data section's rendering options; for prompt rows the
+    log says once how string prompts are rendered."""
+    wrap = cfg.wraps_prompts(source)
+    if source.format == "prompt":
+        if wraps_string_prompts(tokenizer, wrap):
+            how = ("wrapped as one user turn with the tokenizer's chat template "
+                   "(chat_template: false feeds them as raw text)")
+        else:
+            how = ("fed as raw text (" + ("chat_template: false" if not wrap
+                                          else "the tokenizer has no chat template") + ")")
+        log.info(f"{field.removesuffix('.path')}: string prompts are {how}", chat_template=wrap)
+    options = RenderOptions(chat_template=wrap, completion_only_loss=cfg.completion_only_loss)
+    return tokenize_source(source.path, source.format, tokenizer, _cache_dir(cfg), field, tools,
+                           options)
+
+
 def _check_formats(formats: tuple[str, ...] | None, fmt: str, field: str) -> None:
     if formats is not None and fmt not in formats:
         raise DataError(f"{field}: format {fmt!r} is not accepted here; expected "
@@ -100,15 +119,16 @@ def build_train_loader(cfg: DataConfig, tokenizer: Any, *, base_dir: str | Path 
     the file, line and column otherwise). ``tools``: OpenAI tool schemas for the chat
     template of prompt rows (the environment's ``prompt_tools``).
     """
-    cfg = _prepare(cfg, base_dir)
+    from astrai_core.data.auto_format import resolve_auto
+
+    cfg = resolve_auto(_prepare(cfg, base_dir), formats, None)
     fields = [f"data.sources[{i}].path" for i in range(len(cfg.sources))]
     given = cfg.sources
     cfg = cfg.model_copy(update={"sources": [_as_jsonl(cfg, s, f)
                                              for s, f in zip(cfg.sources, fields)]})
     for i, source in enumerate(cfg.sources):
         _check_formats(formats, source.format, f"data.sources[{i}].format")
-    sources = [tokenize_source(s.path, s.format, tokenizer, _cache_dir(cfg), f, tools)
-               for s, f in zip(cfg.sources, fields)]
+    sources = [_tokenized(cfg, s, tokenizer, f, tools) for s, f in zip(cfg.sources, fields)]
     for source, field, user in zip(sources, fields, given):
         check_required_columns(source, required_columns, field, _origin(user))
     loader = _loader(cfg, tokenizer, cfg.sources[0].format, sources,
@@ -133,15 +153,17 @@ def build_eval_loader(cfg: DataConfig, tokenizer: Any, *, base_dir: str | Path |
     """One pass over ``cfg.eval`` in file order per iteration, or None without one.
     ``base_dir``, ``formats``, ``required_columns`` and ``tools`` as for
     ``build_train_loader``."""
+    from astrai_core.data.auto_format import resolve_auto
+
     cfg = _prepare(cfg, base_dir)
     if cfg.eval is None:
         return None
+    cfg = resolve_auto(cfg, None, formats)
     _check_formats(formats, cfg.eval.format, "data.eval.format")
     field = "data.eval.path"
     origin = _origin(cfg.eval)
     cfg = cfg.model_copy(update={"eval": _as_jsonl(cfg, cfg.eval, field)})
-    source = tokenize_source(cfg.eval.path, cfg.eval.format, tokenizer, _cache_dir(cfg), field,
-                             tools)
+    source = _tokenized(cfg, cfg.eval, tokenizer, field, tools)
     check_required_columns(source, required_columns, field, origin)
     batch_size = cfg.eval_batch_size or cfg.batch_size
 

@@ -7,11 +7,25 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
-Format = Literal["text", "chat", "preference", "unpaired", "prompt"]
+Format = Literal["text", "chat", "preference", "unpaired", "prompt", "prompt_completion",
+                 "stepwise", "auto"]
 # Which formats produce which kind of batch; mixed sources must share one kind.
-BATCH_KIND = {"text": "sequence", "chat": "sequence", "preference": "preference",
-              "unpaired": "unpaired", "prompt": "prompt"}
+BATCH_KIND = {"text": "sequence", "chat": "sequence", "prompt_completion": "sequence",
+              "preference": "preference", "unpaired": "unpaired", "prompt": "prompt"}
+STEPWISE_REFUSAL = ("stepwise supervision (prompt, completions, labels) trains a process "
+                    "reward model, which no astrai strategy does; the formats astrai trains "
+                    "are text, chat, prompt_completion, preference, unpaired and prompt")
 DEFAULT_CACHE_DIR = Path(".cache/astrai/data")
+
+
+def mixed_batches(formats: list[str]) -> str | None:
+    """Why sources of these formats cannot be mixed (they make different batches), or None."""
+    kinds = {BATCH_KIND[f] for f in formats if f != "auto"}
+    if len(kinds) < 2:
+        return None
+    return (f"sources mix formats that make different batches ({', '.join(sorted(set(formats)))}); "
+            "text and chat mix, and prompt_completion with them; the other formats only with "
+            "themselves")
 
 
 class _Rows(BaseModel):
@@ -24,9 +38,13 @@ class _Rows(BaseModel):
     written by ``datasets.save_to_disk``, or ``hf://NAME`` (a Hugging Face hub dataset);
     relative paths in a run config are relative to the current directory."""
     format: Format
-    """``text`` ({"text"}), ``chat`` ({"messages"}), ``preference`` (prompt/messages +
-    chosen + rejected), ``unpaired`` (prompt/messages + completion + label: true for a
-    desirable completion) or ``prompt`` (prompt/messages + any other columns)."""
+    """``text`` ({"text"}), ``chat`` ({"messages"}), ``prompt_completion`` (prompt/messages
+    + completion), ``preference`` (prompt/messages + chosen + rejected, or chosen +
+    rejected conversations sharing their prompt), ``unpaired`` (prompt/messages +
+    completion + label: true for a desirable completion), ``prompt`` (prompt/messages +
+    any other columns), or ``auto``: recognised by the columns of the first row (the run
+    log says which). A ``prompt`` may be a string or a list of messages; see
+    docs/from-trl.md for TRL's dataset formats."""
     split: str = "train"
     """The split of a hub dataset or of a save_to_disk DatasetDict."""
     subset: str | None = None
@@ -34,6 +52,16 @@ class _Rows(BaseModel):
     transform: str | None = Field(None, pattern=r"^[A-Za-z_][\w.]*:[A-Za-z_][\w.]*$")
     """``module:function`` applied to each row (a dict) after the renames; it returns the
     row to use."""
+    chat_template: bool | None = None
+    """This source's string prompts: wrapped as one user turn with the tokenizer's chat
+    template (true) or fed as raw text (false); default ``data.chat_template``."""
+
+    @field_validator("format")
+    @classmethod
+    def _trainable(cls, value: str) -> str:
+        if value == "stepwise":
+            raise ValueError(STEPWISE_REFUSAL)
+        return value
 
     @field_validator("path", mode="before")
     @classmethod
@@ -109,6 +137,14 @@ class DataConfig(BaseModel):
     cache_dir: Path | None = None
     """Where tokenized sources are cached; default ``.cache/astrai/data`` under the
     current directory. A relative path given here is relative to the current directory."""
+    chat_template: bool = True
+    """A string ``prompt`` of ``prompt`` rows, for a tokenizer with a chat template, is
+    wrapped as one user turn and rendered with the template and its generation prompt
+    (as conversational data is). False feeds string prompts as raw text (a base model, or
+    data already templated). A source's own ``chat_template`` overrides it."""
+    completion_only_loss: bool = True
+    """``prompt_completion`` rows: train on the completion only (as TRL's SFT does by
+    default). False: on the prompt's tokens as well."""
     max_prompt_len: int | None = Field(None, ge=1)
     """Prompt format: prompts with more tokens are skipped (one warning with their count,
     and the ``data/prompts_skipped`` metric). Default: what the model's context
@@ -117,11 +153,9 @@ class DataConfig(BaseModel):
 
     @model_validator(mode="after")
     def _one_batch_kind(self) -> DataConfig:
-        kinds = {BATCH_KIND[s.format] for s in self.sources}
-        if len(kinds) > 1:
-            formats = sorted({s.format for s in self.sources})
-            raise ValueError(f"sources mix formats that make different batches ({', '.join(formats)}); "
-                             "text and chat mix, the other formats only with themselves")
+        problem = mixed_batches([s.format for s in self.sources])
+        if problem:
+            raise ValueError(problem)
         return self
 
     @model_validator(mode="after")
@@ -131,6 +165,10 @@ class DataConfig(BaseModel):
             if names.count(name) > 1:
                 raise ValueError(f"eval_sets: the name {name!r} is used twice")
         return self
+
+    def wraps_prompts(self, source: _Rows) -> bool:
+        """Whether ``source``'s string prompts go through the chat template."""
+        return self.chat_template if source.chat_template is None else source.chat_template
 
     def named_evals(self) -> list[tuple[str | None, EvalSourceConfig]]:
         """``(None, eval)`` then ``(name, set)`` for each named set."""

@@ -78,6 +78,34 @@ def materialize(source: Any, cache_dir: Path, field: str) -> Path:
     return out
 
 
+def first_row(source: Any, cache_dir: Path, field: str) -> dict:
+    """The first row of ``source`` as its format check would see it (renamed, transformed),
+    for ``format: auto``; a DataError when there is none."""
+    if not needs_datasets(source):
+        with Path(source.path).open("rb") as handle:
+            for raw in handle:
+                if raw.strip():
+                    try:
+                        row = json.loads(raw)
+                    except ValueError as err:
+                        raise DataError(f"data file {source.path}, line 1: invalid JSON "
+                                        f"({err})") from None
+                    return row if isinstance(row, dict) else {}
+        raise DataError(f"{field}: data file has no rows: {source.path}")
+    dataset = _load(source, cache_dir, field)
+    if source.renames:
+        dataset = renamed(dataset, source.renames, field)
+    if len(dataset) == 0:
+        raise DataError(f"{field}: data source has no rows: {source.path}")
+    row = _clean(dataset[0])
+    if source.transform:
+        try:
+            row = _transformed(_import_transform(source.transform, field), row, source.transform)
+        except RowError as err:
+            raise DataError(f"data source {source.path}, row 0: {err}") from None
+    return row
+
+
 def _load(source: Any, cache_dir: Path, field: str) -> Any:
     try:
         import datasets
@@ -132,7 +160,7 @@ def _load_hub(datasets: Any, source: Any, name: str, cache_dir: Path, field: str
 def _clean(row: dict) -> dict:
     """Arrow gives every struct the union of its keys: drop the ``None`` ones of messages
     (a message without ``name`` stays without it)."""
-    for key in ("messages", "chosen", "rejected"):
+    for key in ("messages", "prompt", "completion", "chosen", "rejected"):
         value = row.get(key)
         if isinstance(value, list):
             row[key] = [{k: v for k, v in m.items() if v is not None}

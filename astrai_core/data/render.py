@@ -115,12 +115,23 @@ def render_preference(tokenizer: Any, row: dict,
     return out
 
 
-def render_prompt(tokenizer: Any, row: dict,
-                  tools: list[dict] | None = None) -> tuple[str, list[int]]:
-    """``(prompt_text, prompt_ids)``: a string prompt verbatim, messages through the chat
-    template with the generation prompt appended. ``tools``: OpenAI tool schemas the
+def wraps_string_prompts(tokenizer: Any, chat_template: bool) -> bool:
+    """Whether a string prompt becomes one user turn rendered with the chat template: asked
+    for (``data.chat_template``) and the tokenizer has a template to render it with."""
+    return chat_template and bool(getattr(tokenizer, "chat_template", None))
+
+
+def render_prompt(tokenizer: Any, row: dict, tools: list[dict] | None = None,
+                  chat_template: bool = True) -> tuple[str, list[int]]:
+    """``(prompt_text, prompt_ids)``: messages through the chat template with the
+    generation prompt appended; a string prompt likewise as one user turn when
+    ``chat_template`` and the tokenizer has a template (a model trained on chats answers
+    only behind its template), verbatim otherwise. ``tools``: OpenAI tool schemas the
     template is given (``tools=``), for a template that renders them."""
+    messages = row["messages"]
     if row["prompt"] is not None:
-        return row["prompt"], list(tokenizer(row["prompt"], add_special_tokens=True)["input_ids"])
-    text = _template(tokenizer, row["messages"], generation_prompt=True, tools=tools)
+        if not wraps_string_prompts(tokenizer, chat_template):
+            return row["prompt"], list(tokenizer(row["prompt"], add_special_tokens=True)["input_ids"])
+        messages = [{"role": "user", "content": row["prompt"]}]
+    text = _template(tokenizer, messages, generation_prompt=True, tools=tools)
     return text, list(tokenizer(text, add_special_tokens=False)["input_ids"])

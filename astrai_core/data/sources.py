@@ -14,7 +14,7 @@ from typing import Any
 
 from astrai_core.errors import DataError
 
-FORMATS = ("text", "chat", "preference", "unpaired", "prompt")
+FORMATS = ("text", "chat", "preference", "unpaired", "prompt", "prompt_completion")
 ROLES = ("system", "user", "assistant", "tool")
 
 
@@ -37,7 +37,9 @@ def read_rows(path: Path, fmt: str, field: str = "data") -> Iterator[tuple[int, 
     ``"margin"``, a float, when the row gives one) where chosen/rejected are strings or
     lists of assistant messages; unpaired ``{"prompt", "messages", "completion", "label":
     bool}`` (a completion marked desirable or not); prompt
-    ``{"prompt": str | None, "messages": list | None, "columns": dict}``.
+    ``{"prompt": str | None, "messages": list | None, "columns": dict}``; prompt_completion
+    ``{"prompt", "messages", "completion"}``. A ``prompt`` given as a list of messages
+    (TRL's conversational shape) comes back as ``messages``.
     """
     if fmt not in FORMATS:
         raise DataError(f"{field}: unknown data format {fmt!r}; expected one of {', '.join(FORMATS)}")
@@ -130,15 +132,16 @@ def _validate_chat(row: dict) -> dict:
 
 
 def _prompt_side(row: dict) -> tuple[str | None, list[dict] | None]:
-    """The prompt of a preference/unpaired/prompt row: exactly one of 'prompt' and
-    'messages'."""
+    """The prompt of a preference/unpaired/prompt row: exactly one of 'prompt' (a string, or
+    a list of messages as TRL's conversational datasets give it) and 'messages'."""
     has_prompt, has_messages = "prompt" in row, "messages" in row
     if has_prompt == has_messages:
-        raise RowError("needs exactly one of 'prompt' (a string) and 'messages' (a chat prefix)"
-                       + (", got both" if has_prompt else ""))
-    if has_prompt:
+        raise RowError("needs exactly one of 'prompt' (a string or a list of messages) and "
+                       "'messages' (a chat prefix)" + (", got both" if has_prompt else ""))
+    if has_prompt and not isinstance(row["prompt"], list):
         return _string(row, "prompt"), None
-    messages = _messages(row["messages"], "messages")
+    key = "prompt" if has_prompt else "messages"
+    messages = _messages(row[key], key)
     if messages[-1]["role"] == "assistant":
         raise RowError("the last message of a prompt must not be an assistant message")
     return None, messages
@@ -177,11 +180,42 @@ def _margin(row: dict) -> float | None:
 
 
 def _validate_preference(row: dict) -> dict:
+    if "prompt" not in row and "messages" not in row:
+        row = implicit_prompt(row)
     prompt, messages = _prompt_side(row)
     pair = {"prompt": prompt, "messages": messages,
             "chosen": _response(row, "chosen"), "rejected": _response(row, "rejected")}
     margin = _margin(row)
     return pair if margin is None else {**pair, "margin": margin}
+
+
+def implicit_prompt(row: dict) -> dict:
+    """``row`` with its prompt taken out of ``chosen`` and ``rejected`` (TRL's implicit
+    prompt): the messages both conversations start with, or for two strings the text both
+    start with (a space just before the first difference stays with the responses)."""
+    chosen, rejected = row.get("chosen"), row.get("rejected")
+    if chosen is None or rejected is None:
+        raise RowError("needs 'chosen' and 'rejected', and 'prompt' unless the prompt is the "
+                       "start both share")
+    if isinstance(chosen, str) != isinstance(rejected, str) or not isinstance(chosen, (str, list)):
+        raise RowError("without 'prompt', 'chosen' and 'rejected' must both be strings or both "
+                       "whole conversations (lists of messages)")
+    shared = 0
+    while (shared < min(len(chosen), len(rejected))
+           and chosen[shared] == rejected[shared]):
+        shared += 1
+    if isinstance(chosen, str) and 0 < shared < min(len(chosen), len(rejected)) \
+            and chosen[shared - 1] == " ":
+        shared -= 1
+    if shared == 0:
+        raise RowError("without 'prompt', 'chosen' and 'rejected' must start with the same "
+                       "prompt, and they share nothing")
+    if shared in (len(chosen), len(rejected)):
+        raise RowError("without 'prompt', 'chosen' and 'rejected' must differ after the "
+                       "prompt they share, and one is the start of the other")
+    rest = {k: v for k, v in row.items() if k not in ("chosen", "rejected")}
+    return {**rest, "prompt": chosen[:shared], "chosen": chosen[shared:],
+            "rejected": rejected[shared:]}
 
 
 def _validate_unpaired(row: dict) -> dict:
@@ -200,7 +234,12 @@ def _validate_prompt(row: dict) -> dict:
     return {"prompt": prompt, "messages": messages, "columns": columns}
 
 
+def _validate_prompt_completion(row: dict) -> dict:
+    prompt, messages = _prompt_side(row)
+    return {"prompt": prompt, "messages": messages, "completion": _response(row, "completion")}
+
+
 # Each format's row check, shared by the JSONL reader and the other sources (datasets_io).
 ROW_VALIDATORS = {"text": _validate_text, "chat": _validate_chat,
                "preference": _validate_preference, "unpaired": _validate_unpaired,
-               "prompt": _validate_prompt}
+               "prompt": _validate_prompt, "prompt_completion": _validate_prompt_completion}

@@ -36,7 +36,8 @@ from astrai_core.log import get_logger
 
 # Bump whenever rendering or the on-disk layout changes: old entries stop matching.
 CACHE_FORMAT_VERSION = 2
-FIELDS = {"text": ("input",), "chat": ("input",), "preference": ("chosen", "rejected"),
+FIELDS = {"text": ("input",), "chat": ("input",), "prompt_completion": ("input",),
+          "preference": ("chosen", "rejected"),
           "unpaired": ("completion",), "prompt": ("prompt",)}
 RECORD_FORMATS = ("prompt", "unpaired")  # formats whose rows also keep a JSON record
 MARGIN_FILE = "margin.bin"
@@ -82,23 +83,44 @@ class TokenizedSource:
         return len(next(iter(self.fields.values())))
 
 
-def cache_key(path: Path, fmt: str, tokenizer: Any, tools: list[dict] | None = None) -> str:
+@dataclass(frozen=True)
+class RenderOptions:
+    """How rows become tokens beyond their format (``data.chat_template``,
+    ``data.completion_only_loss``)."""
+
+    chat_template: bool = True          # string prompts of prompt rows as a user turn
+    completion_only_loss: bool = True   # prompt_completion rows: targets on the completion
+
+    def identity(self, fmt: str, tokenizer: Any) -> dict[str, bool]:
+        """The options that change ``fmt``'s tokens (none: the cache key stays as it was)."""
+        out = {}
+        if fmt == "prompt" and render.wraps_string_prompts(tokenizer, self.chat_template):
+            out["wrap_prompts"] = True
+        if fmt == "prompt_completion" and not self.completion_only_loss:
+            out["full_loss"] = True
+        return out
+
+
+def cache_key(path: Path, fmt: str, tokenizer: Any, tools: list[dict] | None = None,
+              options: RenderOptions = RenderOptions()) -> str:
     stat = path.stat()
     identity = {"version": CACHE_FORMAT_VERSION, "path": str(path.resolve()),
                 "size": stat.st_size, "mtime_ns": stat.st_mtime_ns, "format": fmt,
                 "tokenizer": tokenizer_fingerprint(tokenizer)}
     if tools:  # prompts rendered with tool schemas are other tokens (no key change without)
         identity["tools"] = tools
+    identity.update(options.identity(fmt, tokenizer))
     return hashlib.sha256(json.dumps(identity, sort_keys=True).encode()).hexdigest()[:24]
 
 
 def tokenize_source(path: str | Path, fmt: str, tokenizer: Any, cache_dir: str | Path,
-                    field: str = "data", tools: list[dict] | None = None) -> TokenizedSource:
+                    field: str = "data", tools: list[dict] | None = None,
+                    options: RenderOptions = RenderOptions()) -> TokenizedSource:
     """The tokenized ``path``: loaded from the cache, or tokenized and cached first.
 
     ``field`` names the config field holding ``path``, for error messages. ``tools``:
     OpenAI tool schemas given to the chat template of ``prompt`` rows (an environment's
-    ``prompt_tools``).
+    ``prompt_tools``). ``options``: see RenderOptions.
     """
     path = Path(path)
     require_file(path, field)
@@ -107,21 +129,21 @@ def tokenize_source(path: str | Path, fmt: str, tokenizer: Any, cache_dir: str |
     if fmt == "chat":
         render.require_chat_template(tokenizer, f"the chat data in {path}")
     cache_dir = Path(cache_dir)
-    entry = cache_dir / f"{path.stem}-{fmt}-{cache_key(path, fmt, tokenizer, tools)}"
+    entry = cache_dir / f"{path.stem}-{fmt}-{cache_key(path, fmt, tokenizer, tools, options)}"
     if not (entry / "meta.json").is_file():
-        _build_entry(path, fmt, tokenizer, entry, field, tools)
+        _build_entry(path, fmt, tokenizer, entry, field, tools, options)
     else:
         log.info("data cache hit", source=str(path), entry=str(entry))
     return open_entry(entry, path)
 
 
 def _build_entry(path: Path, fmt: str, tokenizer: Any, entry: Path, field: str,
-                 tools: list[dict] | None) -> None:
+                 tools: list[dict] | None, options: RenderOptions) -> None:
     entry.parent.mkdir(parents=True, exist_ok=True)
     tmp = entry.parent / f".{entry.name}.tmp-{os.getpid()}-{uuid.uuid4().hex[:8]}"
     tmp.mkdir()
     try:
-        count = _write_fields(path, fmt, tokenizer, tmp, field, tools)
+        count = _write_fields(path, fmt, tokenizer, tmp, field, tools, options)
         meta = {"version": CACHE_FORMAT_VERSION, "source": str(path.resolve()), "format": fmt,
                 "rows": count}
         (tmp / "meta.json").write_text(json.dumps(meta, indent=1))
@@ -136,7 +158,7 @@ def _build_entry(path: Path, fmt: str, tokenizer: Any, entry: Path, field: str,
 
 
 def _write_fields(path: Path, fmt: str, tokenizer: Any, out: Path, field: str,
-                  tools: list[dict] | None) -> int:
+                  tools: list[dict] | None, options: RenderOptions) -> int:
     writers = {name: _RaggedWriter(out, name, with_targets=fmt != "text" and name != "prompt")
                for name in FIELDS[fmt]}
     records = ((out / "records.jsonl").open("w", encoding="utf-8") if fmt in RECORD_FORMATS
@@ -144,7 +166,7 @@ def _write_fields(path: Path, fmt: str, tokenizer: Any, out: Path, field: str,
     margins: list[float] = []
     count = 0
     try:
-        for encoded, record in _encode_rows(path, fmt, tokenizer, field, tools):
+        for encoded, record in _encode_rows(path, fmt, tokenizer, field, tools, options):
             for name, (ids, targets) in encoded.items():
                 writers[name].append(ids, targets)
             if records is not None:
@@ -163,7 +185,8 @@ def _write_fields(path: Path, fmt: str, tokenizer: Any, out: Path, field: str,
 
 
 def _encode_rows(path: Path, fmt: str, tokenizer: Any, field: str,
-                 tools: list[dict] | None = None) -> Iterator[tuple[Encoded, dict | None]]:
+                 tools: list[dict] | None = None, options: RenderOptions = RenderOptions(),
+                 ) -> Iterator[tuple[Encoded, dict | None]]:
     """Yield ``({field: (ids, targets)}, record)`` per row; record: see RECORD_FORMATS,
     or ``{"margin"}`` for a preference pair that gives one (else None)."""
     rows = read_rows(path, fmt, field)
@@ -174,6 +197,8 @@ def _encode_rows(path: Path, fmt: str, tokenizer: Any, field: str,
         try:
             if fmt == "chat":
                 yield {"input": render.render_chat(tokenizer, row["messages"])}, None
+            elif fmt == "prompt_completion":
+                yield {"input": _prompt_completion(tokenizer, row, options)}, None
             elif fmt == "preference":
                 margin = row.get("margin")
                 yield (render.render_preference(tokenizer, row),
@@ -182,7 +207,7 @@ def _encode_rows(path: Path, fmt: str, tokenizer: Any, field: str,
                 yield (render.render_preference(tokenizer, row, ("completion",)),
                        {"label": row["label"]})
             else:
-                text, ids = render.render_prompt(tokenizer, row, tools)
+                text, ids = render.render_prompt(tokenizer, row, tools, options.chat_template)
                 yield {"prompt": (ids, None)}, {"prompt_text": text, "columns": row["columns"]}
         except render.TemplateError as err:
             raise DataError(f"data file {path}, line {line_number}: {err}; add "
@@ -192,6 +217,15 @@ def _encode_rows(path: Path, fmt: str, tokenizer: Any, field: str,
         except Exception as err:  # a template that fails on this row (e.g. role order)
             raise DataError(f"data file {path}, line {line_number}: the chat template "
                             f"failed: {err}") from None
+
+
+def _prompt_completion(tokenizer: Any, row: dict,
+                       options: RenderOptions) -> tuple[list[int], list[int]]:
+    """A prompt and its completion as one sequence: rendered as an unpaired completion is
+    (plain text for strings, else a conversation), targets on the completion only unless
+    ``completion_only_loss`` is off."""
+    ids, targets = render.render_preference(tokenizer, row, ("completion",))["completion"]
+    return ids, (targets if options.completion_only_loss else [1] * len(ids))
 
 
 def _encode_text(rows: Iterator[tuple[int, dict]],

@@ -20,7 +20,9 @@ def evaluate_generation(sampler: Any, tokenizer: Any, prompt_records: Sequence[A
                         stop_token_ids: Sequence[int] | None = None,
                         progress: Callable[[int, int], None] | None = None, *,
                         samples: int = 1, temperature: float = 0.0, seed: int | None = None,
-                        accuracy_reward: str | None = None) -> dict[str, float]:
+                        accuracy_reward: str | None = None,
+                        shown: list[dict[str, Any]] | None = None, show: int = 0,
+                        ) -> dict[str, float]:
     """Decode every prompt (greedy by default) and average the rewards.
 
     Returns ``eval/reward/<name>`` (mean of each reward), ``eval/reward`` (mean weighted
@@ -29,7 +31,10 @@ def evaluate_generation(sampler: Any, tokenizer: Any, prompt_records: Sequence[A
     the tokenizer's EOS). ``progress(done, total)`` is called after each batch with the
     prompts done so far. ``samples`` > 1 draws that many completions per prompt at
     ``temperature`` (seeded by ``seed``) and adds ``eval/pass@k`` (the unbiased estimator,
-    k = 1, 2, 4, ... up to ``samples``) of the accuracy reward (1 = right).
+    k = 1, 2, 4, ... up to ``samples``) of the accuracy reward (1 = right). ``shown``
+    receives the first ``show`` completions: the prompt exactly as the model saw it (its
+    tokens decoded with the special ones), the completion, its total reward and each
+    reward's score.
     """
     records = [as_prompt_record(r) for r in prompt_records]
     if not records:
@@ -51,6 +56,9 @@ def evaluate_generation(sampler: Any, tokenizer: Any, prompt_records: Sequence[A
         prompts = [r.prompt_text or tokenizer.decode(r.prompt_ids, skip_special_tokens=False) for r in chunk]
         chunk_totals, chunk_components = rewards.score(prompts, texts, [r.columns for r in chunk],
                                                        completion_ids=[c.token_ids for c in completions])
+        if shown is not None and len(shown) < show:
+            shown += samples_shown(tokenizer, chunk, texts, chunk_totals,
+                                   chunk_components)[:show - len(shown)]
         totals += chunk_totals
         for name, values in chunk_components.items():
             components[name] += values
@@ -62,6 +70,17 @@ def evaluate_generation(sampler: Any, tokenizer: Any, prompt_records: Sequence[A
     if samples > 1 and accuracy is not None:
         metrics.update(pass_at_k(accuracy, samples))
     return metrics
+
+
+def samples_shown(tokenizer: Any, records: Sequence[Any], texts: Sequence[str],
+                  totals: Sequence[float], components: dict[str, list[float]],
+                  ) -> list[dict[str, Any]]:
+    """One dict per completion: the prompt exactly as the model saw it (its tokens decoded
+    with the special ones), the completion, its total reward and each reward's score."""
+    return [{"prompt": tokenizer.decode(list(r.prompt_ids), skip_special_tokens=False),
+             "completion": text, "reward": float(total),
+             "rewards": {name: float(values[i]) for name, values in components.items()}}
+            for i, (r, text, total) in enumerate(zip(records, texts, totals))]
 
 
 def pass_at_k(scores: Sequence[float], samples: int) -> dict[str, float]:

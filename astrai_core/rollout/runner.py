@@ -81,6 +81,7 @@ class RolloutRunner:
         self._lock = threading.Lock()
         self.rollouts_drawn = 0
         self.policy_version = 0  # publishes so far: stamps each rollout, survives a resume
+        self.sample_log: Any = None  # a RolloutSampleLog (rollout.log_samples), or None
 
     @property
     def logprob_temperature(self) -> float:
@@ -93,7 +94,11 @@ class RolloutRunner:
         rollout = self.rollout(self.next_prompts(), seed_offset=self.seed_offset,
                                routing=self.record_routing)
         self.rollouts_drawn += 1
-        return rollout
+        return self._offered(self.rollouts_drawn, rollout)
+
+    def _offered(self, number: int, rollout: RolloutBatch) -> RolloutBatch:
+        """``rollout`` (the ``number``-th drawn), its samples logged when they are due."""
+        return rollout if self.sample_log is None else self.sample_log.offer(number, rollout)
 
     # -- requested ahead (rollout.max_staleness > 0) ----------------------------------
     def submit(self) -> PendingRollout:
@@ -108,8 +113,9 @@ class RolloutRunner:
             handle = self.sampler.generate_async([r.prompt_ids for r in records], params,
                                                  **self._routing_request(self.record_routing))
         self.rollouts_drawn += 1
-        return PendingRollout(lambda: self.build(records, handle.result(), version,
-                                                  self.record_routing))
+        number = self.rollouts_drawn
+        return PendingRollout(lambda: self._offered(number, self.build(
+            records, handle.result(), version, self.record_routing)))
 
     def publish(self, state_dict: dict[str, torch.Tensor] | None = None) -> int:
         """Hand new policy weights to the sampler (None: the live model changed in place);

@@ -68,6 +68,8 @@ class Seq(LanguageModeling):
 
 
 class Sft(LanguageModeling):
-    """Supervised fine-tuning on chats: only assistant tokens are targets."""
+    """Supervised fine-tuning on chats (only assistant tokens are targets) and on
+    prompt-completion pairs (only the completion, unless ``data.completion_only_loss`` is
+    off)."""
 
-    data_formats = ("chat", "text")
+    data_formats = ("chat", "prompt_completion", "text")

@@ -92,8 +92,23 @@ class Tracker:
     def log(self, metrics: dict[str, float], step: int) -> None:
         raise NotImplementedError
 
+    def log_samples(self, samples: list[dict[str, Any]], step: int) -> None:
+        """Rendered rollout samples (``prompt``, ``completion``, ``reward``; see
+        ``rollout.log_samples``) as text or a table; trackers without one ignore them."""
+        return None
+
     def close(self, status: str) -> None:
         raise NotImplementedError
+
+
+SAMPLE_COLUMNS = ("prompt", "completion", "reward")
+
+
+def samples_markdown(samples: list[dict[str, Any]]) -> str:
+    """Samples as a Markdown list with the prompt and completion in code spans (quoted with
+    ``repr``, so a template's markers and newlines show)."""
+    return "\n".join(f"- reward {s['reward']:g}: prompt `{s['prompt']!r}` completion "
+                     f"`{s['completion']!r}`" for s in samples)
 
 
 def scalars(metrics: dict[str, Any]) -> dict[str, float]:

@@ -29,7 +29,8 @@ from urllib.parse import urlsplit
 from pydantic import Field
 
 from astrai_core.log import get_logger
-from astrai_core.trackers.base import TrackedRun, Tracker, TrackerOptions, flatten
+from astrai_core.trackers.base import (TrackedRun, Tracker, TrackerOptions, flatten,
+                                      samples_markdown)
 
 _REFUSED = re.compile(r"[^\w\-. /:]")  # what MLflow accepts in a metric or parameter name
 _PARAM_CHARS = 6000  # MLflow's longest parameter value
@@ -116,6 +117,10 @@ class MLflow(Tracker):
         now = int(time.time() * 1000)
         self.client.log_batch(self.run_id, metrics=[Metric(self.key(k), v, now, step)
                                                     for k, v in metrics.items()])
+
+    def log_samples(self, samples: list[dict[str, Any]], step: int) -> None:
+        self.client.log_text(self.run_id, samples_markdown(samples),
+                             f"rollout_samples/step_{step:08d}.txt")
 
     def close(self, status: str) -> None:
         self.client.set_terminated(self.run_id, status=STATUS.get(status, "FAILED"))

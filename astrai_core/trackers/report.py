@@ -44,6 +44,22 @@ class RunReport:
                 self.trackers.remove((name, tracker))
                 _close_quietly(name, tracker, "failed")
 
+    def write_samples(self, step: int, samples: list[dict[str, Any]]) -> None:
+        """Rendered rollout samples: one run-log line each, and to every tracker that takes
+        text (``log_samples``); a tracker failing here is warned about, not dropped."""
+        for sample in samples:
+            log.info(f"rollout sample (step {step}, reward {sample['reward']:g}): prompt "
+                     f"{sample['prompt']!r} completion {sample['completion']!r}")
+        for name, tracker in self.trackers:
+            write = getattr(tracker, "log_samples", None)
+            if write is None:
+                continue
+            try:
+                write([dict(s) for s in samples], step)
+            except Exception as exc:  # noqa: BLE001 - samples are a convenience
+                log.warning(f"tracker {name!r} failed to log rollout samples at step {step} "
+                            f"({type(exc).__name__}: {exc})")
+
     def close(self, status: str) -> None:
         if self.closed:
             return

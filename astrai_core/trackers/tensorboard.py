@@ -15,7 +15,7 @@ from typing import Any
 
 from pydantic import Field
 
-from astrai_core.trackers.base import TrackedRun, Tracker, TrackerOptions
+from astrai_core.trackers.base import TrackedRun, Tracker, TrackerOptions, samples_markdown
 
 
 class TensorBoard(Tracker):
@@ -46,6 +46,9 @@ class TensorBoard(Tracker):
     def log(self, metrics: dict[str, float], step: int) -> None:
         for name, value in metrics.items():  # as float64 tensors: the numbers of metrics.jsonl
             self.writer.add_scalar(name, value, step, new_style=True, double_precision=True)
+
+    def log_samples(self, samples: list[dict[str, Any]], step: int) -> None:
+        self.writer.add_text("rollout/samples", samples_markdown(samples), step)
 
     def close(self, status: str) -> None:
         self.writer.close()

@@ -13,7 +13,7 @@ from typing import Any
 
 from pydantic import Field, field_validator
 
-from astrai_core.trackers.base import TrackedRun, Tracker, TrackerOptions
+from astrai_core.trackers.base import SAMPLE_COLUMNS, TrackedRun, Tracker, TrackerOptions
 
 
 class Trackio(Tracker):
@@ -51,6 +51,13 @@ class Trackio(Tracker):
 
     def log(self, metrics: dict[str, float], step: int) -> None:
         self.run.log(metrics, step=step)
+
+    def log_samples(self, samples: list[dict[str, Any]], step: int) -> None:
+        import trackio
+
+        table = trackio.Table(columns=list(SAMPLE_COLUMNS),
+                              data=[[s[c] for c in SAMPLE_COLUMNS] for s in samples])
+        self.run.log({"rollout/samples": table}, step=step)
 
     def close(self, status: str) -> None:
         self.run.finish()

@@ -13,7 +13,7 @@ from typing import Any, Literal
 
 from pydantic import Field
 
-from astrai_core.trackers.base import TrackedRun, Tracker, TrackerOptions
+from astrai_core.trackers.base import SAMPLE_COLUMNS, TrackedRun, Tracker, TrackerOptions
 
 
 class WandB(Tracker):
@@ -44,6 +44,13 @@ class WandB(Tracker):
 
     def log(self, metrics: dict[str, float], step: int) -> None:
         self.run.log(metrics, step=step)
+
+    def log_samples(self, samples: list[dict[str, Any]], step: int) -> None:
+        import wandb
+
+        table = wandb.Table(columns=list(SAMPLE_COLUMNS),
+                            data=[[s[c] for c in SAMPLE_COLUMNS] for s in samples])
+        self.run.log({"rollout/samples": table}, step=step)
 
     def close(self, status: str) -> None:
         self.run.finish(exit_code=0 if status == "finished" else 1)

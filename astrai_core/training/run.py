@@ -143,6 +143,7 @@ def wire_components(plan: RunPlan, *, backend: Any, device: torch.device, model:
     from astrai_core.data import build_eval_loader, build_train_loader
     from astrai_core.rewards.reward_set import RewardSet
     from astrai_core.rollout.runner import RecordStream, RolloutRunner
+    from astrai_core.rollout.samples import RolloutSampleLog
     config, needs = plan.config, plan.needs
     data = config.data.resolve_paths(base_dir)
     required = {choice.label: choice.required_columns for choice in plan.rewards}
@@ -181,6 +182,9 @@ def wire_components(plan: RunPlan, *, backend: Any, device: torch.device, model:
                                  record_routing=needs.sampler_routing,  # router_replay: R3
                                  capabilities=capabilities,
                                  asynchronous=_asynchronous(plan))
+        if config.rollout.log_samples:
+            rollouts.sample_log = RolloutSampleLog(config.rollout.log_samples,
+                                                   config.rollout.log_samples_count, tokenizer)
     return RunComponents(
         plan=plan, trainer=config.trainer, data=data, registry=plan.registry, backend=backend,
         device=device, model=model, tokenizer=tokenizer, tokenizer_dir=tokenizer_dir,

@@ -181,6 +181,8 @@ class Trainer:
                                   config=self.run.plan.config.model_dump(mode="json"),
                                   output_dir=self.run.output_dir,
                                   resume_step=start if resume else None)
+        if main and getattr(self.run.rollouts, "sample_log", None) is not None:
+            self.run.rollouts.sample_log.report = metrics_log  # rollout.log_samples
         self.reporter = RunReporter(self.cfg.max_steps, start, bar=self.cfg.progress and main,
                                     heartbeat_seconds=self.cfg.heartbeat_seconds if main else 0,
                                     clock=self.clock)

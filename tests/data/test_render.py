@@ -124,5 +124,10 @@ def test_prompt_rendering(arith_tokenizer):
     text, ids = render_prompt(arith_tokenizer, {"prompt": None, "messages": CONVERSATION[1:2]})
     assert text == "<|user|>12+35=<|end|><|assistant|>"
     assert arith_tokenizer.decode(ids) == text and len(ids) == 9
-    text, ids = render_prompt(arith_tokenizer, {"prompt": "7*8=", "messages": None})
+    text, ids = render_prompt(arith_tokenizer, {"prompt": "7*8=", "messages": None},
+                              chat_template=False)
     assert text == "7*8=" and arith_tokenizer.convert_ids_to_tokens(ids) == ["7", "*", "8", "="]
+    # By default a string prompt is one user turn, rendered exactly as the messages are.
+    as_messages = render_prompt(arith_tokenizer, {"prompt": None, "messages": [
+        {"role": "user", "content": "7*8="}]})
+    assert render_prompt(arith_tokenizer, {"prompt": "7*8=", "messages": None}) == as_messages
