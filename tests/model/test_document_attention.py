@@ -176,3 +176,18 @@ def test_varlen_kernel_call_matches_per_document_sdpa(monkeypatch, window):
 
 def test_varlen_kernel_only_on_cuda_half_precision():
     assert doc_attn._varlen_kernel(torch.zeros(2, 2, dtype=torch.bfloat16)) is None  # CPU
+
+
+def test_activation_checkpointing_keeps_the_packed_gradients():
+    model = make_model(num_kv_heads=2).train()
+    ids, pos, mask = packed(ROWS)
+
+    def grads() -> list[torch.Tensor]:
+        model.zero_grad()
+        model(ids, attention_mask=mask, position_ids=pos)["logits"][mask.bool()].square().sum().backward()
+        return [p.grad.clone() for p in model.parameters()]
+
+    plain = grads()
+    model.gradient_checkpointing = True
+    for got, expected in zip(grads(), plain):
+        assert torch.equal(got, expected)
