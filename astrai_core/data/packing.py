@@ -5,8 +5,8 @@ A document is a dict of per-token numpy arrays: always ``input_ids``, and
 Fields a source lacks are filled by their meaning (``mixing.fill_value``).
 
 Row layout, for each document placed at columns [t, t+n): ``position_ids`` run 0..n-1,
-so a position that does not increase by one marks a document start, which the model
-turns into block-diagonal attention. ``loss_mask`` is False at every document start
+so a position that does not increase by one marks a document start: the model attends
+within each document only (the native model computes attention per document). ``loss_mask`` is False at every document start
 (nothing predicts it from inside the document) and on padding. Padding has
 ``attention_mask`` 0 and positions that continue the last document, so no query of
 the row is left with nothing to attend to.

@@ -9,6 +9,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from astrai_core.model.config import ModelConfig
+from astrai_core.model.document_attention import document_attention
 from astrai_core.model.layers import RMSNorm
 from astrai_core.model.masks import AttentionBias
 from astrai_core.model.rope import apply_rotary_factors
@@ -49,6 +50,9 @@ class Attention(nn.Module):
         value = self._heads(x, self.v_proj, None)
         if kv_cache is not None:
             key, value = kv_cache.update(self.layer_index, key, value)
+        if bias.documents is not None:  # a packed row: one attention per document
+            out = document_attention(query, key, value, bias.documents, bias.window)
+            return self.o_proj(out.reshape(batch, seq, -1))
         out = F.scaled_dot_product_attention(
             query, key, value, attn_mask=bias.mask, is_causal=bias.is_causal,
             enable_gqa=self.num_heads != self.num_kv_heads)

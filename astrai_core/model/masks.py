@@ -6,6 +6,10 @@ token), packed documents (a position id that does not follow its predecessor by 
 sliding window. Every query may always attend to its own position, so fully masked
 rows (left-padding queries) give finite outputs instead of NaN; those outputs are
 ignored anyway.
+
+Packed rows (several documents in a row, no KV cache) get no mask: their attention is
+computed per document (``model/document_attention.py``), at the cost of the documents'
+squares instead of the row's.
 """
 
 from __future__ import annotations
@@ -14,13 +18,18 @@ from dataclasses import dataclass
 
 import torch
 
+from astrai_core.model.document_attention import DocumentLayout, document_layout
+
 
 @dataclass
 class AttentionBias:
-    """What SDPA needs: an additive mask [B, 1, S, total_len] or None, and is_causal."""
+    """What SDPA needs: an additive mask [B, 1, S, total_len] or None, and is_causal; or,
+    for packed rows, the documents' layout (attention per document) and the sliding window."""
 
     mask: torch.Tensor | None
     is_causal: bool
+    documents: DocumentLayout | None = None
+    window: int | None = None
 
 
 def document_ids(position_ids: torch.Tensor) -> torch.Tensor:
@@ -56,6 +65,10 @@ def build_attention_bias(
             documents = None  # one document per row: plain causal
     window = sliding_window if sliding_window is not None and sliding_window < total_len else None
 
+    if documents is not None and past_len == 0:
+        layout = document_layout(documents, attention_mask if padded else None)
+        if layout is not None:
+            return AttentionBias(None, is_causal=True, documents=layout, window=window)
     if documents is None and window is None and query_len == 1 and past_len > 0:
         return _single_query_bias(attention_mask if padded else None, dtype)
     if not padded and documents is None and window is None and past_len == 0:

@@ -3,8 +3,9 @@
 :func:`token_micro_batches` cuts an optimizer step's rows into micro-batches of at most N
 real tokens; each is marked ``packed``, and :func:`packed_forward` runs such a batch as
 ONE sequence of its real tokens: each row's [prompt | response] one after the other,
-positions restarting at 0 for every row, so the model's block-diagonal mask (the one SFT
-packing uses, ``model/masks.py``) keeps the rows apart. Its outputs are scattered back to
+positions restarting at 0 for every row, so the model keeps the rows apart (the native
+model computes attention per document, ``model/document_attention.py``, as for SFT
+packing). Its outputs are scattered back to
 the batch's padded [N, R] layout, so the loss, the advantages and every metric are
 computed exactly as on the padded batch; only the padding's compute is gone.
 """

@@ -165,7 +165,7 @@ def test_several_packed_micro_batches_per_step_equal_one_padded(tmp_path, name, 
     """Each step's rows in several packed micro-batches (BUDGET tokens each) against one
     padded micro-batch: the same losses, gradient norms and weights, for every loss
     aggregation, only if each micro-batch counts by the tokens or rows it averages over."""
-    from astrai_core.training.batch_sources import RolloutSource
+    from astrai_core.online.source import RolloutSource
 
     counts, next_step = [], RolloutSource.next_step
 

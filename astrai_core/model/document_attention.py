@@ -1,0 +1,111 @@
+"""Attention computed per packed document instead of over the whole packed row.
+
+A packed row holds several documents one after the other; a dense block-diagonal mask
+keeps them apart but still costs O(row²). Here each document's queries meet only its own
+keys: flash-attn's varlen kernel on CUDA (half precision) when it is installed, one
+causal ``scaled_dot_product_attention`` per document otherwise, so the cost is the sum
+of the documents' squares. A padding query (``attention_mask`` 0) attends only to its own
+position, as in the dense mask, so its output is its own value; it is ignored anyway.
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+
+
+@dataclass
+class DocumentLayout:
+    """The segments of the flattened [B * S] tokens, in order, which together cover them.
+
+    spans: (start, end, real) per segment: a run of real tokens of one document, or a run
+    of padding. cu_seqlens [n + 1] int32: the boundaries for a varlen kernel, with every
+    padding token a segment of its own; max_len: its longest segment.
+    """
+
+    spans: list[tuple[int, int, bool]]
+    cu_seqlens: torch.Tensor
+    max_len: int
+
+
+def document_layout(documents: torch.Tensor, attention_mask: torch.Tensor | None
+                    ) -> DocumentLayout | None:
+    """The layout of ``documents`` [B, S] (:func:`~astrai_core.model.masks.document_ids`)
+    with padding where ``attention_mask`` is 0; None when a document's real tokens are
+    interrupted by padding (the dense mask handles that rare case)."""
+    batch, seq = documents.shape
+    real = torch.ones_like(documents, dtype=torch.bool) if attention_mask is None \
+        else attention_mask.bool()
+    # Documents numbered across rows, so that a new row always starts a new segment.
+    doc = (documents + torch.arange(batch, device=documents.device)[:, None] * (seq + 1)).reshape(-1)
+    real = real.reshape(-1)
+    starts = torch.ones_like(real)
+    starts[1:] = (doc[1:] != doc[:-1]) | (real[1:] != real[:-1])
+    begin = starts.nonzero().squeeze(-1)
+    real_runs = real[begin]
+    run_doc = doc[begin][real_runs]
+    if bool((run_doc[1:] == run_doc[:-1]).any()):
+        return None  # padding inside a document
+    bounds = torch.cat([begin, begin.new_tensor([real.numel()])]).tolist()
+    flags = real_runs.tolist()
+    spans = [(bounds[i], bounds[i + 1], flags[i]) for i in range(len(flags))]
+    varlen_starts = (starts | ~real).nonzero().squeeze(-1)
+    cu_seqlens = torch.cat([varlen_starts, varlen_starts.new_tensor([real.numel()])]).to(torch.int32)
+    return DocumentLayout(spans, cu_seqlens, max(end - start for start, end, _ in spans))
+
+
+def document_attention(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
+                       layout: DocumentLayout, window: int | None) -> torch.Tensor:
+    """query [B, H, S, D], key/value [B, KV, S, D] -> [B, S, H, D]: causal attention
+    within each segment of ``layout`` (keys at most ``window`` - 1 positions back when a
+    sliding window is given)."""
+    batch, heads, seq, dim = query.shape
+    # Token-major [B * S, heads, D]: a document is a contiguous slice of rows.
+    q, k, v = (t.transpose(1, 2).reshape(batch * seq, t.shape[1], dim) for t in (query, key, value))
+    kernel = _varlen_kernel(q)
+    if kernel is not None:
+        out = kernel(q, k, v, layout.cu_seqlens, layout.cu_seqlens, layout.max_len, layout.max_len,
+                     dropout_p=0.0, causal=True,
+                     window_size=(-1, -1) if window is None else (window - 1, 0))
+    else:
+        out = torch.cat([_span_attention(q[a:b], k[a:b], v[a:b], real, window)
+                         for a, b, real in layout.spans])
+    return out.reshape(batch, seq, heads, dim)
+
+
+def _span_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, real: bool,
+                    window: int | None) -> torch.Tensor:
+    """One segment, [L, heads, D] each -> [L, H, D]."""
+    group = q.shape[1] // k.shape[1]
+    if not real:  # each padding query sees only itself: softmax of one score is 1
+        return v.repeat_interleave(group, dim=1) if group > 1 else v
+    length = q.shape[0]
+    mask = None
+    if window is not None and window < length:
+        pos = torch.arange(length, device=q.device)
+        mask = (pos[None, :] <= pos[:, None]) & (pos[None, :] > pos[:, None] - window)
+    out = F.scaled_dot_product_attention(
+        q.transpose(0, 1)[None], k.transpose(0, 1)[None], v.transpose(0, 1)[None],
+        attn_mask=mask, is_causal=mask is None, enable_gqa=group > 1)
+    return out[0].transpose(0, 1)
+
+
+def _varlen_kernel(q: torch.Tensor) -> Callable[..., torch.Tensor] | None:
+    """flash-attn's ``flash_attn_varlen_func`` where it applies (CUDA, half precision,
+    installed), else None."""
+    if q.device.type != "cuda" or q.dtype not in (torch.float16, torch.bfloat16):
+        return None
+    return _flash_varlen()
+
+
+@functools.cache
+def _flash_varlen() -> Callable[..., torch.Tensor] | None:
+    try:  # optional: imported on first use, never required
+        from flash_attn import flash_attn_varlen_func
+    except Exception:  # not installed, or built for another torch/CUDA
+        return None
+    return flash_attn_varlen_func
