@@ -16,11 +16,10 @@
 
 from __future__ import annotations
 
-import os
-from typing import Any
-
 import contextlib
+import os
 from collections.abc import Iterator
+from typing import Any
 
 from astrai_core.api import LOOPBACK, AstraiError, get_logger, process_registry, scoped_env
 
