@@ -17,7 +17,7 @@ STAMP := $(VENV)/.astrai-installed
 SOURCES := pyproject.toml constraints.txt Makefile bench/requirements.txt \
 	$(wildcard plugins/*/pyproject.toml) $(CONTRIB)
 
-.PHONY: demo test test-vllm venv venv-vllm clean bench bench-vllm docs dist
+.PHONY: demo test test-vllm venv venv-vllm clean bench bench-vllm gpu-check docs dist
 
 venv: $(STAMP)
 
@@ -92,6 +92,13 @@ bench: $(STAMP)
 	$(PY) bench/bench_ray.py
 	$(PY) bench/bench_distributed.py
 	$(PY) bench/bench_weight_push.py --lora
+
+# `make gpu-check`: one prepared check on a machine with an accelerator, under 8 minutes:
+# the gpu-marked tests, training MFU (Qwen3-0.6B and -4B shapes), GRPO with colocated
+# vLLM asleep, the sampler and TRL benchmarks; one JSON report (docs/testing.md).
+# VLLM_PYTHON: an interpreter with a vLLM build for the accelerator (default: .venv's).
+gpu-check: $(STAMP)
+	$(PY) bench/gpu_check.py --out runs/gpu-check $(if $(VLLM_PYTHON),--vllm-python $(VLLM_PYTHON))
 
 # `make bench-vllm`: the vLLM rows of the README's table, in `.venv-vllm`.
 bench-vllm: $(VLLM_STAMP)

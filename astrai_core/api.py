@@ -69,6 +69,8 @@ from astrai_core.rl.policy_losses import apply_rollout_weights
 
 # Samplers: the protocol, what generate gets and what it returns.
 from astrai_core.plugins.protocols import SamplerProtocol
+from astrai_core.plugins.sampler_capabilities import (NO_CAPABILITIES, SamplerCapabilities,
+                                                      sampler_capabilities)
 from astrai_core.sampling.params import Completion, SamplingParams
 from astrai_core.sampling.requests import Request, expand_requests
 
@@ -164,7 +166,8 @@ __all__ = [
     "AggregationOption", "AuxLossOption", "EntropyOption", "KLEstimator", "KLEstimatorOption",
     "KLPenaltyOption", "LossAggregationOptions", "redefault",
     # samplers
-    "Completion", "Request", "SamplerProtocol", "SamplingParams", "expand_requests",
+    "Completion", "NO_CAPABILITIES", "Request", "SamplerCapabilities", "SamplerProtocol",
+    "SamplingParams", "expand_requests", "sampler_capabilities",
     # weights
     "hf_name_prefix", "iter_full_buckets", "iter_hf_push_buckets", "iter_push_buckets",
     "merge_and_unload", "merged_state_dict", "save_hf_directory", "shipped_code_modules",

@@ -5,11 +5,14 @@ on the same prompts, with the same prompts per step, group size, completion leng
 (forced: no early stop), learning rate and loss (token-mean PPO-clip, no KL), float32
 without activation checkpointing (TRL's bf16 and gradient-checkpointing defaults are
 switched off), and the same reward function (TRL's calling convention, which astrai shares). A step is one
-rollout + one optimizer step. Each trainer runs in a fresh process (astrai, TRL, astrai,
-TRL, ...), so that neither inherits the other's global torch state; prints the median step
-time of each (first step of every run left out) and the ratio.
+rollout + one optimizer step. Each trainer runs in a process of its own, so that neither
+inherits the other's global torch state, and the two take their steps in turn (astrai's
+step 2, TRL's step 2, TRL's step 3, astrai's step 3, ...: bench/lockstep.py), so that
+the machine's load hits both alike; a round is one step of each, in fresh processes.
+Prints the median step time of each (the first step of every run left out) and the
+astrai / TRL ratio: the median of the per-step ratios.
 
-    .venv/bin/python bench/bench_grpo_trl.py [--steps 6] [--prompts 8] [--group 8] [--tokens 16] [--rounds 2]
+    .venv/bin/python bench/bench_grpo_trl.py [--steps 6] [--prompts 8] [--group 8] [--tokens 16] [--rounds 2] [--device cpu]
 
 TRL is a benchmark-only dependency: `make bench` installs bench/requirements.txt.
 """
@@ -28,6 +31,9 @@ from typing import Any
 
 import torch
 import yaml
+
+sys.path.insert(0, str(Path(__file__).parent))  # bench/lockstep.py
+from lockstep import StepGate, median_ratio, interleave, register_gate_tracker  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[1]
 TOKENIZER = REPO / "examples" / "arith" / "tokenizer"
@@ -69,14 +75,20 @@ def train_trl(model: Any, tokenizer: Any, work: Path, args: argparse.Namespace,
     from transformers import TrainerCallback
     from trl import GRPOConfig, GRPOTrainer
 
-    stamps: list[float] = []
+    steps: list[float] = []
+    gate = StepGate() if getattr(args, "lockstep", False) else None
+    resumed = [0.0]
 
     class Stamp(TrainerCallback):
         def on_step_end(self, *unused, **kwargs):
-            stamps.append(time.perf_counter())
+            # a step runs from the previous one's end (or go-ahead) to its own end
+            steps.append(time.perf_counter() - resumed[0])
+            if gate is not None:
+                gate.step_done(steps[-1])
+            resumed[0] = time.perf_counter()
 
     config = GRPOConfig(
-        output_dir=str(work / "trl"), use_cpu=True, report_to="none", logging_steps=1,
+        output_dir=str(work / "trl"), use_cpu=getattr(args, "device", "cpu") == "cpu", report_to="none", logging_steps=1,
         max_steps=args.steps, learning_rate=args.lr, lr_scheduler_type="constant",
         warmup_steps=0, per_device_train_batch_size=args.prompts * args.group,
         num_generations=args.group, max_completion_length=completion_length, temperature=1.0,
@@ -89,9 +101,9 @@ def train_trl(model: Any, tokenizer: Any, work: Path, args: argparse.Namespace,
     dataset = Dataset.from_list([{"prompt": p} for p in prompts(args.prompts * args.steps)])
     trainer = GRPOTrainer(model=model, reward_funcs=digit_reward, args=config,
                           train_dataset=dataset, processing_class=tokenizer, callbacks=[Stamp()])
-    start = time.perf_counter()
+    resumed[0] = time.perf_counter()
     trainer.train()
-    return trainer, [b - a for a, b in zip([start] + stamps[:-1], stamps)]
+    return trainer, steps
 
 
 def time_trl(model_dir: Path, work: Path, args: argparse.Namespace) -> list[float]:
@@ -126,7 +138,7 @@ def train_astrai(model_dir: Path, work: Path, args: argparse.Namespace, sampler:
                      "loss_aggregation": "token-mean"},
         "rewards": [{"name": f"{Path(__file__).stem}:digit_reward"}],
         "sampler": {"temperature": 1.0, **_engine_defaults(args, sampler), **sampler},
-        "device": {"name": "cpu"},
+        "device": {"name": getattr(args, "device", "cpu")},
         "trainer": {"max_steps": args.steps, "lr": args.lr, "schedule": "constant",
                     "max_grad_norm": 1.0, "eval_at_start": False, "save_every": 0,
                     "progress": False},
@@ -150,9 +162,13 @@ def _engine_defaults(args: argparse.Namespace, sampler: dict) -> dict:
 
 
 def time_astrai(model_dir: Path, work: Path, args: argparse.Namespace) -> list[float]:
+    gated = None
+    if args.lockstep:  # the tracker waits for the go-ahead after each timed step
+        register_gate_tracker()
+        gated = {"trainer": {"report_to": [{"name": "lockstep"}]}}
     # No stop token (the default is the EOS): every completion is args.tokens long, as TRL's.
     records = train_astrai(model_dir, work, args,
-                           {"max_new_tokens": args.tokens, "stop_token_ids": []})
+                           {"max_new_tokens": args.tokens, "stop_token_ids": []}, gated)
     return [r["time/step_seconds"] for r in records if "time/step_seconds" in r]
 
 
@@ -176,10 +192,6 @@ def child_json(script: str, tag: str, who: str, model_dir: Path, argv: list[str]
     return json.loads(line[len(tag) + 1:])
 
 
-def child_steps(who: str, model_dir: Path, argv: list[str]) -> list[float]:
-    return child_json(__file__, "STEPS", who, model_dir, argv)
-
-
 def add_run_arguments(parser: argparse.ArgumentParser, *, steps: int, prompts: int,
                       size: str) -> None:
     """The options both GRPO benchmarks share (with their own defaults)."""
@@ -191,36 +203,60 @@ def add_run_arguments(parser: argparse.ArgumentParser, *, steps: int, prompts: i
     parser.add_argument("--threads", type=int, default=1)
 
 
+def measure(args: argparse.Namespace, argv: list[str]) -> dict[str, list[float]]:
+    """Each round: astrai and TRL in fresh processes, their steps in turn (the first step
+    of each run left out: it pays one-off costs, and it runs while the other starts)."""
+    steps: dict[str, list[float]] = {"astrai": [], "trl": []}
+    with tempfile.TemporaryDirectory() as tmp:
+        model_dir = Path(tmp) / "hf"
+        make_model(model_dir, args.size)
+        child = [sys.executable, __file__, *argv, "--lockstep", "--model-dir", str(model_dir)]
+        for round_index in range(args.rounds):
+            # who starts first alternates between rounds as well as between steps
+            order = list(steps) if round_index % 2 == 0 else list(reversed(steps))
+            times = interleave({who: [*child, "--only", who] for who in order}, args.steps)
+            for who in steps:
+                steps[who] += times[who][1:]
+    return steps
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     add_run_arguments(parser, steps=6, prompts=8, size="small")
     parser.add_argument("--tokens", type=int, default=16, help="completion length")
     parser.add_argument("--rounds", type=int, default=2,
-                        help="astrai, TRL, astrai, TRL, ...: each run in a fresh process")
+                        help="fresh astrai and TRL processes, their steps taken in turn")
+    parser.add_argument("--device", default="cpu",
+                        help="device backend of both trainers (cpu, cuda, npu)")
+    parser.add_argument("--json", type=Path, default=None, help="also write the figures here")
     parser.add_argument("--only", choices=("astrai", "trl"), help=argparse.SUPPRESS)
     parser.add_argument("--model-dir", help=argparse.SUPPRESS)
+    parser.add_argument("--lockstep", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args()
+    if args.steps < 2:
+        parser.error("--steps must be at least 2: the first step of each run is left out")
     if args.only:
         return run_one(args)
-    argv = sys.argv[1:]
-    # Each trainer runs in its own process: neither inherits the other's global torch
-    # state (thread count, deterministic mode, allocator), and alternating the order
-    # spreads the machine's drift over both.
-    steps: dict[str, list[float]] = {"astrai": [], "trl": []}
-    with tempfile.TemporaryDirectory() as tmp:
-        model_dir = Path(tmp) / "hf"
-        make_model(model_dir, args.size)
-        for _ in range(args.rounds):
-            for who in steps:
-                # the first step of each run pays one-off costs (allocation, first kernels)
-                steps[who] += child_steps(who, model_dir, argv)[1:]
+    steps = measure(args, sys.argv[1:])
+    report(args, steps)
+
+
+def report(args: argparse.Namespace, steps: dict[str, list[float]]) -> None:
     astrai_median = statistics.median(steps["astrai"])
     trl_median = statistics.median(steps["trl"])
+    ratio = median_ratio(steps["astrai"], steps["trl"])
     print(f"GRPO step, {args.size} model, {args.prompts} prompts x {args.group} completions x "
-          f"{args.tokens} tokens, {args.threads} thread(s), CPU, {args.rounds} rounds")
+          f"{args.tokens} tokens, {args.threads} thread(s), {args.device}, {args.rounds} rounds, "
+          "steps interleaved")
     print(f"  astrai: {astrai_median:.3f} s/step   (steps: {', '.join(f'{s:.2f}' for s in steps['astrai'])})")
     print(f"  TRL   : {trl_median:.3f} s/step   (steps: {', '.join(f'{s:.2f}' for s in steps['trl'])})")
-    print(f"  astrai / TRL time ratio: {astrai_median / trl_median:.2f} (target <= 0.5)")
+    print(f"  astrai / TRL time ratio: {ratio:.2f}, the median of {len(steps['trl'])} per-step "
+          f"ratios (ratio of the medians: {astrai_median / trl_median:.2f}; target <= 0.5)")
+    if args.json is not None:
+        figures = {"astrai_steps": steps["astrai"], "trl_steps": steps["trl"],
+                   "astrai_median_seconds": astrai_median, "trl_median_seconds": trl_median,
+                   "time_ratio": ratio, "device": args.device}
+        args.json.write_text(json.dumps(figures, indent=2))
 
 
 if __name__ == "__main__":

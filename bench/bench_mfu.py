@@ -11,7 +11,13 @@ the devices used; the model FLOPs of a token are PaLM's (appendix B)
 so activation checkpointing's recompute is not counted as useful work. The peak is looked
 up by device name (bf16 dense, no sparsity) or given with ``--peak-tflops``.
 
-    python bench/bench_mfu.py [--batch 8] [--seq 2048] [--optimizer adamw|muon]
+With ``--peer transformers`` (one process) the same shape is then built as
+transformers' ``Qwen3ForCausalLM`` (random weights, sdpa attention) and trained with the
+same optimizer, autocast, loss, batch and step count: its tokens/s and MFU are reported
+beside astrai's, and the ratio.
+
+    python bench/bench_mfu.py [--shape qwen3-0.6b|qwen3-4b] [--batch 8] [--seq 2048] [--optimizer adamw|muon]
+    python bench/bench_mfu.py --peer transformers
     python -m torch.distributed.run --nproc-per-node 8 bench/bench_mfu.py ...
     python bench/bench_mfu.py --smoke          # a tiny model on CPU: the script still runs
 """
@@ -32,6 +38,11 @@ import torch.nn.functional as F
 QWEN3_0_6B = dict(vocab_size=151936, hidden_size=1024, intermediate_size=3072, num_layers=28,
                   num_heads=16, num_kv_heads=8, head_dim=128, qk_norm=True, rope_theta=1e6,
                   tie_word_embeddings=True, max_position_embeddings=40960)
+# Qwen/Qwen3-4B's config.json.
+QWEN3_4B = dict(vocab_size=151936, hidden_size=2560, intermediate_size=9728, num_layers=36,
+                num_heads=32, num_kv_heads=8, head_dim=128, qk_norm=True, rope_theta=1e6,
+                tie_word_embeddings=True, max_position_embeddings=40960)
+SHAPES = {"qwen3-0.6b": QWEN3_0_6B, "qwen3-4b": QWEN3_4B}
 SMOKE = dict(vocab_size=256, hidden_size=64, intermediate_size=128, num_layers=2, num_heads=4,
              num_kv_heads=2, head_dim=16, qk_norm=True, tie_word_embeddings=True,
              max_position_embeddings=128)
@@ -116,7 +127,8 @@ def train_step(model: torch.nn.Module, optimizer: torch.optim.Optimizer, ids: to
     # One process: autocast to bf16; under FSDP2 the mixed-precision policy casts instead.
     dtype = torch.bfloat16 if setup.mesh is None else None
     with setup.backend.autocast(dtype):
-        logits = model(ids)["logits"]
+        logits = model(ids)
+    logits = logits["logits"] if isinstance(logits, dict) else logits.logits
     loss = F.cross_entropy(logits[:, :-1].reshape(-1, logits.shape[-1]), ids[:, 1:].reshape(-1))
     loss.backward()
     optimizer.step()
@@ -124,18 +136,17 @@ def train_step(model: torch.nn.Module, optimizer: torch.optim.Optimizer, ids: to
     return loss.detach()
 
 
-def run(args: argparse.Namespace) -> dict[str, Any]:
+def time_steps(model: torch.nn.Module, args: argparse.Namespace, setup: Setup,
+               vocab: int) -> tuple[float, float]:
+    """Seconds per training step of ``model`` (after ``args.warmup`` steps) and the last
+    loss, on the same random tokens and with the same optimizer whatever the model."""
     from astrai_core.config.trainer import TrainerConfig
     from astrai_core.training.optim import build_optimizer
 
-    setup = Setup(args.device)
-    shape = SMOKE if args.smoke else QWEN3_0_6B
-    model = build(setup, shape, args.activation_checkpointing)
     trainer = TrainerConfig(max_steps=1, lr=1e-4, optimizer=args.optimizer, weight_decay=0.1)
     optimizer = build_optimizer(list(model.named_parameters()), trainer)
     generator = torch.Generator().manual_seed(1 + setup.rank)
-    ids = torch.randint(0, shape["vocab_size"], (args.batch, args.seq), generator=generator)
-    ids = ids.to(setup.device)
+    ids = torch.randint(0, vocab, (args.batch, args.seq), generator=generator).to(setup.device)
     for _ in range(args.warmup):
         train_step(model, optimizer, ids, setup)
     setup.backend.synchronize()
@@ -143,29 +154,87 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     for _ in range(args.steps):
         loss = train_step(model, optimizer, ids, setup)
     setup.backend.synchronize()
-    seconds = (time.perf_counter() - start) / args.steps
-    config = model.config
+    return (time.perf_counter() - start) / args.steps, float(loss)
+
+
+def figures(flops: int, tokens: int, seconds: float, peak: float | None,
+            world: int) -> dict[str, Any]:
+    achieved = flops * tokens / seconds
+    return {"step_seconds": seconds, "tokens_per_second": tokens / seconds,
+            "achieved_tflops": achieved / 1e12,
+            "mfu": None if peak is None else achieved / (peak * 1e12 * world)}
+
+
+def build_transformers_peer(setup: Setup, shape: dict[str, Any],
+                            checkpointing: bool) -> torch.nn.Module:
+    """The same shape as transformers' Qwen3ForCausalLM (random weights, float32 master
+    weights as astrai's, sdpa attention)."""
+    from transformers import Qwen3Config, Qwen3ForCausalLM
+
+    config = Qwen3Config(
+        vocab_size=shape["vocab_size"], hidden_size=shape["hidden_size"],
+        intermediate_size=shape["intermediate_size"], num_hidden_layers=shape["num_layers"],
+        num_attention_heads=shape["num_heads"], num_key_value_heads=shape["num_kv_heads"],
+        head_dim=shape["head_dim"], tie_word_embeddings=shape["tie_word_embeddings"],
+        max_position_embeddings=shape["max_position_embeddings"], attn_implementation="sdpa")
+    torch.manual_seed(0)
+    with setup.device:
+        model = Qwen3ForCausalLM(config).train()
+    if checkpointing:
+        model.gradient_checkpointing_enable()
+    return model
+
+
+def measure_peer(args: argparse.Namespace, setup: Setup, shape: dict[str, Any],
+                 flops: int, peak: float | None) -> dict[str, Any]:
+    import transformers
+
+    model = build_transformers_peer(setup, shape, args.activation_checkpointing)
+    seconds, loss = time_steps(model, args, setup, shape["vocab_size"])
+    parameters = sum(p.numel() for p in model.parameters())  # a tied head once
+    del model
+    return {"name": f"transformers {transformers.__version__} Qwen3ForCausalLM",
+            "parameters": parameters, **figures(flops, args.batch * args.seq, seconds, peak, 1),
+            "final_loss": loss}
+
+
+def run(args: argparse.Namespace) -> dict[str, Any]:
+    setup = Setup(args.device)
+    shape = SMOKE if args.smoke else SHAPES[args.shape]
+    if args.peer and setup.world > 1:
+        raise SystemExit("--peer: one process only (the peer is not sharded)")
+    model = build(setup, shape, args.activation_checkpointing)
+    seconds, loss = time_steps(model, args, setup, shape["vocab_size"])
+    config, parameters = model.config, model.num_parameters()
+    memory = setup.backend.memory_stats()
+    del model  # frees the device for the peer
+    setup.backend.empty_cache()
     tokens = args.batch * args.seq * setup.world  # global tokens per step
-    achieved = flops_per_token(config, args.seq) * tokens / seconds
+    flops = flops_per_token(config, args.seq)
     name = device_name(setup.device)
     peak = args.peak_tflops or peak_tflops(name)
     result = {
-        "device": name, "world_size": setup.world, "parameters": model.num_parameters(),
+        "device": name, "shape": "smoke" if args.smoke else args.shape,
+        "world_size": setup.world, "parameters": parameters,
         "batch_per_rank": args.batch, "seq": args.seq, "optimizer": args.optimizer,
         "activation_checkpointing": args.activation_checkpointing,
-        "flops_per_token": flops_per_token(config, args.seq), "step_seconds": seconds,
-        "tokens_per_second": tokens / seconds, "achieved_tflops": achieved / 1e12,
-        "peak_tflops_per_device": peak,
-        "mfu": None if peak is None else achieved / (peak * 1e12 * setup.world),
-        "final_loss": float(loss), "memory": setup.backend.memory_stats(),
+        "flops_per_token": flops, **figures(flops, tokens, seconds, peak, setup.world),
+        "peak_tflops_per_device": peak, "final_loss": loss, "memory": memory,
         "date": time.strftime("%Y-%m-%d", time.gmtime()),
     }
+    if args.peer:
+        result["peer"] = measure_peer(args, setup, shape, flops, peak)
+        result["time_ratio"] = seconds / result["peer"]["step_seconds"]
     setup.close()
     return result
 
 
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--shape", choices=tuple(SHAPES), default="qwen3-0.6b",
+                        help="the architecture measured (random weights)")
+    parser.add_argument("--peer", choices=("transformers",), default=None,
+                        help="also measure this implementation of the same shape")
     parser.add_argument("--batch", type=int, default=8, help="sequences per rank")
     parser.add_argument("--seq", type=int, default=2048)
     parser.add_argument("--steps", type=int, default=10, help="timed steps")
@@ -188,6 +257,11 @@ def main(argv: list[str] | None = None) -> None:
     print(f"{result['device']} x{result['world_size']}: {result['parameters'] / 1e6:.0f}M params, "
           f"{result['tokens_per_second']:,.0f} tokens/s, {result['achieved_tflops']:.1f} TFLOP/s, "
           f"MFU {mfu} (batch {args.batch} x seq {args.seq} per rank, {args.optimizer})")
+    if "peer" in result:
+        peer = result["peer"]
+        peer_mfu = "n/a" if peer["mfu"] is None else f"{peer['mfu']:.1%}"
+        print(f"{peer['name']}: {peer['tokens_per_second']:,.0f} tokens/s, MFU {peer_mfu}; "
+              f"astrai's step takes {result['time_ratio']:.2f}x its time")
     if args.json is not None:
         args.json.write_text(json.dumps(result, indent=2))
 

@@ -7,14 +7,19 @@ Runs alternate between the two so machine load hits both alike. Prints generated
 tokens/s of each and the ratio.
 
     .venv/bin/python bench/bench_sampler.py [--model-type qwen2] [--batch 16] [--new-tokens 64]
+        [--device cpu|cuda|npu|auto] [--json figures.json]
+
+On an accelerator both run in float32 there too, so that greedy outputs stay comparable.
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import statistics
 import tempfile
 import time
+from pathlib import Path
 
 import torch
 
@@ -31,7 +36,7 @@ SIZES = {
 }
 
 
-def build_models(model_type: str):
+def build_models(model_type: str, device: torch.device):
     from transformers import AutoConfig, AutoModelForCausalLM
 
     from astrai_core.checkpoints.hf.select import load_importer
@@ -46,7 +51,7 @@ def build_models(model_type: str):
         importer = load_importer(load_plugins(), model_type=model_type)
         importer.import_checkpoint(f"{tmp}/hf", f"{tmp}/native")
         native = load_pretrained(f"{tmp}/native")
-    return hf_model.eval(), native.eval()
+    return hf_model.to(device).eval(), native.to(device).eval()
 
 
 def make_prompts(batch: int, vocab: int) -> list[list[int]]:
@@ -57,7 +62,7 @@ def make_prompts(batch: int, vocab: int) -> list[list[int]]:
 
 def run_transformers(model, prompts, new_tokens: int, sample: bool, eos: int | None = None) -> list[list[int]]:
     ids, mask = pad_rows(prompts, left=True, pad_value=0, dtype=torch.long)
-    mask = mask.long()
+    ids, mask = ids.to(model.device), mask.long().to(model.device)
     options = dict(do_sample=True, temperature=1.0, top_k=50, top_p=0.9) if sample else dict(do_sample=False)
     if eos is None:  # every row runs the full length
         options["min_new_tokens"] = new_tokens
@@ -106,7 +111,7 @@ def measure(fns: dict, repeats: int) -> dict[str, tuple[float, list[list[int]]]]
     return {name: (min(times[name]), outputs[name]) for name in fns}
 
 
-def main() -> None:
+def parse_args() -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--model-type", default="qwen2", choices=("llama", "qwen2", "mistral"))
     parser.add_argument("--size", default="small", choices=tuple(SIZES))
@@ -115,34 +120,56 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--threads", type=int, default=1,
                         help="torch threads (1: robust on a machine shared with other jobs)")
-    args = parser.parse_args()
+    parser.add_argument("--device", default="cpu", help="device backend name (auto: the best)")
+    parser.add_argument("--json", type=Path, default=None, help="also write the figures here")
+    return parser.parse_args()
+
+
+def main() -> None:
+    args = parse_args()
     torch.set_num_threads(args.threads)
 
+    from astrai_core.devices.select import resolve_device
+    from astrai_core.plugins import process_registry
     from astrai_core.sampling import TorchSampler
 
+    device = resolve_device(process_registry(), args.device).device(0)
     SIZE.update(SIZES[args.size])
-    hf_model, native = build_models(args.model_type)
+    hf_model, native = build_models(args.model_type, device)
     sampler = TorchSampler(model=native, max_batch_size=args.batch)
     prompts = make_prompts(args.batch, SIZE["vocab_size"])
     eos = pick_eos(run_astrai(sampler, prompts, args.new_tokens, sample=False))
     print(f"model {args.model_type} ({args.size}) {sum(p.numel() for p in native.parameters()) / 1e6:.2f}M "
           f"params, batch {args.batch}, prompt lengths {min(map(len, prompts))}-{max(map(len, prompts))}, "
-          f"up to {args.new_tokens} new tokens, {torch.get_num_threads()} threads, CPU")
+          f"up to {args.new_tokens} new tokens, {torch.get_num_threads()} threads, {device}")
     scenarios = (("greedy, full length", False, None), ("sampling top-k/top-p, full length", True, None),
                  (f"greedy, stop at token {eos}", False, eos))
+    figures = {"device": str(device), "scenarios": {}}
     for label, sample, stop in scenarios:
         results = measure({
             "transformers": lambda: run_transformers(hf_model, prompts, args.new_tokens, sample, stop),
             "astrai": lambda: run_astrai(sampler, prompts, args.new_tokens, sample, stop)}, args.repeats)
-        rates = {}
-        for name, (seconds, outputs) in results.items():
-            tokens = sum(map(len, outputs))
-            rates[name] = tokens / seconds
-            print(f"  {label:36s} {name:13s} {rates[name]:9.0f} tokens/s ({tokens} tokens in {seconds:.3f} s)")
-        if not sample:  # same weights, greedy: the same tokens (hence the same lengths)
-            same = results["transformers"][1] == results["astrai"][1]
-            print(f"  {label:36s} identical greedy outputs: {same}")
-        print(f"  {label:36s} ratio astrai / transformers: {rates['astrai'] / rates['transformers']:.2f}x")
+        figures["scenarios"][label] = report(label, results, sample)
+    if args.json is not None:
+        args.json.write_text(json.dumps(figures, indent=2))
+
+
+def report(label: str, results: dict[str, tuple[float, list[list[int]]]],
+           sample: bool) -> dict[str, float | bool]:
+    """Print one scenario's lines; its figures (tokens/s of each, the ratio)."""
+    rates = {}
+    for name, (seconds, outputs) in results.items():
+        tokens = sum(map(len, outputs))
+        rates[name] = tokens / seconds
+        print(f"  {label:36s} {name:13s} {rates[name]:9.0f} tokens/s ({tokens} tokens in {seconds:.3f} s)")
+    figures: dict[str, float | bool] = {f"{name}_tokens_per_second": rate for name, rate in rates.items()}
+    if not sample:  # same weights, greedy: the same tokens (hence the same lengths)
+        same = results["transformers"][1] == results["astrai"][1]
+        print(f"  {label:36s} identical greedy outputs: {same}")
+        figures["identical_greedy_outputs"] = same
+    figures["ratio"] = rates["astrai"] / rates["transformers"]
+    print(f"  {label:36s} ratio astrai / transformers: {figures['ratio']:.2f}x")
+    return figures
 
 
 if __name__ == "__main__":

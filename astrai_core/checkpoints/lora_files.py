@@ -320,27 +320,38 @@ def attach_lora(model: nn.Module, section: Any, base_dir: Path | None) -> nn.Mod
         model_type = model_type_of(base_dir) if base_dir is not None else default_model_type(model.config)
         load_adapter(model, Path(section.path), model_type)
     else:
-        inject_lora(model, peft_lora_config(**_targets_of(model, section.adapter_settings())))
+        inject_lora(model, peft_lora_config(**_targets_of(model, section)))
     model.lora_base = None if base_dir is None or section.save_base else LoraBase.of(base_dir)
     return model
 
 
-def _targets_of(model: nn.Module, settings: dict[str, Any]) -> dict[str, Any]:
-    """``settings`` with ``target_modules`` in the model's own names (a transformers
-    family's, :mod:`astrai_core.model_backends.lora_targets`); names it has no linear
-    module for are left out, and none at all is an error naming the model type."""
+def _targets_of(model: nn.Module, section: Any) -> dict[str, Any]:
+    """The adapter settings of ``section`` with ``target_modules`` in the model's own names
+    (a transformers family's, :mod:`astrai_core.model_backends.lora_targets`); names it has
+    no linear module for are left out, and none at all is an error naming the model type
+    and the linear modules it has."""
     from astrai_core.log import get_logger
-    from astrai_core.model_backends.lora_targets import family_targets
+    from astrai_core.model_backends.lora_targets import (default_targets, family_targets,
+                                                         linear_leaves)
     from astrai_core.model_backends.transformers_lm import is_transformers_model
 
+    settings = section.adapter_settings()
     if not is_transformers_model(model):
         return settings
-    found, missing = family_targets(model, model.model_type, settings["target_modules"])
+    head = model.hf.get_output_embeddings()
+    log = get_logger("astrai.lora")
+    if section.target_modules is None:
+        found, origin = default_targets(model.hf, model.model_type, settings["target_modules"], head)
+        log.info("LoRA target modules", model_type=model.model_type, targets=found, chosen=origin)
+        return {**settings, "target_modules": found}
+    if section.target_modules == "all-linear":
+        return {**settings, "target_modules": linear_leaves(model.hf, head)}
+    found, missing = family_targets(model.hf, model.model_type, section.target_modules)
     if not found:
         raise CheckpointError(f"model.lora.target_modules: model_type {model.model_type!r} "
-                              f"has no linear module {', '.join(missing)} to adapt")
+                              f"has no linear module {', '.join(missing)} to adapt; its linear "
+                              f"modules: {', '.join(linear_leaves(model.hf, head))} (or all-linear)")
     if missing:
-        get_logger("astrai.lora").warning("LoRA adapts no module for these target_modules: "
-                                          "the family has no linear module of that name",
-                                          model_type=model.model_type, skipped=missing)
+        log.warning("LoRA adapts no module for these target_modules: the family has no "
+                    "linear module of that name", model_type=model.model_type, skipped=missing)
     return {**settings, "target_modules": found}

@@ -146,10 +146,13 @@ def hub_snapshot(repo_id: str) -> Path:
     from huggingface_hub.errors import (GatedRepoError, LocalEntryNotFoundError,
                                         RepositoryNotFoundError)
 
-    offline, cache = hub_offline(), hub_cache()
+    from astrai_core.data.hub import hub_reachable, offline_by_environment
+
+    offline, cache = offline_by_environment(), hub_cache()
+    unreachable = not offline and not hub_reachable()  # no back-off retries: the cache only
     try:
         return Path(snapshot_download(repo_id, allow_patterns=HUB_PATTERNS, cache_dir=cache,
-                                      local_files_only=offline))
+                                      local_files_only=offline or unreachable))
     except GatedRepoError:
         raise FieldError(PATH, f"hub model {repo_id!r} is gated: accept its terms on the hub "
                          "and log in (`hf auth login`), or point model.path at a local "
@@ -160,21 +163,11 @@ def hub_snapshot(repo_id: str) -> Path:
     except (LocalEntryNotFoundError, OSError) as exc:
         state = "HF_HUB_OFFLINE=1" if offline else (
             f"HF_HUB_OFFLINE={os.environ.get('HF_HUB_OFFLINE', 'unset')}, and the hub was "
-            f"unreachable ({type(exc).__name__})")
+            f"unreachable ({'no answer to a probe' if unreachable else type(exc).__name__})")
         raise FieldError(PATH, f"{repo_id!r} is not a local directory and not in the Hugging "
                          f"Face cache {cache} ({state}): download it while online "
                          f"(`hf download {repo_id}`) or point model.path at its "
                          "directory") from None
-
-
-def hub_offline() -> bool:
-    """``HF_HUB_OFFLINE`` as set now (huggingface_hub reads it once, at its import)."""
-    from huggingface_hub import constants
-
-    value = os.environ.get("HF_HUB_OFFLINE")
-    if value is None:
-        return bool(constants.HF_HUB_OFFLINE)
-    return value.strip().upper() in {"1", "ON", "YES", "TRUE"}
 
 
 def hub_cache() -> str:

@@ -44,7 +44,8 @@ def save_pretrained(model: CausalLM, directory: str | os.PathLike, *,
         raise CheckpointError(f"{target} already exists (pass overwrite=True to replace it)")
     if tokenizer_dir is not None and not Path(tokenizer_dir).is_dir():
         raise CheckpointError(f"tokenizer directory {tokenizer_dir} does not exist")
-    with atomic_directory(target) as staging:
+    weights = sum(t.numel() * t.element_size() for t in model.state_dict().values())
+    with atomic_directory(target, lambda: weights) as staging:
         write_config(model.config, staging)
         write_weights(merged_state_dict(model), staging, max_shard_bytes)  # LoRA: merged
         if tokenizer_dir is not None:

@@ -48,7 +48,9 @@ def atomic_directory(target: Path, expected_bytes: Callable[[], int] = lambda: 0
 
     A failure removes the staging directory (``target`` and its siblings are untouched);
     one because the disk is full becomes a CheckpointError naming the directory and the
-    bytes the save needs (``expected_bytes()``, or what was written before it failed)."""
+    bytes the save needs (``expected_bytes()``, when that is more than is free; else, that
+    it needs more than is free: the write ran out) and the bytes free once the partial
+    write is removed."""
     target.parent.mkdir(parents=True, exist_ok=True)
     staging = target.parent / f".{target.name}.tmp-{uuid.uuid4().hex[:8]}"
     staging.mkdir()
@@ -69,11 +71,13 @@ def atomic_directory(target: Path, expected_bytes: Callable[[], int] = lambda: 0
         written = directory_bytes(staging)
         shutil.rmtree(staging, ignore_errors=True)
         if full:
+            free = shutil.disk_usage(target.parent).free  # the partial write removed
             needed = max(expected_bytes(), written)
+            need = (f"it needs about {needed} bytes, {free} are free" if needed > free else
+                    f"it needs more than the {free} bytes that are free")
             raise CheckpointError(
                 f"no space left on the device of {target.parent} while writing {target.name}: "
-                f"it needs about {needed} bytes, {shutil.disk_usage(target.parent).free} are "
-                "free; the earlier checkpoints are intact. Free some space (or lower "
+                f"{need}; the earlier checkpoints are intact. Free some space (or lower "
                 "trainer.keep_last) and run again") from None
         raise
 

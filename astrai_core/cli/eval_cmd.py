@@ -116,6 +116,7 @@ def _load_on(args: argparse.Namespace, registry: Any, dist: Any) -> tuple[Any, A
 def _score(args: argparse.Namespace, resolve: Any, model: Any, tokenizer: Any,
            records: list[Any], rewards: Any, choices: list[Any], temperature: float
            ) -> dict[str, float]:
+    from astrai_core.plugins.sampler_capabilities import sampler_capabilities
     from astrai_core.rollout.evaluate import ACCURACY_REWARDS, evaluate_generation
 
     sampler = resolve.component("sampler", args.sampler, {}, ("--sampler",)).target(
@@ -124,15 +125,16 @@ def _score(args: argparse.Namespace, resolve: Any, model: Any, tokenizer: Any,
     accuracy = next((name for name in ACCURACY_REWARDS if name in labels), labels[0])
     import torch
 
-    with torch.no_grad():
-        metrics = evaluate_generation(sampler, tokenizer, records, rewards,
-                                      max_new_tokens=args.max_new_tokens,
-                                      batch_size=args.batch_size, samples=args.n,
-                                      temperature=temperature, seed=args.seed,
-                                      accuracy_reward=accuracy)
-    close = getattr(sampler, "close", None)
-    if close is not None:
-        close()
+    try:
+        with torch.no_grad():
+            metrics = evaluate_generation(sampler, tokenizer, records, rewards,
+                                          max_new_tokens=args.max_new_tokens,
+                                          batch_size=args.batch_size, samples=args.n,
+                                          temperature=temperature, seed=args.seed,
+                                          accuracy_reward=accuracy)
+    finally:  # an engine or workers the sampler holds go, also on an error
+        if sampler_capabilities(sampler).needs_close:
+            sampler.close()
     return metrics
 
 

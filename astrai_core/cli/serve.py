@@ -3,9 +3,19 @@
 from __future__ import annotations
 
 import argparse
+import socket
 from pathlib import Path
 
 from astrai_core.cli.inference import add_verify_argument
+from astrai_core.errors import AstraiError
+
+PORT_IN_USE_EXIT = 4  # docs/user-guide.md: "exit status"
+
+
+class PortInUseError(AstraiError):
+    """``--host``/``--port`` cannot be bound (another server holds it)."""
+
+    exit_code = PORT_IN_USE_EXIT
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -83,8 +93,6 @@ def engine_for(model, tokenizer, spec, max_batch_size: int, max_queued: int | No
 
 def _check_numbers(args: argparse.Namespace) -> None:
     """One clear error naming the option for a count or limit that cannot work."""
-    from astrai_core.errors import AstraiError
-
     for flag in ("max_batch_size", "max_seqs_per_request", "max_queued_seqs", "max_connections"):
         if getattr(args, flag) < 1:
             raise AstraiError(f"--{flag.replace('_', '-')} must be >= 1, got {getattr(args, flag)}")
@@ -107,6 +115,19 @@ def serve_limits(args: argparse.Namespace):
                        graceful_shutdown_timeout=args.graceful_shutdown_timeout)
 
 
+def check_port_free(host: str, port: int) -> None:
+    """Bind ``host:port`` once, the way uvicorn will (SO_REUSEADDR), and let it go: a busy
+    port is one error line before the model loads, not uvicorn's startup failure after."""
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    with socket.socket(family, socket.SOCK_STREAM) as probe:
+        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            probe.bind((host, port))
+        except OSError as exc:
+            raise PortInUseError(f"--port {port}: cannot listen on {host}:{port} "
+                                 f"({exc.strerror or exc}); pick another --port") from None
+
+
 def run(args: argparse.Namespace) -> int:
     _require_serve_extra()
     import uvicorn
@@ -118,6 +139,7 @@ def run(args: argparse.Namespace) -> int:
     model_dir = Path(args.model_dir)
     _check_numbers(args)
     limits = serve_limits(args)
+    check_port_free(args.host, args.port)
     if args.threads:
         import torch
 

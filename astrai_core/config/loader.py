@@ -83,6 +83,9 @@ def read_config(path: str | Path, overrides: Sequence[str] = ()) -> ConfigFile:
     parsed = parse_overrides(overrides)
     apply_overrides(source.data, parsed)
     for field_path, _ in parsed:
+        n = len(field_path)  # the file's lines under a replaced key no longer apply
+        for stale in [key for key in source.lines if key[:n] == field_path]:
+            del source.lines[stale]
         source.lines[field_path] = 0  # 0 marks "from --set", see _where
     return ConfigFile(validate_model(RunConfig, source.data, source, ()), source)
 
@@ -122,10 +125,16 @@ def field_message(source: YamlSource | None, field_path: FieldPath, message: str
 
 
 def _where(source: YamlSource | None, field_path: FieldPath) -> str:
+    """``file:line: ``, or the ``--set`` argument that gave the value at (or above) the
+    field (line 0: there is no line of the file to point at)."""
     if source is None:
         return ""
-    if source.lines.get(tuple(field_path)) == 0:
-        return "--set "
+    for end in range(len(field_path), 0, -1):  # the deepest key the file or --set gave
+        line = source.lines.get(tuple(field_path[:end]))
+        if line == 0:
+            return "--set " if end == len(field_path) else f"--set {_dotted(field_path[:end])}: "
+        if line is not None:
+            break
     return source.where(field_path) + ": "
 
 

@@ -192,9 +192,9 @@ def check_max_staleness(config: RunConfig, needs: StrategyNeeds, online: OnlineC
                          "the sampling policy's: keep the sampler's (false), or add "
                          "rollout_correction to weigh the two")
     spec = registry.get("sampler", sampler)
-    if getattr(spec, "asynchronous", False) or config.rollout.partial:
+    if spec.asynchronous or config.rollout.partial:
         return  # partial rollouts carry sequences over steps with any sampler
-    allowed = sorted(s.name for s in registry.specs("sampler") if getattr(s, "asynchronous", False))
+    allowed = sorted(s.name for s in registry.specs("sampler") if s.asynchronous)
     hint = (f"samplers that allow it: {', '.join(allowed)}" if allowed else
             "no installed sampler allows it (pip install astrai-plugin-ray for the ray sampler)")
     raise FieldError(path, f"sampler {sampler!r} generates inside the trainer's process, so "

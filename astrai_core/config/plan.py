@@ -26,6 +26,7 @@ from pydantic import BaseModel, ValidationError
 from astrai_core.checkpoints.model_source import TRANSFORMERS, ModelSource, describe
 from astrai_core.config.loader import field_message, format_validation_error
 from astrai_core.config.online import OnlineConfig, check_online_options
+from astrai_core.config.model_fit import check_model_fit
 from astrai_core.config.prompt_budget import resolve_max_prompt_len
 from astrai_core.config.schema import ComponentSection, RunConfig
 from astrai_core.config.strategy_needs import StrategyNeeds
@@ -219,13 +220,13 @@ def plan_run(config: RunConfig, source: YamlSource | None = None,
     environment, episode = _environment(resolve, config, needs)
     if (environment.name != DEFAULT_ENVIRONMENT and episode.max_turns > 1
             and launched_world_size() > 1
-            and getattr(registry.get("sampler", sampler.name), "asynchronous", False)):
+            and registry.get("sampler", sampler.name).asynchronous):
         # Such a sampler serves a distributed trainer's ranks in step, one request each;
         # the turns of multi-turn episodes differ in number from rank to rank.
         raise resolve.error(("environment",), f"multi-turn episodes with sampler "
                             f"{sampler.name!r} run on one trainer process only; use the "
                             "torch sampler in a distributed run, or one process")
-    trackers = plan_trackers(resolve, config.trainer.report_to)
+    trackers = plan_trackers(resolve, config.trainer.report_to, Path(config.output_dir))
     return RunPlan(config=config, source=source, registry=registry, strategy=strategy,
                    needs=needs, advantage=advantage, sampler=sampler, rewards=rewards,
                    device=device, policy_loss=policy_loss, environment=environment,
@@ -239,9 +240,7 @@ def _plan_training(resolve: Resolver, config: RunConfig, strategy: Component, ba
     the model's source, the strategy's needs, its advantage estimator and policy loss, the
     reward functions; then the strategy's own checks."""
     _check_paths(config, base_dir)
-    model_source = (None if config.model.path is None else
-                    describe(config.model.path, config.model.backend, resolve.registry,
-                             config.model.trust_remote_code))
+    model_source = _model_source(config, resolve.registry)
     needs = strategy.target.needs(strategy.config)
     _check_data(config, strategy.name, needs)
     config = _unpack_rows(config, strategy.name, needs)
@@ -255,6 +254,16 @@ def _plan_training(resolve: Resolver, config: RunConfig, strategy: Component, ba
     strategy.target.check_run(strategy.config, config)
     check_parallel(config, launched_world_size())
     return config, model_source, needs, advantage, policy_loss, rewards
+
+
+def _model_source(config: RunConfig, registry: Registry) -> ModelSource | None:
+    """``model.path`` resolved (None: a from-scratch model), and the run's sizes checked
+    against the model's config."""
+    source = (None if config.model.path is None else
+              describe(config.model.path, config.model.backend, registry,
+                       config.model.trust_remote_code))
+    check_model_fit(config, source)
+    return source
 
 
 # The samplers that generate with a transformers-backend policy (docs/models.md).
@@ -284,8 +293,10 @@ def _check_transformers_backend(resolve: Resolver, config: RunConfig, sampler: C
                             f"model_type {model_type!r} on {backend} yet; use torch")
 
 
-def plan_trackers(resolve: Resolver, entries: list[Any]) -> tuple[Component, ...]:
-    """``trainer.report_to``: each tracker loaded with its options, its backend installed."""
+def plan_trackers(resolve: Resolver, entries: list[Any],
+                  output_dir: Path | None = None) -> tuple[Component, ...]:
+    """``trainer.report_to``: each tracker loaded with its options, its backend installed,
+    and (given the run's ``output_dir``) its own ``check`` passed: its store can be opened."""
     trackers = []
     for index, entry in enumerate(entries):
         path: FieldPath = ("trainer", "report_to", index)
@@ -293,6 +304,12 @@ def plan_trackers(resolve: Resolver, entries: list[Any]) -> tuple[Component, ...
             raise resolve.error(path + ("name",), f"tracker {entry.name!r} is listed twice")
         tracker = resolve.component("tracker", entry.name, entry.params, path)
         resolve.check_installed(f"tracker {entry.name!r}", tracker.target, path)
+        check = getattr(tracker.target, "check", None)
+        if output_dir is not None and check is not None:
+            try:
+                tracker.target(**tracker.options).check(output_dir)
+            except ValueError as exc:
+                raise resolve.error(path, f"tracker {entry.name!r}: {exc}") from None
         trackers.append(tracker)
     return tuple(trackers)
 

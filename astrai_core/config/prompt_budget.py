@@ -23,17 +23,21 @@ _CONFIG_FILE = "config.json"  # a native checkpoint's (astrai_core.checkpoints.n
 _DEFAULT_CONTEXT = 4096       # ModelConfig.max_position_embeddings's default
 
 
-def model_context(config: RunConfig) -> tuple[int, str] | None:
+def model_context(config: RunConfig, source: Any = None) -> tuple[int, str] | None:
     """(the model's context in tokens, where it is set), or None when a checkpoint's
-    config.json cannot be read (loading the model then says why)."""
+    config.json cannot be read (loading the model then says why). ``source``: the
+    resolved ``model.path`` (a ModelSource: a hub id's local directory)."""
     model = config.model
     if model.path is None:
         fields = model.config or {}
         return (int(fields.get("max_position_embeddings", _DEFAULT_CONTEXT)),
                 "model.config.max_position_embeddings")
-    path = Path(model.path) / _CONFIG_FILE
+    directory = Path(model.path) if source is None else Path(source.directory)
+    path = directory / _CONFIG_FILE
     try:
-        context = json.loads(path.read_text()).get("max_position_embeddings", _DEFAULT_CONTEXT)
+        fields = json.loads(path.read_text())
+        fields = fields.get("text_config") or fields  # a multimodal config's language model
+        context = fields.get("max_position_embeddings", _DEFAULT_CONTEXT)
     except (OSError, ValueError, AttributeError):
         return None
     return (context, f"max_position_embeddings of {path}") if isinstance(context, int) else None

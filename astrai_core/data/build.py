@@ -72,6 +72,14 @@ def _as_jsonl(cfg: DataConfig, source: Any, field: str) -> Any:
                                      "columns": None, "transform": None})
 
 
+def _origin(source: Any) -> Any:
+    """The user's path of a source read through ``datasets`` (its rows are then written to
+    a JSONL in the cache, which errors must not name), else None."""
+    from astrai_core.data.datasets_io import needs_datasets
+
+    return source.path if needs_datasets(source) else None
+
+
 def _check_formats(formats: tuple[str, ...] | None, fmt: str, field: str) -> None:
     if formats is not None and fmt not in formats:
         raise DataError(f"{field}: format {fmt!r} is not accepted here; expected "
@@ -94,14 +102,15 @@ def build_train_loader(cfg: DataConfig, tokenizer: Any, *, base_dir: str | Path 
     """
     cfg = _prepare(cfg, base_dir)
     fields = [f"data.sources[{i}].path" for i in range(len(cfg.sources))]
+    given = cfg.sources
     cfg = cfg.model_copy(update={"sources": [_as_jsonl(cfg, s, f)
                                              for s, f in zip(cfg.sources, fields)]})
     for i, source in enumerate(cfg.sources):
         _check_formats(formats, source.format, f"data.sources[{i}].format")
     sources = [tokenize_source(s.path, s.format, tokenizer, _cache_dir(cfg), f, tools)
                for s, f in zip(cfg.sources, fields)]
-    for source, field in zip(sources, fields):
-        check_required_columns(source, required_columns, field)
+    for source, field, user in zip(sources, fields, given):
+        check_required_columns(source, required_columns, field, _origin(user))
     loader = _loader(cfg, tokenizer, cfg.sources[0].format, sources,
                      [s.weight for s in cfg.sources], fields, batch_size=cfg.batch_size,
                      shuffle=cfg.shuffle, finite=False)
@@ -129,10 +138,11 @@ def build_eval_loader(cfg: DataConfig, tokenizer: Any, *, base_dir: str | Path |
         return None
     _check_formats(formats, cfg.eval.format, "data.eval.format")
     field = "data.eval.path"
+    origin = _origin(cfg.eval)
     cfg = cfg.model_copy(update={"eval": _as_jsonl(cfg, cfg.eval, field)})
     source = tokenize_source(cfg.eval.path, cfg.eval.format, tokenizer, _cache_dir(cfg), field,
                              tools)
-    check_required_columns(source, required_columns, field)
+    check_required_columns(source, required_columns, field, origin)
     batch_size = cfg.eval_batch_size or cfg.batch_size
 
     def make() -> Any:

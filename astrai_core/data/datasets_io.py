@@ -87,17 +87,7 @@ def _load(source: Any, cache_dir: Path, field: str) -> Any:
     datasets.disable_progress_bars()
     path = source.path
     if is_hub(path):
-        name = path[len(HUB):]
-        try:
-            return datasets.load_dataset(name, source.subset, split=source.split,
-                                         cache_dir=str(cache_dir / "hf"))
-        except Exception as exc:  # offline, unknown name, unknown split/subset
-            first = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
-            raise DataError(
-                f"{field}: hub dataset {name!r} (subset {source.subset!r}, split "
-                f"{source.split!r}) cannot be loaded ({type(exc).__name__}: {first}); without "
-                "network, set HF_HUB_OFFLINE=1 and have it in the local Hugging Face cache "
-                "(HF_HOME, or data.cache_dir/hf), or point `path` at its files") from None
+        return _load_hub(datasets, source, path[len(HUB):], cache_dir, field)
     path = Path(path)
     try:
         if path.is_dir():
@@ -119,6 +109,24 @@ def _load(source: Any, cache_dir: Path, field: str) -> Any:
     except Exception as exc:  # unreadable file: one line naming it
         first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
         raise DataError(f"{field}: cannot read {path} ({type(exc).__name__}: {first})") from None
+
+
+def _load_hub(datasets: Any, source: Any, name: str, cache_dir: Path, field: str) -> Any:
+    """A hub dataset; the local cache only when the hub is offline or unreachable."""
+    from astrai_core.data.hub import offline_unless_reachable
+
+    with offline_unless_reachable() as offline:
+        try:
+            return datasets.load_dataset(name, source.subset, split=source.split,
+                                         cache_dir=str(cache_dir / "hf"))
+        except Exception as exc:  # offline, unknown name, unknown split/subset
+            first = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
+            state = f"{offline}: only the local cache was read; " if offline else ""
+            raise DataError(
+                f"{field}: hub dataset {name!r} (subset {source.subset!r}, split "
+                f"{source.split!r}) cannot be loaded ({type(exc).__name__}: {first}); {state}"
+                "without network, set HF_HUB_OFFLINE=1 and have it in the local Hugging Face "
+                "cache (HF_HOME, or data.cache_dir/hf), or point `path` at its files") from None
 
 
 def _clean(row: dict) -> dict:

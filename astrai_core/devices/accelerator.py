@@ -61,6 +61,10 @@ class AcceleratorBackend(DeviceBackend):
             "peak_allocated_bytes": float(module.max_memory_allocated()),
         }
 
+    def available_memory(self) -> int | None:
+        probe = getattr(self.device_module, "mem_get_info", None)
+        return int(probe()[0]) if probe is not None else None  # (free, total)
+
     def supports_bf16(self) -> bool:
         probe = getattr(self.device_module, "is_bf16_supported", None)
         return bool(probe()) if probe is not None else True

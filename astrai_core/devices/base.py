@@ -55,6 +55,11 @@ class DeviceBackend:
         """Allocated / reserved / peak memory in bytes, where the device reports it."""
         return {}
 
+    def available_memory(self) -> int | None:
+        """Bytes free for a run on one device (None: the device does not say); the run
+        plan refuses sizes whose activations could not fit it by a wide margin."""
+        return None
+
     def supports_bf16(self) -> bool:
         return True
 

@@ -12,6 +12,17 @@ class CpuBackend(DeviceBackend):
     type = "cpu"
     dist_backend = "gloo"
 
+    def available_memory(self) -> int | None:
+        # MemAvailable: what the kernel can give without swapping (page cache included)
+        try:
+            with open("/proc/meminfo") as meminfo:
+                for line in meminfo:
+                    if line.startswith("MemAvailable:"):
+                        return int(line.split()[1]) * 1024
+        except (OSError, ValueError, IndexError):
+            pass
+        return None
+
     def memory_stats(self) -> dict[str, float]:
         # Resident set size of this process: the closest CPU analogue of "allocated".
         try:

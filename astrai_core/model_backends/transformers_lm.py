@@ -18,7 +18,8 @@
 
 Only the LM head is computed here instead of by the transformers model; everything
 below it (embeddings, layers, final norm) is the family's own code, so the numbers are
-transformers' numbers.
+transformers' numbers (Gemma's final soft-capping and Granite's ``logits_scaling``
+included).
 """
 
 from __future__ import annotations
@@ -53,6 +54,7 @@ class BackendConfig:
     router_aux_loss_coef: float
     tie_word_embeddings: bool
     final_logit_softcapping: float | None
+    logits_scaling: float = 1.0  # Granite divides its logits by it
 
     @classmethod
     def of(cls, config: Any) -> BackendConfig:
@@ -67,7 +69,8 @@ class BackendConfig:
                    num_experts_per_tok=int(getattr(text, "num_experts_per_tok", 0) or 0),
                    router_aux_loss_coef=float(getattr(text, "router_aux_loss_coef", 0.0) or 0.0),
                    tie_word_embeddings=bool(getattr(text, "tie_word_embeddings", False)),
-                   final_logit_softcapping=getattr(text, "final_logit_softcapping", None))
+                   final_logit_softcapping=getattr(text, "final_logit_softcapping", None),
+                   logits_scaling=float(getattr(text, "logits_scaling", None) or 1.0))
 
 
 class TransformersKVCache:
@@ -180,7 +183,10 @@ class TransformersCausalLM(nn.Module):
         if kv_cache is not None:
             kv_cache.advance(seq)
         hidden = out.last_hidden_state
-        result = head_outputs(hidden, self.head_weight(), logits_to_keep=logits_to_keep,
+        # Granite's logits are the head's divided by logits_scaling: the same as the head
+        # applied to the hidden states so divided (the head is linear)
+        scaled = hidden if self.config.logits_scaling == 1.0 else hidden / self.config.logits_scaling
+        result = head_outputs(scaled, self.head_weight(), logits_to_keep=logits_to_keep,
                               target_ids=target_ids, temperature=temperature,
                               return_entropy=return_entropy, head=head,
                               softcap=self.config.final_logit_softcapping)

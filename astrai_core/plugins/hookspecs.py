@@ -65,7 +65,8 @@ def astrai_advantage_estimators() -> Iterable[AdvantageEstimatorSpec]:
 def astrai_samplers() -> Iterable[SamplerSpec]:
     """Generation engines. The target is a class built as ``Sampler(model=...)`` with
     ``generate(prompt_ids, SamplingParams) -> list[Completion]`` and
-    ``update_weights(...)``."""
+    ``update_weights(...)``; anything more it declares as ``capabilities`` (see
+    ``SamplerProtocol``)."""
 
 
 @hookspec

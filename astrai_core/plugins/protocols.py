@@ -11,6 +11,8 @@ from __future__ import annotations
 import inspect
 from typing import Any, ClassVar, Protocol
 
+from astrai_core.plugins.sampler_capabilities import SamplerCapabilities, unkept_promises
+
 
 class StrategyProtocol(Protocol):
     """A strategy class (see :class:`astrai_core.api.Strategy`, the base to extend)."""
@@ -29,11 +31,51 @@ class StrategyProtocol(Protocol):
 
 
 class SamplerProtocol(Protocol):
-    """A sampler class, built as ``Sampler(model=..., tokenizer=..., **engine_options)``."""
+    """A sampler class, built as ``Sampler(model=..., tokenizer=..., **engine_options)``.
+
+    Required: ``generate`` and ``update_weights``; a sampler with only these runs every
+    strategy. The rest is optional and declared, never guessed: the class attribute
+    ``capabilities`` (a :class:`SamplerCapabilities`, default all ``False``) says what
+    else the core may do with it, and the ``SamplerSpec`` fields ``asynchronous`` and
+    ``reports_routing`` what the run plan may rely on:
+
+    * ``interruptible``: ``generate(..., interrupt=event)`` ends after the decode step
+      during which the event is set, unfinished completions ``finish_reason="abort"``
+      (an asynchronous sampler: ``generate_async(..., interruptible=True)``, cut short by
+      the next ``update_weights``). Ray workers and overlapped partial rollouts pass the
+      interrupt only to a sampler that declares it.
+    * ``owns_weights``: it generates from its own copy of the weights; a sharded trainer
+      does not gather the policy around its ``generate``.
+    * ``shares_policy``: it reads new weights from the ``model=`` it was built with, so a
+      publish calls ``update_weights()`` without tensors; otherwise it gets the policy's
+      state dict (LoRA merged) every time.
+    * ``reports_metrics``: it has ``metrics()``, logged with every optimizer step.
+    * ``needs_close``: it has ``close()``, called once when the run ends (errors too).
+    * ``SamplerSpec.asynchronous``: it has ``generate_async`` and generates apart from the
+      trainer's processes (allows ``rollout.max_staleness > 0``).
+    * ``SamplerSpec.reports_routing``: ``generate(..., record_routing=True)`` fills each
+      completion's ``routed_experts`` (``router_replay: R3``).
+
+    A declared capability's method is checked when the spec loads.
+    """
+
+    capabilities: ClassVar[SamplerCapabilities]  # optional: NO_CAPABILITIES when absent
 
     def generate(self, prompt_ids: Any, params: Any) -> list[Any]: ...
 
     def update_weights(self, state_dict: Any = None) -> int: ...
+
+    def generate_async(self, prompt_ids: Any, params: Any) -> Any: ...  # asynchronous only
+
+    def metrics(self) -> dict[str, float]: ...  # reports_metrics only
+
+    def close(self) -> None: ...  # needs_close only
+
+
+# Members a Protocol declares that a target may lack (their capability says whether).
+OPTIONAL_MEMBERS: dict[str, frozenset[str]] = {
+    "sampler": frozenset({"capabilities", "generate_async", "metrics", "close"}),
+}
 
 
 class AdvantageEstimatorProtocol(Protocol):
@@ -119,10 +161,14 @@ def protocol_members(protocol: Any) -> list[str]:
 
 
 def missing_members(kind: str, target: Any) -> list[str]:
-    """Members of ``kind``'s Protocol that ``target`` (a class or a function) lacks."""
+    """Members of ``kind``'s Protocol that ``target`` (a class or a function) lacks: the
+    required ones, and for a sampler those its declared capabilities promise."""
     protocol = PROTOCOLS.get(kind)
     if protocol is None:
         return []
     if kind == "reward_function" and not inspect.isclass(target):
         return [] if callable(target) else ["__call__"]
-    return [name for name in protocol_members(protocol) if not hasattr(target, name)]
+    optional = OPTIONAL_MEMBERS.get(kind, frozenset())
+    missing = [name for name in protocol_members(protocol)
+               if name not in optional and not hasattr(target, name)]
+    return missing + (unkept_promises(target) if kind == "sampler" else [])

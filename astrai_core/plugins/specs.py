@@ -141,6 +141,17 @@ class SamplerSpec(Spec):
         default=False, description="records each token's MoE experts while sampling "
         "(what `router_replay: R3` replays)")
 
+    def load(self) -> Any:
+        """The sampler class, checked against ``SamplerProtocol``; an ``asynchronous``
+        one must also have ``generate_async``."""
+        target = super().load()
+        if self.asynchronous and not hasattr(target, "generate_async"):
+            from astrai_core.errors import PluginError
+
+            raise PluginError(f"sampler {self.name!r}: target {self.target!r} lacks "
+                              "generate_async, which its spec's asynchronous=True promises")
+        return target
+
 
 class ModelImporterSpec(Spec):
     """Maps Hugging Face checkpoints of some ``model_type``s to native ones and back."""

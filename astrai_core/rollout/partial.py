@@ -7,7 +7,7 @@ groups have every completion finished: those groups are the training rollout. Th
 unfinished ones are carried to the next draw and continued there under the weights
 published since (the sampler recomputes their KV cache from ``prompt + tokens so far``).
 
-With ``overlap`` and an asynchronous sampler (one with ``generate_async``: ray), the
+With ``overlap`` and an asynchronous sampler (its spec says so: ray), the
 sampler does not wait for the trainer: each draw ends by sending the next segment, which
 the workers decode while the trainer steps, without a token limit (when the sampler is
 ``interruptible``; else ``segment_tokens``), and the trainer's next weight push interrupts
@@ -101,7 +101,7 @@ class PartialRollouts:
         self.admitted = 0  # groups ever admitted: the next one's index
         self.segments = 0  # decode segments run so far: seeds each segment's sampling
         # decode while the trainer steps: only a sampler apart from the trainer can
-        self.overlap = overlap and hasattr(runner.sampler, "generate_async")
+        self.overlap = overlap and runner.asynchronous
         self._pending: _Segment | None = None  # a segment sent and not yet collected
 
     @property
@@ -125,8 +125,7 @@ class PartialRollouts:
             self._admit()
             # until the next push interrupts it; a sampler that cannot be interrupted
             # gets one segment, which the push waits for
-            interruptible = getattr(self.runner.sampler, "interruptible", False)
-            self._send(None if interruptible else self.segment_tokens)
+            self._send(None if self.runner.capabilities.interruptible else self.segment_tokens)
         return rollout
 
     def _admit(self) -> None:
@@ -156,12 +155,18 @@ class PartialRollouts:
             per_request.append(params.model_copy(update=update))
         with runner.lock:  # no publish while a segment is being sent or sampled in-process
             version = runner.policy_version
-            if self.overlap:  # the next weight push may cut it short
-                handle = runner.sampler.generate_async(requests, per_request, interruptible=True)
+            if self.overlap:  # the next weight push may cut it short, if it can be
+                handle = runner.sampler.generate_async(requests, per_request,
+                                                       **self._interruptible())
             else:
                 handle = _Done(runner.sampler.generate(requests, per_request))
         self.segments += 1
         self._pending = _Segment([s for _, s in todo], version, handle)
+
+    def _interruptible(self) -> dict[str, bool]:
+        """``generate_async``'s keyword for an interruptible call, given only to a sampler
+        that declares ``interruptible`` (others need not take it)."""
+        return {"interruptible": True} if self.runner.capabilities.interruptible else {}
 
     def _collect(self) -> None:
         """Wait for the segment sent last and add its tokens to their sequences."""

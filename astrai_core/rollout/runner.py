@@ -21,6 +21,7 @@ import torch
 
 from astrai_core.errors import ConfigError, DataError
 from astrai_core.model.router_replay import ROUTED_EXPERTS, aligned_routing
+from astrai_core.plugins.sampler_capabilities import SamplerCapabilities, sampler_capabilities
 from astrai_core.rewards.reward_set import RewardSet
 from astrai_core.rollout.batch import RolloutBatch, pad_rows
 from astrai_core.rollout.records import PromptRecord, as_prompt_record
@@ -45,12 +46,15 @@ class RecordStream:
 
 
 class RolloutRunner:
-    """Draws rollouts for the trainer; see the module docstring."""
+    """Draws rollouts for the trainer; see the module docstring. ``capabilities``: what the
+    sampler declares (read from it when not given); ``asynchronous``: its spec's flag, which
+    lets partial rollouts overlap training (the run passes both)."""
 
     def __init__(self, sampler: Any, tokenizer: Any, rewards: RewardSet, sampling_params: SamplingParams,
                  group_size: int, prompt_source: Iterable[Any], prompts_per_rollout: int = 8,
                  pad_token_id: int = 0, seed_offset: int = 0, episodes: Any = None,
-                 record_routing: bool = False) -> None:
+                 record_routing: bool = False, capabilities: SamplerCapabilities | None = None,
+                 asynchronous: bool = False) -> None:
         if group_size < 1 or prompts_per_rollout < 1:
             raise ValueError("group_size and prompts_per_rollout must be >= 1")
         if record_routing and episodes is not None:
@@ -59,6 +63,9 @@ class RolloutRunner:
                               "not record it (use R2)")
         self.record_routing = record_routing  # training rollouts carry the sampler's routing
         self.sampler = sampler
+        self.capabilities = (sampler_capabilities(sampler) if capabilities is None
+                             else capabilities)
+        self.asynchronous = asynchronous
         self.tokenizer = tokenizer
         self.rewards = rewards
         self.sampling_params = sampling_params
@@ -118,9 +125,9 @@ class RolloutRunner:
         return self._lock
 
     def sampler_metrics(self) -> dict[str, float]:
-        """The sampler's own metrics since the last call (a ray sampler's push times)."""
-        metrics = getattr(self.sampler, "metrics", None)
-        return dict(metrics()) if callable(metrics) else {}
+        """The sampler's own metrics since the last call (a ray sampler's push times), when
+        it declares ``reports_metrics``."""
+        return dict(self.sampler.metrics()) if self.capabilities.reports_metrics else {}
 
     # ---------------------------------------------------------------- resume
     def state_dict(self) -> dict[str, Any]:
@@ -140,7 +147,9 @@ class RolloutRunner:
         self.policy_version = int(state.get("policy_version", 0))
 
     def publish_from(self, model: torch.nn.Module) -> int:
-        """Publish ``model``'s weights as a new policy version (see :meth:`publish`)."""
+        """Publish ``model``'s weights as a new policy version (see :meth:`publish`); a
+        sampler that declares ``shares_policy`` was built with ``model`` and reads them
+        from it itself."""
         return self.publish(self._weights_for_sampler(model))
 
     def sync_from(self, model: torch.nn.Module) -> None:
@@ -151,8 +160,9 @@ class RolloutRunner:
                 self.sampler.update_weights(weights)
 
     def _weights_for_sampler(self, model: torch.nn.Module) -> dict[str, torch.Tensor] | None:
-        """None for a sampler that generates with this very model; else the tensors."""
-        if getattr(self.sampler, "model", None) is model:
+        """None for a sampler that reads its weights from the policy it was built with
+        (it declares ``shares_policy``); else the tensors."""
+        if self.capabilities.shares_policy:
             return None
         from astrai_core.model.lora import merged_state_dict
 

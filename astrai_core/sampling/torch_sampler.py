@@ -32,6 +32,7 @@ from torch import Tensor
 from astrai_core.model.masks import positions_from_attention_mask
 from astrai_core.model.router_replay import RoutingTape, has_moe
 from astrai_core.model.router_replay import record_routing as routing_recorder
+from astrai_core.plugins.sampler_capabilities import SamplerCapabilities
 from astrai_core.sampling.params import Completion, SamplingParams
 from astrai_core.sampling.requests import Request, expand_requests
 from astrai_core.sampling.routing import BatchRouting
@@ -43,6 +44,10 @@ TokenCallback = Callable[[int, int], None]  # (completion index, token id)
 
 class TorchSampler:
     """``TorchSampler(model=..., tokenizer=None, max_batch_size=64)``; see the sampler contract."""
+
+    # generates with the very model it was given (the trainer's policy, updated in place),
+    # and its generate takes `interrupt`; a subclass that changes either declares its own
+    capabilities = SamplerCapabilities(interruptible=True, shares_policy=True)
 
     class Config(SamplingParams):
         """The ``sampler:`` config section: default SamplingParams plus engine options."""

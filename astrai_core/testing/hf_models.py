@@ -25,6 +25,9 @@ TINY_FAMILIES: dict[str, dict[str, Any]] = {
     "phi3": {"pad_token_id": 0},
     "olmo2": {},
     "mixtral": {"num_local_experts": 4, "num_experts_per_tok": 2, "sliding_window": None},
+    "gpt_neox": {"rotary_pct": 0.5},  # query_key_value, dense, dense_h_to_4h, dense_4h_to_h
+    "granite": {"embedding_multiplier": 2.0, "residual_multiplier": 0.5,
+                "attention_multiplier": 0.25, "logits_scaling": 2.0},
 }
 
 

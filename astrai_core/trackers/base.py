@@ -81,6 +81,11 @@ class Tracker:
     def __init__(self, **options: Any) -> None:
         self.options = self.Config(**options)
 
+    def check(self, output_dir: Path) -> None:
+        """Raise ValueError with a one-line reason when the tracker cannot start for a run
+        writing to ``output_dir`` (a store it cannot open, a server it cannot reach); the
+        run plan calls it before the model loads. Default: nothing to check."""
+
     def start(self, run: TrackedRun) -> None:
         raise NotImplementedError
 

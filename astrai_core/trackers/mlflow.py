@@ -1,5 +1,12 @@
 """MLflow: one MLflow run per astrai run, continued on ``--resume``.
 
+The store is ``tracking_uri``, else ``MLFLOW_TRACKING_URI``, else a file store at
+``<output_dir>/mlruns``: MLflow's own default (``sqlite:///mlflow.db``) needs SQLAlchemy,
+which the ``mlflow-skinny`` client does not install, and MLflow 3 opens a file store only
+with ``MLFLOW_ALLOW_FILE_STORE=true``, which is set for the run when the store is one.
+:meth:`MLflow.check` refuses, before the model loads, a database store the installed
+client cannot open and a server that cannot be reached.
+
 ``project`` is the experiment (created when missing); the run id is stored in
 ``<output_dir>/trackers/mlflow.json``. The config goes in as parameters (dotted names,
 values as text). Metric names keep their ``/`` except on a local file store, which keeps
@@ -10,18 +17,26 @@ file store every ``/`` becomes ``.``. Characters MLflow refuses become ``_``.
 
 from __future__ import annotations
 
+import importlib.util
+import os
 import re
+import socket
 import time
+from pathlib import Path
 from typing import Any
+from urllib.parse import urlsplit
 
 from pydantic import Field
 
+from astrai_core.log import get_logger
 from astrai_core.trackers.base import TrackedRun, Tracker, TrackerOptions, flatten
 
 _REFUSED = re.compile(r"[^\w\-. /:]")  # what MLflow accepts in a metric or parameter name
 _PARAM_CHARS = 6000  # MLflow's longest parameter value
 _BATCH = 100  # parameters per log_batch call
 STATUS = {"finished": "FINISHED", "failed": "FAILED", "interrupted": "KILLED"}
+_DATABASES = ("sqlite", "postgresql", "mysql", "mssql")  # SQLAlchemy stores
+_PROBE_SECONDS = 3.0
 
 
 class MLflow(Tracker):
@@ -29,15 +44,44 @@ class MLflow(Tracker):
 
     class Config(TrackerOptions):
         tracking_uri: str | None = Field(
-            None, description="server or store; default: MLflow's (MLFLOW_TRACKING_URI)")
+            None, description="server or store; default: MLFLOW_TRACKING_URI, else a file "
+            "store at <output_dir>/mlruns")
 
     requires = ("mlflow",)
     install = "astrai-core[mlflow]"
 
+    def store_uri(self, output_dir: Path) -> str:
+        """The tracking store this run writes to (see the module docstring)."""
+        return (self.options.tracking_uri or os.environ.get("MLFLOW_TRACKING_URI")
+                or (Path(output_dir).resolve() / "mlruns").as_uri())
+
+    def check(self, output_dir: Path) -> None:
+        """ValueError, in one line, when the store cannot be opened from here."""
+        uri = self.store_uri(output_dir)
+        scheme = urlsplit(uri).scheme.split("+")[0]
+        if scheme in _DATABASES and importlib.util.find_spec("sqlalchemy") is None:
+            raise ValueError(f"tracking_uri {uri!r} is a database store, which the installed "
+                             "MLflow client cannot open without SQLAlchemy (pip install mlflow); "
+                             "or use a tracking server (http://...), or leave tracking_uri out "
+                             "for a file store under output_dir")
+        if scheme in ("http", "https"):
+            parts = urlsplit(uri)
+            port = parts.port or (443 if scheme == "https" else 80)
+            try:
+                socket.create_connection((parts.hostname or "", port), _PROBE_SECONDS).close()
+            except OSError as exc:
+                raise ValueError(f"cannot reach the MLflow server at {uri}: "
+                                 f"{exc.strerror or exc}") from None
+
     def start(self, run: TrackedRun) -> None:
         from mlflow.tracking import MlflowClient
 
-        self.client: Any = MlflowClient(tracking_uri=self.options.tracking_uri)
+        uri = self.store_uri(run.output_dir)
+        if _file_store(uri):  # MLflow 3 refuses a file store unless this is set
+            os.environ.setdefault("MLFLOW_ALLOW_FILE_STORE", "true")
+        if uri != (self.options.tracking_uri or os.environ.get("MLFLOW_TRACKING_URI")):
+            get_logger("astrai.trackers").info("mlflow writes to a file store", tracking_uri=uri)
+        self.client: Any = MlflowClient(tracking_uri=uri)
         self.separator = "." if _file_store(self.client.tracking_uri) else "/"
         run_id = run.saved_id()
         if run_id is None:

@@ -21,6 +21,7 @@ import math
 
 import torch
 
+from astrai_core.distributed.fsdp import UnshardedSampler
 from astrai_core.distributed.metrics import combine_shares
 from astrai_core.rollout.evaluate import evaluate_episodes, evaluate_generation
 from astrai_core.sampling.params import SamplingParams
@@ -64,7 +65,8 @@ def _generation_metrics(run: RunComponents, loader: Any,
     records = [record for batch in loader for record in batch]
     mine = records[run.dist.rank::run.dist.world_size]
     batch_size = run.data.eval_batch_size or run.data.batch_size
-    gathered = getattr(run.sampler, "gathered", None)
+    # a sampler of the sharded policy (wrapped by the run) gathers it once for them all
+    gathered = run.sampler.gathered if isinstance(run.sampler, UnshardedSampler) else None
     if gathered is None and run.dist.enabled:
         # A sampler apart from the trainer (ray) serves the ranks in step: one request of
         # each rank's whole share, an empty one where a rank has no prompt.

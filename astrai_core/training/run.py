@@ -28,9 +28,11 @@ from astrai_core.devices.select import resolve_device
 from astrai_core.distributed.context import SINGLE, DistContext, init_distributed
 from astrai_core.distributed.data import shard_loader
 from astrai_core.distributed.fsdp import UnshardedSampler, shard_run
-from astrai_core.errors import CheckpointError, ConfigError
+from astrai_core.errors import CheckpointError, ConfigError, FieldError
 from astrai_core.log import get_logger
 from astrai_core.plugins.registry import Registry
+from astrai_core.plugins.sampler_capabilities import (NO_CAPABILITIES, SamplerCapabilities,
+                                                      sampler_capabilities)
 from astrai_core.training.phases import PhaseHook
 from astrai_core.training.run_components import RunComponents
 from astrai_core.training.strategy import Strategy
@@ -57,9 +59,8 @@ def train(config: RunConfig, *, source: YamlSource | None = None, resume: bool =
         try:
             metrics = Trainer(run, strategy, phase_hook=phase_hook).fit(resume=resume)
         finally:  # a sampler holding processes (ray workers, a vLLM engine) lets them go
-            close = getattr(run.sampler, "close", None)
-            if close is not None:
-                close()
+            if run.sampler is not None and run.sampler_capabilities.needs_close:
+                run.sampler.close()
         run.dist.finish()
         return metrics
 
@@ -86,6 +87,7 @@ def prepare_run(config: RunConfig, *, source: YamlSource | None = None, resume: 
     tokenizer_dir = Path(config.model.tokenizer) if config.model.tokenizer else model_dir
     backend = resolve_device(plan.registry, config.device.name,
                              **(plan.device.options if plan.device else {}))
+    _check_memory(plan, backend)
     dist = init_distributed(backend, config.parallel)
     _seed_everything(config.trainer.seed, backend)  # the same on every rank: one initial model
     device = dist.device if dist.enabled else backend.device(0)
@@ -105,14 +107,30 @@ def prepare_run(config: RunConfig, *, source: YamlSource | None = None, resume: 
     return run, strategy
 
 
-def _generates_from_policy(plan: RunPlan, sampler: Any) -> bool:
+def _check_memory(plan: RunPlan, backend: Any) -> None:
+    """Sizes whose activations cannot fit the device are refused before the model loads."""
+    from astrai_core.config.model_fit import check_memory
+    from astrai_core.config.plan import Resolver
+
+    try:
+        available = getattr(backend, "available_memory", lambda: None)()  # a plugin's may lack it
+        check_memory(plan.config, plan.model_source, available, f"{backend.name} memory")
+    except FieldError as exc:
+        raise Resolver(plan.registry, plan.source).error(exc.path, exc.message) from None
+
+
+def _generates_from_policy(plan: RunPlan, capabilities: SamplerCapabilities) -> bool:
     """Whether the sampler generates from the trainer's own parameters, so a distributed
     trainer gathers them for it. Not a sampler outside the trainer's processes (its spec
     says ``asynchronous``: ray) nor one with its own copy of the weights in the trainer's
-    process (``owns_weights``: vllm's engine); both take the sharded policy's weights
-    through their own ``update_weights``."""
-    apart = getattr(plan.registry.get("sampler", plan.sampler.name), "asynchronous", False)
-    return not apart and not getattr(sampler, "owns_weights", False)
+    process (it declares ``owns_weights``: vllm's engine); both take the sharded policy's
+    weights through their own ``update_weights``."""
+    return not _asynchronous(plan) and not capabilities.owns_weights
+
+
+def _asynchronous(plan: RunPlan) -> bool:
+    """The run's sampler's ``SamplerSpec.asynchronous``: it generates apart from the trainer."""
+    return plan.registry.get("sampler", plan.sampler.name).asynchronous
 
 
 def wire_components(plan: RunPlan, *, backend: Any, device: torch.device, model: torch.nn.Module,
@@ -143,7 +161,9 @@ def wire_components(plan: RunPlan, *, backend: Any, device: torch.device, model:
         loader.kind == "prompt" for loader in [eval_loader, *eval_sets.values()] if loader is not None)
     engine = plan.sampling_fields()[1]
     sampler = plan.sampler.target(model=model, tokenizer=tokenizer, **engine) if generates else None
-    if sampler is not None and dist.enabled and _generates_from_policy(plan, sampler):
+    # read once, here: whoever acts on a capability is handed this record
+    capabilities = NO_CAPABILITIES if sampler is None else sampler_capabilities(sampler)
+    if sampler is not None and dist.enabled and _generates_from_policy(plan, capabilities):
         sampler = UnshardedSampler(sampler, model)  # gathers the policy once per generate
     estimator = plan.advantage.target(**plan.advantage.options) if plan.advantage else None
     policy_loss = (plan.policy_loss.target(**plan.policy_loss.options)
@@ -158,14 +178,16 @@ def wire_components(plan: RunPlan, *, backend: Any, device: torch.device, model:
                                  prompts_per_rollout=data.batch_size // dist.world_size,
                                  pad_token_id=pad_token_id, episodes=episodes,
                                  seed_offset=dist.rank_slice(data.batch_size, "prompts").start,
-                                 record_routing=needs.sampler_routing)  # router_replay: R3
+                                 record_routing=needs.sampler_routing,  # router_replay: R3
+                                 capabilities=capabilities,
+                                 asynchronous=_asynchronous(plan))
     return RunComponents(
         plan=plan, trainer=config.trainer, data=data, registry=plan.registry, backend=backend,
         device=device, model=model, tokenizer=tokenizer, tokenizer_dir=tokenizer_dir,
         output_dir=Path(config.output_dir), initial_model_dir=model_dir, sampling=sampling,
         rewards=rewards, train_loader=train_loader, eval_loader=eval_loader, sampler=sampler,
         estimator=estimator, rollouts=rollouts, policy_loss=policy_loss, dist=dist,
-        episodes=episodes, eval_sets=eval_sets)
+        episodes=episodes, eval_sets=eval_sets, sampler_capabilities=capabilities)
 
 
 def build_episodes(plan: RunPlan, environment: Any, sampler: Any, tokenizer: Any, rewards: Any,

@@ -20,6 +20,7 @@ from astrai_core.data.config import DataConfig
 from astrai_core.devices.base import DeviceBackend
 from astrai_core.distributed.context import SINGLE, DistContext
 from astrai_core.plugins.registry import Registry
+from astrai_core.plugins.sampler_capabilities import NO_CAPABILITIES, SamplerCapabilities
 from astrai_core.rewards.reward_set import RewardSet
 from astrai_core.rollout.runner import RolloutRunner
 from astrai_core.sampling.params import SamplingParams
@@ -53,6 +54,7 @@ class RunComponents:
     dist: DistContext = SINGLE           # this process's rank, the world size, the mesh
     episodes: Any | None = None          # multi-turn environment: the EpisodeRunner
     eval_sets: dict[str, Any] = field(default_factory=dict)  # data.eval_sets: name -> loader
+    sampler_capabilities: SamplerCapabilities = NO_CAPABILITIES  # the sampler's, read once
 
     @property
     def logprob_temperature(self) -> float:

@@ -67,3 +67,25 @@ def test_flop_count_matches_the_qwen3_0_6b_model_and_the_peak_table():
     assert bench.peak_tflops("NVIDIA H100 PCIe") == 756.0
     assert bench.peak_tflops("NVIDIA A100-SXM4-80GB") == 312.0
     assert bench.peak_tflops("cpu") is None
+
+
+def test_smoke_with_the_transformers_peer_on_the_same_shape(tmp_path, monkeypatch, capsys):
+    for name in ("WORLD_SIZE", "RANK", "LOCAL_RANK"):
+        monkeypatch.delenv(name, raising=False)
+    load_bench().main(["--smoke", "--device", "cpu", "--peer", "transformers",
+                       "--json", str(tmp_path / "mfu.json")])
+    assert "Qwen3ForCausalLM" in capsys.readouterr().out
+    result = json.loads((tmp_path / "mfu.json").read_text())
+    peer = result["peer"]
+    # the same architecture: transformers counts the parameters astrai counts
+    assert peer["parameters"] == result["parameters"]
+    assert peer["tokens_per_second"] > 0 and peer["mfu"] is None
+    assert peer["final_loss"] < 6.0  # ln(256) = 5.55 at random: the peer trained sanely
+    assert result["time_ratio"] == result["step_seconds"] / peer["step_seconds"]
+
+
+def test_the_qwen3_4b_shape_has_qwen3_4b_parameters():
+    bench = load_bench()
+    with torch.device("meta"):
+        model = CausalLM(ModelConfig(**bench.QWEN3_4B))
+    assert 4.0e9 < model.num_parameters() < 4.03e9  # Qwen3-4B: 4.02B with tied embeddings

@@ -111,3 +111,20 @@ def test_component_unknown_name_and_bad_option(tmp_path):
     assert "cpu" in message
     with pytest.raises(ConfigError, match="device.speed: unknown field"):
         Resolver(load_plugins()).component("device_backend", "cpu", {"speed": 3}, ("device",))
+
+
+def test_a_bad_value_inside_an_override_names_the_set_argument_not_line_0(tmp_path):
+    path = _write(tmp_path, BASE)
+    with pytest.raises(ConfigError) as excinfo:
+        load_config(path, ["data.sources=[{path: d.jsonl, formt: text}]"])
+    message = str(excinfo.value)
+    assert "--set data.sources: data.sources.0.formt: unknown field" in message, message
+    assert "run.yaml" not in message
+    assert ":0" not in message
+
+
+def test_a_plan_error_below_an_override_names_the_set_argument(tmp_path):
+    loaded = read_config(_write(tmp_path, BASE), ["trainer.report_to=[wandbx]"])
+    error = Resolver(load_plugins(), loaded.source).error(("trainer", "report_to", 0, "name"),
+                                                         "unknown tracker")
+    assert str(error) == "--set trainer.report_to: trainer.report_to.0.name: unknown tracker"

@@ -177,3 +177,47 @@ def test_the_config_keeps_hub_names_and_resolves_files(tmp_path):
         {"path": "rel.parquet", "format": "prompt"}]}).resolve_paths(tmp_path)
     assert config.sources[0].path == "hf://openai/gsm8k"
     assert config.sources[1].path == tmp_path / "rel.parquet"
+
+
+def test_an_unreachable_hub_is_one_quick_line_without_retries(tmp_path):
+    """HF_HUB_OFFLINE unset and no hub answering (here: a closed local port as the
+    endpoint): the hub is probed once and only the local cache is read, instead of
+    huggingface_hub's back-off retries (tens of seconds of "Retrying in" lines)."""
+    import socket
+    import time
+
+    with socket.socket() as closed:  # a port nothing listens on
+        closed.bind(("127.0.0.1", 0))
+        port = closed.getsockname()[1]
+    config = _sft_config(tmp_path, "hf://astrai-test/no-such-dataset", "chat")
+    path = tmp_path / "run.yaml"
+    path.write_text(yaml.safe_dump(config))
+    env = {k: v for k, v in os.environ.items() if k not in ("HF_HUB_OFFLINE", "HF_DATASETS_OFFLINE")}
+    env.update(HF_ENDPOINT=f"http://127.0.0.1:{port}", HF_HOME=str(tmp_path / "hf_home"))
+    started = time.monotonic()
+    result = subprocess.run([sys.executable, "-m", "astrai_core.cli.main", "train", str(path)],
+                            env=env, capture_output=True, text=True, timeout=300)
+    took = time.monotonic() - started
+    assert result.returncode == 2
+    errors = [line for line in result.stderr.splitlines() if line.startswith("error:")]
+    assert len(errors) == 1 and "Retrying" not in result.stderr, result.stderr[-2000:]
+    assert "the hub was unreachable: only the local cache was read" in errors[0]
+    assert took < 20, took  # the retries alone took ~26 s
+
+
+def test_a_parquet_prompt_row_without_answer_names_the_users_file_and_row(tmp_path):
+    from astrai_core.data.build import build_train_loader
+    from astrai_core.data.tokenizer import load_tokenizer
+
+    rows = [dict(r) for r in ROWS]
+    rows[2]["answer"] = None  # Arrow gives every row the column: this one has no value
+    parquet = tmp_path / "prompts.parquet"
+    datasets.Dataset.from_list(rows).to_parquet(str(parquet))
+    cfg = DataConfig(sources=[SourceConfig(path=parquet, format="prompt")], batch_size=2,
+                     cache_dir=tmp_path / "cache")
+    with pytest.raises(DataError) as raised:
+        build_train_loader(cfg, load_tokenizer(ARITH_TOKENIZER),
+                           required_columns={"exact_match": ("answer",)})
+    assert str(raised.value).startswith(
+        f"data source {parquet}, row 2 (data.sources[0].path): a null in column 'answer', which "
+        "reward 'exact_match' needs"), str(raised.value)

@@ -5,8 +5,10 @@ from __future__ import annotations
 
 import json
 
+import pytest
 import torch
 
+from astrai_core.api import SamplerCapabilities
 from astrai_core.rewards import RewardSet
 from astrai_core.rollout import RolloutRunner
 from astrai_core.rollout.partial import PartialRollouts
@@ -66,13 +68,15 @@ class Prompts:
         self.position = state["position"]
 
 
-def _drawer(sampler, source=None, staleness=1):
+def _drawer(sampler, source=None, staleness=1, overlap=False):
+    """``overlap``: with an asynchronous sampler, as its spec would say."""
     runner = RolloutRunner(sampler, tokenizer=None,
                            rewards=RewardSet.from_config([{"name": "exact_match"}]),
                            sampling_params=SamplingParams(max_new_tokens=8, seed=7),
                            group_size=2, prompts_per_rollout=1,
-                           prompt_source=source or Prompts())
-    return PartialRollouts(runner, segment_tokens=2, max_staleness=staleness, in_flight=2)
+                           prompt_source=source or Prompts(), asynchronous=overlap)
+    return PartialRollouts(runner, segment_tokens=2, max_staleness=staleness, in_flight=2,
+                           overlap=overlap)
 
 
 def _draw(drawer, order):
@@ -150,7 +154,7 @@ class InterruptibleSampler(ScriptedSampler):
         self.running: Call | None = None
         self.sent: list[tuple[int, list[int]]] = []  # (version, max_new_tokens) of each call
 
-    interruptible = True
+    capabilities = SamplerCapabilities(interruptible=True)
 
     def generate_async(self, prompts, params, interruptible=False):
         self.calls.append([list(p) for p in prompts])
@@ -187,12 +191,8 @@ class Call:
 
 def test_overlapped_segments_decode_while_the_trainer_steps_and_stop_at_the_update():
     sampler = InterruptibleSampler(cut=1)
-    runner = RolloutRunner(sampler, tokenizer=None,
-                           rewards=RewardSet.from_config([{"name": "exact_match"}]),
-                           sampling_params=SamplingParams(max_new_tokens=8, seed=7),
-                           group_size=2, prompts_per_rollout=1, prompt_source=Prompts())
-    drawer = PartialRollouts(runner, segment_tokens=2, max_staleness=2, in_flight=2,
-                             overlap=True)
+    drawer = _drawer(sampler, staleness=2, overlap=True)
+    runner = drawer.runner
     # draw 1 (version 0): one waited-on segment of 2 tokens; [1] finishes. Then the next
     # segment is sent at once, without a token limit: [2] continued, [3] admitted.
     first = _draw(drawer, [0, 1, 0, 1])
@@ -231,3 +231,38 @@ def test_without_overlap_an_asynchronous_sampler_samples_only_while_the_trainer_
     _draw(drawer, [0, 1, 0, 1])
     assert len(sampler.calls) == 1  # no segment left running behind the draw
     assert sampler.running is None or not sampler.running.interruptible
+
+
+class KeywordsRecorded(InterruptibleSampler):
+    """Records the keywords each ``generate_async`` gets."""
+
+    def __init__(self, cut: int) -> None:
+        super().__init__(cut)
+        self.keywords: list[dict] = []
+
+    def generate_async(self, prompts, params, **keywords):
+        self.keywords.append(keywords)
+        return super().generate_async(prompts, params, **keywords)
+
+
+class UninterruptibleAsync(KeywordsRecorded):
+    """Asynchronous, takes any keyword, and declares no ``interruptible``: it must never
+    be asked for an interruptible call."""
+
+    capabilities = SamplerCapabilities()
+
+
+@pytest.mark.parametrize("declared", [True, False], ids=["interruptible", "not declared"])
+def test_overlapped_segments_are_interruptible_only_when_the_sampler_declares_it(declared):
+    sampler = (KeywordsRecorded if declared else UninterruptibleAsync)(cut=1)
+    drawer = _drawer(sampler, staleness=2, overlap=True)
+    _draw(drawer, [0, 1, 0, 1])
+    drawer.runner.publish()
+    # the segment sent behind the draw: without a token limit, to be interrupted by the
+    # push, only for a sampler that declares it; else one segment's worth, run to its end
+    assert sampler.keywords == ([{"interruptible": True}] * 2 if declared else [{}, {}])
+    assert sampler.sent[1] == ((0, [6, 6, 8, 8]) if declared else (0, [2, 2, 2, 2]))
+    state = drawer.state_dict()
+    carried = [s["tokens"] for g in state["groups"] for s in g["sequences"]]
+    assert carried == ([[20, 21, 22], [20, 21, 22], [20], [20]] if declared
+                       else [[20, 21, 22], [20, 21, 22, 23], [20], [20]])

@@ -117,9 +117,14 @@ def astrai_samplers():
     return [SamplerSpec(name="perturbed", target="rc_test_plugin:Perturbed",
                         summary="the torch sampler, misreporting its log-probs")]
 
+import dataclasses
+
 from astrai_core.sampling.torch_sampler import TorchSampler
 
 class Perturbed(TorchSampler):
+    # its generate does not take the torch sampler's interrupt
+    capabilities = dataclasses.replace(TorchSampler.capabilities, interruptible=False)
+
     class Config(TorchSampler.Config):
         every_other_row: bool = False
         sign: int = 1

@@ -30,6 +30,9 @@ def test_a_full_disk_while_saving_names_the_directory_and_the_bytes(tmp_path, mo
         return real_save(obj, path, *args, **kwargs)
 
     monkeypatch.setattr(torch, "save", save)
+    import shutil  # and the disk reports what a full one does: little free
+    usage = shutil.disk_usage(tmp_path)._replace(free=1000)
+    monkeypatch.setattr(shutil, "disk_usage", lambda path: usage)
     checkpoints = tmp_path / "run" / "checkpoints"
     with pytest.raises(CheckpointError) as raised:
         train(config)
@@ -38,6 +41,7 @@ def test_a_full_disk_while_saving_names_the_directory_and_the_bytes(tmp_path, mo
     assert f"no space left on the device of {checkpoints} while writing step_4" in message
     needed = int(re.search(r"needs about (\d+) bytes", message).group(1))
     assert needed == directory_bytes(checkpoints / "step_2")  # as large as the last one
+    assert f"needs about {needed} bytes, 1000 are free;" in message
     assert [p.name for p in checkpoints.iterdir()] == ["step_2"]  # no staging left
     verify_manifest(checkpoints / "step_2", hashes=True)  # intact
 
@@ -103,3 +107,23 @@ def test_resume_on_a_full_disk_is_one_line_and_leaves_nothing_half_written(tmp_p
     assert sorted(p.name for p in (disk / "run").iterdir()) == ["checkpoints", "metrics.jsonl"]
     assert (disk / "run" / "metrics.jsonl").read_bytes() == metrics  # whole, unchanged
     assert [p.name for p in (disk / "run" / "checkpoints").iterdir()] == ["step_2"]
+
+
+@pytest.mark.parametrize("expected", [0, 10_000])
+def test_the_bytes_needed_and_free_are_two_different_true_numbers(tmp_path, monkeypatch, expected):
+    import shutil
+
+    from astrai_core.checkpoints import native_files
+
+    usage = shutil.disk_usage(tmp_path)._replace(free=4096)  # after the partial write is gone
+    monkeypatch.setattr(native_files.shutil, "disk_usage", lambda path: usage)
+    with pytest.raises(CheckpointError) as raised:
+        with native_files.atomic_directory(tmp_path / "step_1", lambda: expected) as staging:
+            (staging / "part").write_bytes(b"x" * 4096)  # all there was room for
+            raise OSError(errno.ENOSPC, "No space left on device")
+    message = str(raised.value)
+    if expected:
+        assert "it needs about 10000 bytes, 4096 are free;" in message
+    else:  # the write ran out: it needed more than there was
+        assert "it needs more than the 4096 bytes that are free;" in message
+    assert not list(tmp_path.iterdir())

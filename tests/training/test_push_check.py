@@ -18,6 +18,7 @@ from tests.training.conftest import install_plugin
 
 PLUGIN = '''
 import copy
+import dataclasses
 
 from astrai_core import hookimpl, SamplerSpec
 from astrai_core.sampling.torch_sampler import TorchSampler
@@ -28,6 +29,9 @@ def astrai_samplers():
                         summary="the torch sampler over its own copy of the policy")]
 
 class TorchCopy(TorchSampler):
+    # its own copy: each publish hands it the policy's weights
+    capabilities = dataclasses.replace(TorchSampler.capabilities, shares_policy=False)
+
     def __init__(self, model, tokenizer=None, max_batch_size=64):
         super().__init__(copy.deepcopy(model), tokenizer, max_batch_size)
 '''

@@ -136,11 +136,13 @@ class Distill(Strategy):
                            pad_token_id=pad_id)
 
     def after_optimizer_step(self, step: int) -> None:
-        """A sampler that does not generate with the live policy gets its new weights."""
+        """The sampler gets the new weights: one that reads them from the live policy
+        (it declares ``shares_policy``: torch, vllm, ray) is told they changed in place;
+        another gets the policy's state dict (a LoRA policy's merged)."""
         sampler = self.run.sampler
-        if self.config.on_policy_fraction and sampler is not None \
-                and getattr(sampler, "model", None) is not self.run.model:
-            sampler.update_weights(merged_state_dict(self.run.model))
+        if self.config.on_policy_fraction and sampler is not None:
+            shared = self.run.sampler_capabilities.shares_policy
+            sampler.update_weights(None if shared else merged_state_dict(self.run.model))
 
     # -- the loss ---------------------------------------------------------------------
     def compute_loss(self, batch: dict[str, Tensor]) -> tuple[Tensor, dict[str, Any]]:

@@ -159,6 +159,29 @@ def test_on_policy_rows_carry_the_students_samples(tmp_path, chats, teacher, fra
     assert math.isfinite(loss.item()) and metrics["tokens"].item() > 0
 
 
+def test_the_sampler_gets_the_students_weights_after_every_step(tmp_path, chats, teacher,
+                                                                 distill_config, monkeypatch):
+    """One that shares the policy (the torch sampler, vLLM's engine) is told it changed in
+    place; one that does not gets the student's state dict."""
+    import dataclasses
+
+    from astrai_core.api import SamplerCapabilities
+
+    distill, run = build_strategy(distill_config(tmp_path, chats, teacher,
+                                                 on_policy_fraction=0.5), tmp_path)
+    pushes = []
+    monkeypatch.setattr(run.sampler, "update_weights", lambda state_dict=None:
+                        pushes.append(state_dict))
+    assert run.sampler_capabilities.shares_policy
+    distill.after_optimizer_step(1)
+    assert pushes == [None]
+    distill.run = dataclasses.replace(run, sampler_capabilities=SamplerCapabilities())
+    distill.after_optimizer_step(2)
+    expected = run.model.state_dict()
+    assert pushes[1].keys() == expected.keys()
+    assert all(torch.equal(pushes[1][name], expected[name]) for name in expected)
+
+
 def test_sft_coef_adds_the_cross_entropy_on_dataset_replies_only(tmp_path, chats, teacher,
                                                                  distill_config):
     import torch.nn.functional as F

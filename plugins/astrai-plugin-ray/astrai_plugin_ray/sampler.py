@@ -37,13 +37,15 @@ from __future__ import annotations
 
 import atexit
 import copy
+import dataclasses
 from collections.abc import Callable, Sequence
 from typing import Any
 
 import torch
 
-from astrai_core.api import (Completion, SamplingParams, get_logger, hf_name_prefix,
-                             iter_full_buckets, process_registry, shipped_code_modules)
+from astrai_core.api import (Completion, SamplerCapabilities, SamplingParams, get_logger,
+                             hf_name_prefix, iter_full_buckets, process_registry,
+                             shipped_code_modules)
 from astrai_plugin_ray.cluster import RayConnection, place_workers
 from astrai_plugin_ray.config import RaySamplerConfig, engine_options
 from astrai_plugin_ray.push import WeightPusher
@@ -58,6 +60,11 @@ class RaySampler:
     """Rollout workers as Ray actors; see the module docstring."""
 
     Config = RaySamplerConfig
+    # update_weights(None) pushes the trainer's policy it was built with; a push's metrics;
+    # close() lets the workers go. Interruptible when the workers' sampler is (set per
+    # instance, once the workers are up).
+    capabilities = SamplerCapabilities(shares_policy=True, reports_metrics=True,
+                                       needs_close=True)
 
     def __init__(self, model: torch.nn.Module, tokenizer: Any = None, *, workers: int = 1,
                  worker_resources: dict[str, float] | None = None,
@@ -98,6 +105,8 @@ class RaySampler:
         except BaseException:
             self.close()
             raise
+        self.capabilities = dataclasses.replace(
+            RaySampler.capabilities, interruptible=self._workers.interruptible)
         log.info("ray rollout workers ready", workers=[self._workers.name(i)
                                                        for i in range(workers)])
 
@@ -170,12 +179,6 @@ class RaySampler:
                 pass
         self.policy_version += 1
         return self.policy_version
-
-    @property
-    def interruptible(self) -> bool:
-        """Whether a weight push can interrupt the workers' generations (their sampler's
-        ``generate`` takes ``interrupt``: the torch sampler's does, vLLM's does not)."""
-        return self._workers is not None and self._workers.interruptible
 
     def _interrupt_generation(self) -> None:
         """Before a push: end the interruptible generations in flight after their current

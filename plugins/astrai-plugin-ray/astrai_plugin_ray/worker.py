@@ -10,8 +10,8 @@ turns into an engine reload). Ray runs an
 actor's calls one at a time in the order they were sent, so a generation requested
 before a weight push always samples with the weights before it.
 
-A worker whose sampler can be interrupted (its ``generate`` takes ``interrupt``, as the
-torch sampler's does) also serves :meth:`RolloutWorker.interrupt` in a concurrency group
+A worker whose sampler declares ``interruptible`` (its ``generate`` takes ``interrupt``,
+as the torch sampler's does) also serves :meth:`RolloutWorker.interrupt` in a concurrency group
 of its own, beside a running generation: a generation asked for as ``interruptible``
 then ends after its current decode step and returns its unfinished completions as they
 stand (``finish_reason="abort"``), so a weight push waiting behind it lands between two
@@ -21,7 +21,6 @@ decode steps. The interrupt holds until that push is whole.
 from __future__ import annotations
 
 import contextlib
-import inspect
 import os
 import threading
 import time
@@ -32,7 +31,7 @@ from typing import Any
 import torch
 
 from astrai_core.api import (Completion, SamplingParams, hf_name_prefix, loopback_collectives,
-                             process_registry, resolve_device)
+                             process_registry, resolve_device, sampler_capabilities)
 from astrai_plugin_ray.buckets import Bucket, unpack
 
 
@@ -56,8 +55,9 @@ class RolloutWorker:
                                      in list(self._parameters.items()) if name.startswith(prefix)})
         sampler_class = registry.load("sampler", sampler_name)
         self.sampler = sampler_class(model=self.model, tokenizer=tokenizer, **sampler_options)
-        # whether generate passes `interrupt` on: decided once, by the WorkerSet that gave
-        # this actor its `control` concurrency group
+        self.needs_close = sampler_capabilities(self.sampler).needs_close
+        # whether generate passes `interrupt` on: the class's declaration, read once by the
+        # WorkerSet that gave this actor its `control` concurrency group
         self.interruptible = interruptible
         self._interrupt = threading.Event()  # set by interrupt(), cleared by finish_push()
         self.group: Any = None
@@ -144,12 +144,6 @@ class RolloutWorker:
         return {k: v.detach().cpu().clone() for k, v in self.model.state_dict().items()}
 
     def close(self) -> None:
-        close = getattr(self.sampler, "close", None)
-        if close is not None:
-            close()
+        if self.needs_close:
+            self.sampler.close()
         self.group = None
-
-
-def interruptible_sampler(sampler_class: type) -> bool:
-    """Whether a sampler's ``generate`` can be interrupted (takes ``interrupt``)."""
-    return "interrupt" in inspect.signature(sampler_class.generate).parameters

@@ -13,7 +13,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from astrai_core.api import AstraiError, process_registry
+from astrai_core.api import AstraiError, process_registry, sampler_capabilities
 from astrai_plugin_ray.cluster import actor_options
 
 
@@ -29,12 +29,13 @@ class WorkerSet:
                  device_name: str, timeout_s: float) -> None:
         import ray
 
-        from astrai_plugin_ray.worker import RolloutWorker, interruptible_sampler
+        from astrai_plugin_ray.worker import RolloutWorker
 
         self.timeout_s = timeout_s
-        # A sampler that can be interrupted gets a `control` group, where interrupt() runs
-        # beside a generation; others stay plain actors (every call on the main thread).
-        self.interruptible = interruptible_sampler(process_registry().load("sampler", sampler_name))
+        # A sampler that declares `interruptible` gets a `control` group, where interrupt()
+        # runs beside a generation; others stay plain actors (every call on the main thread).
+        sampler_class = process_registry().load("sampler", sampler_name)
+        self.interruptible = sampler_capabilities(sampler_class).interruptible
         actor_class = (ray.remote(concurrency_groups={"control": 1})(RolloutWorker)
                        if self.interruptible else ray.remote(RolloutWorker))
         self.actors = [actor_class.options(**actor_options(bundle, group, i)).remote(

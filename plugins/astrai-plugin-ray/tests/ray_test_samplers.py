@@ -1,15 +1,21 @@
 """Samplers for the ray sampler's tests, loaded as a plugin (ASTRAI_PLUGINS) by the test
 process and by every Ray worker: a torch sampler that is deliberately slow (per call, or
 per token, the latter interruptible as the torch sampler is), and one whose process dies
-at a given generate call; and a device backend that is never available."""
+at a given generate call; two whose generate takes the interrupt and any keyword and
+names those it got, one declared interruptible and one not; and a device backend that
+is never available."""
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import time
 
 from astrai_core import DeviceBackendSpec, SamplerSpec, hookimpl
 from astrai_core.sampling.torch_sampler import TorchSampler
+
+# the torch sampler's capabilities but for the interrupt, which these generates do not take
+UNINTERRUPTIBLE = dataclasses.replace(TorchSampler.capabilities, interruptible=False)
 
 
 @hookimpl
@@ -19,7 +25,12 @@ def astrai_samplers():
             SamplerSpec(name="slow_step_torch", target="ray_test_samplers:SlowStepTorchSampler",
                         summary="the torch sampler, token_delay_s slower per token"),
             SamplerSpec(name="dying_torch", target="ray_test_samplers:DyingTorchSampler",
-                        summary="the torch sampler, whose process exits at call die_at_call")]
+                        summary="the torch sampler, whose process exits at call die_at_call"),
+            SamplerSpec(name="keyword_torch", target="ray_test_samplers:KeywordTorchSampler",
+                        summary="the torch sampler, naming the keywords generate got"),
+            SamplerSpec(name="interruptible_keyword_torch",
+                        target="ray_test_samplers:InterruptibleKeywordTorchSampler",
+                        summary="keyword_torch, declared interruptible")]
 
 
 @hookimpl
@@ -34,6 +45,8 @@ def absent_device_available() -> bool:
 
 
 class SlowTorchSampler(TorchSampler):
+    capabilities = UNINTERRUPTIBLE
+
     class Config(TorchSampler.Config):
         delay_s: float = 0.0
 
@@ -64,6 +77,8 @@ class SlowStepTorchSampler(TorchSampler):
 
 
 class DyingTorchSampler(TorchSampler):
+    capabilities = UNINTERRUPTIBLE
+
     class Config(TorchSampler.Config):
         die_at_call: int = 1
 
@@ -77,3 +92,22 @@ class DyingTorchSampler(TorchSampler):
         if self.calls == self.die_at_call:
             os._exit(1)  # the worker's process dies, as when it is killed or its node fails
         return super().generate(prompts, params, on_token)
+
+
+class KeywordTorchSampler(TorchSampler):
+    """``generate`` takes ``interrupt`` and any keyword, and names those it got in each
+    completion's text; it declares no ``interruptible``, so a worker must never pass it
+    the interrupt, whatever its signature."""
+
+    capabilities = UNINTERRUPTIBLE
+
+    def generate(self, prompts, params, interrupt=None, **keywords):
+        got = sorted([*keywords, *(["interrupt"] if interrupt is not None else [])])
+        completions = super().generate(prompts, params, interrupt=interrupt)
+        for completion in completions:
+            completion.text = ",".join(got)
+        return completions
+
+
+class InterruptibleKeywordTorchSampler(KeywordTorchSampler):
+    capabilities = TorchSampler.capabilities

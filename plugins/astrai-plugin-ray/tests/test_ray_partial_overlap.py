@@ -56,7 +56,8 @@ def test_a_push_lands_between_decode_steps_and_each_token_names_its_weights(ray_
                                rewards=RewardSet.from_config([{"name": "exact_match"}]),
                                sampling_params=SamplingParams(max_new_tokens=40, seed=3,
                                                               stop_token_ids=(3, 7)),
-                               group_size=2, prompts_per_rollout=2, prompt_source=PROMPTS)
+                               group_size=2, prompts_per_rollout=2, prompt_source=PROMPTS,
+                               asynchronous=True)  # as the ray spec says
         # segments as long as a completion: only an interrupt splits a sequence's versions
         drawer = PartialRollouts(runner, segment_tokens=40, max_staleness=8, overlap=True)
         snapshots = {0: copy.deepcopy(model.state_dict())}

@@ -46,6 +46,23 @@ def test_two_workers_give_the_local_samplers_completions(sampler):
     assert {info["pid"] for info in sampler.worker_info} and len(sampler.worker_info) == 2
 
 
+@pytest.mark.parametrize("name, interruptible", [("keyword_torch", False),
+                                                 ("interruptible_keyword_torch", True)])
+def test_workers_pass_the_interrupt_only_to_a_sampler_that_declares_it(ray_session, name,
+                                                                        interruptible):
+    """Both samplers' generate takes ``interrupt``; the declaration alone decides."""
+    sampler = RaySampler(model=_tiny_model(), workers=1, worker_resources={"CPU": 0.5},
+                         worker_sampler={"name": name})
+    try:
+        params = SamplingParams(max_new_tokens=3, seed=1)
+        sent = sampler.generate_async(PROMPTS, params, interruptible=True).result()
+        assert {c.text for c in sent} == ({"interrupt"} if interruptible else {""})
+        assert {c.text for c in sampler.generate(PROMPTS, params)} == {""}
+        assert sampler.capabilities.interruptible is interruptible  # what partial reads
+    finally:
+        sampler.close()
+
+
 def test_update_weights_gives_every_worker_the_trainers_weights_exactly(sampler):
     model = sampler.model
     with torch.no_grad():

@@ -35,7 +35,7 @@ from pydantic import Field
 
 from astrai_core.api import PER_EXPERT, ConfigError, iter_push_buckets, unsharded
 from astrai_core.api import hf_name_prefix, iter_hf_push_buckets
-from astrai_core.api import Completion, SamplingParams
+from astrai_core.api import Completion, SamplerCapabilities, SamplingParams
 from astrai_core.api import Request, expand_requests
 from astrai_plugin_vllm import colocated
 from astrai_plugin_vllm import engine as engine_lib
@@ -48,9 +48,12 @@ TokenCallback = Callable[[int, int], None]  # (completion index, token id)
 class VllmSampler:
     """A vLLM engine behind the sampler contract; see the module docstring."""
 
-    # It generates from the engine's own copy of the weights (pushed by update_weights),
-    # never from the trainer's parameters: a sharded trainer need not gather them for it.
-    owns_weights = True
+    # It generates from the engine's own copy of the weights, never from the trainer's
+    # parameters (a sharded trainer need not gather them for it); update_weights(None)
+    # pushes the policy it was built with into the engine; a push's time; close() stops
+    # the engine.
+    capabilities = SamplerCapabilities(owns_weights=True, shares_policy=True,
+                                       reports_metrics=True, needs_close=True)
 
     class Config(SamplingParams):
         """The ``sampler:`` section: default SamplingParams plus these engine options."""
