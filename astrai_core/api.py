@@ -129,6 +129,7 @@ from astrai_core.model.head import (
 from astrai_core.devices.accelerator import AcceleratorBackend
 from astrai_core.devices.base import DeviceBackend
 from astrai_core.devices.select import resolve_device
+from astrai_core.distributed.loopback import LOOPBACK, bound_store, loopback_collectives
 from astrai_core.distributed.world import scoped_env
 from astrai_core.errors import (
     AstraiError,
@@ -190,6 +191,7 @@ __all__ = [
     "write_strategy_record",
     # devices, plugins, errors, logging
     "AcceleratorBackend", "DeviceBackend", "resolve_device", "process_registry", "scoped_env",
+    "LOOPBACK", "bound_store", "loopback_collectives",
     "AstraiError", "CheckpointError", "ConfigError", "DataError", "FieldError", "PluginError",
     "get_logger",
     # trackers

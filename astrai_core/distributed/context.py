@@ -12,14 +12,14 @@ from __future__ import annotations
 import contextlib
 import datetime
 import os
-import socket
 from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
 import torch
 
-from astrai_core.distributed.world import launched_world_size, scoped_env
+from astrai_core.distributed.loopback import loopback_collectives
+from astrai_core.distributed.world import launched_world_size
 from astrai_core.log import get_logger
 
 log = get_logger("astrai.distributed")
@@ -164,11 +164,10 @@ def _loopback_collectives(backend: Any) -> Iterator[None]:
     ``LOCAL_WORLD_SIZE`` is the world size), the collective library listens on the
     loopback interface, not on the address the host name resolves to. Groups created
     later (a weight-push group to rollout workers elsewhere) are left as they were."""
-    interface = next((name for _, name in socket.if_nameindex() if name in ("lo", "lo0")), None)
-    if os.environ.get("LOCAL_WORLD_SIZE") != os.environ.get("WORLD_SIZE") or interface is None:
+    if os.environ.get("LOCAL_WORLD_SIZE") != os.environ.get("WORLD_SIZE"):
         yield
         return
-    with scoped_env(backend.loopback_env(interface)):
+    with loopback_collectives(backend):
         yield
 
 

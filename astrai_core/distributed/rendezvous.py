@@ -16,15 +16,14 @@ node-rank-0 machine's ``--master-addr``. The ranks' process groups use this same
 
 from __future__ import annotations
 
-import contextlib
 import socket
 from collections.abc import Callable
 from typing import Any
 
+from astrai_core.distributed.loopback import LOOPBACK, listen_socket
 from astrai_core.errors import ConfigError
 
 BACKEND = "astrai"
-LOOPBACK = "127.0.0.1"
 DEFAULT_TIMEOUT_S = 600  # torch's static rendezvous's default
 
 
@@ -66,20 +65,12 @@ def create_handler(params: Any) -> Any:
 def bind(host: str, port: int) -> socket.socket:
     """A TCP socket bound to ``host:port`` (port 0: a free one), on that address only."""
     try:
-        family, kind, proto, _, address = socket.getaddrinfo(
-            host, port, type=socket.SOCK_STREAM)[0]
+        return listen_socket(host, port)
     except socket.gaierror as error:
         raise ConfigError(f"--master-addr {host}: not an address this machine can resolve "
                           f"({error.strerror})") from None
-    listener = socket.socket(family, kind, proto)
-    listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # a previous run's TIME_WAIT
-    try:
-        listener.bind(address)
     except OSError as error:
-        with contextlib.suppress(OSError):
-            listener.close()
         raise ConfigError(
             f"--master-addr {host} --master-port {port}: the rendezvous cannot listen there "
             f"({error.strerror}); node rank 0 listens on that address alone, so it must be one "
             "of this machine's own addresses and the port a free one") from None
-    return listener

@@ -7,6 +7,8 @@
 - runs killed by SIGKILL at a named phase, for tests of exact resume
   (``python -m astrai_core.testing.faults``);
 - tiny servable checkpoints and a live server (:mod:`astrai_core.testing.serving`);
+- what a run's processes listen on, from the kernel's socket table
+  (:mod:`astrai_core.testing.net`, Linux);
 - tiny Hugging Face models to prove an importer against transformers
   (:mod:`astrai_core.testing.parity`, imports torch and transformers).
 

@@ -4,7 +4,9 @@
   process where Ray is already initialised (a notebook, a test) keeps its session;
   otherwise a local Ray is started for the run, with the custom resources the device
   backends declare for this machine (``DeviceBackend.ray_resources()``: ``{"NPU": 8}``
-  on an Ascend host; GPUs keep Ray's own detection).
+  on an Ascend host; GPUs keep Ray's own detection). That Ray listens on 127.0.0.1 alone
+  (:func:`loopback_ray`), with no dashboard, unless ``init_kwargs`` name a
+  ``_node_ip_address``.
 * Only what this run started is stopped by :meth:`RayConnection.close`: the workers'
   placement group always, Ray itself only when the run started it.
 * The workers get the trainer's plugin selection (``ASTRAI_PLUGINS``,
@@ -14,13 +16,18 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
+from collections.abc import Iterator
 from typing import Any
 
-from astrai_core.api import AstraiError, get_logger, process_registry
+from astrai_core.api import LOOPBACK, AstraiError, get_logger, process_registry, scoped_env
 
 log = get_logger("astrai.ray")
 PLUGIN_ENV = ("ASTRAI_PLUGINS", "ASTRAI_DISABLE_PLUGINS")  # every worker sees the same plugins
+# Ray turns a node address of 127.0.0.1 into the machine's network address unless it
+# thinks it runs where clusters are off (Windows, macOS); this variable says so
+RAY_CLUSTERS_ENV = "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"
 
 
 class RayClusterError(AstraiError):
@@ -70,17 +77,20 @@ class RayConnection:
         init_kwargs = dict(init_kwargs)
         kwargs: dict[str, Any] = {"include_dashboard": False, "log_to_driver": True,
                                   "runtime_env": _runtime_env(init_kwargs.pop("runtime_env", None))}
+        local = address is None and "_node_ip_address" not in init_kwargs
         if address is None:
             resources = local_ray_resources()
             if resources:
                 kwargs["resources"] = resources
-            log.info("starting a local Ray", resources=resources or None)
+            log.info("starting a local Ray", resources=resources or None,
+                     listens_on=LOOPBACK if local else init_kwargs["_node_ip_address"])
         else:
             kwargs = {"address": address, "log_to_driver": True,
                       "runtime_env": kwargs["runtime_env"]}
         kwargs.update(init_kwargs)
         try:
-            ray.init(**{k: v for k, v in kwargs.items() if v is not None})
+            with loopback_ray() if local else contextlib.nullcontext():
+                ray.init(**{k: v for k, v in kwargs.items() if v is not None})
         except ConnectionError as exc:
             raise RayClusterError(f"cannot join the Ray cluster at {address!r}: {exc}") from None
         self.started = True
@@ -97,6 +107,23 @@ class RayConnection:
         if self.started and ray.is_initialized():
             ray.shutdown()
         self.started = False
+
+
+@contextlib.contextmanager
+def loopback_ray() -> Iterator[None]:
+    """While a local Ray starts: its node address is 127.0.0.1, so that its services (GCS,
+    raylet, object manager, the agents, every worker's gRPC server) listen on loopback
+    alone. The processes it starts inherit the variable, so Ray's workers and agents
+    started later keep to that address too."""
+    from ray._private import ray_constants
+
+    enabled = ray_constants.ENABLE_RAY_CLUSTER  # read by this process's Ray when it starts
+    ray_constants.ENABLE_RAY_CLUSTER = False
+    try:
+        with scoped_env({RAY_CLUSTERS_ENV: "0"}):
+            yield
+    finally:
+        ray_constants.ENABLE_RAY_CLUSTER = enabled
 
 
 def place_workers(bundle: dict[str, float], count: int, strategy: str, timeout_s: float) -> Any:

@@ -4,7 +4,10 @@
   formed once through a TCPStore the trainer hosts and kept apart from any default group
   the trainer itself uses (FSDP). Each bucket is one broadcast. The group is the device
   backend's own (NCCL, HCCL; ``DeviceBackend.process_group``) when the trainer and every
-  worker are on devices of one family, else gloo with the buckets staged on CPU.
+  worker are on devices of one family, else gloo with the buckets staged on CPU. The
+  store listens on one address alone: 127.0.0.1 when every worker is on the trainer's
+  Ray node (the collective library then keeps to the loopback interface too), else this
+  node's address in the cluster, where the workers reach it.
 * **object_store**: each bucket is put once in Ray's object store and every worker
   fetches it: for clusters where the workers cannot reach the trainer's address (a Ray
   Client connection) or a group cannot be formed.
@@ -16,6 +19,7 @@ the workers were finishing) and ``rollout/weight_push_mb``.
 
 from __future__ import annotations
 
+import contextlib
 import time
 import uuid
 from collections.abc import Iterable
@@ -24,7 +28,8 @@ from typing import Any
 
 import torch
 
-from astrai_core.api import DeviceBackend, get_logger, process_registry, resolve_device
+from astrai_core.api import (LOOPBACK, DeviceBackend, bound_store, get_logger,
+                             loopback_collectives, process_registry, resolve_device)
 from astrai_plugin_ray.buckets import pack, plan_buckets
 from astrai_plugin_ray.workers import WorkerSet
 
@@ -63,19 +68,29 @@ class WeightPusher:
         on_device = trainer.type != "cpu" and worker_backends == {trainer.dist_backend}
         backend = trainer if on_device else resolve_device(process_registry(), "cpu")
         world = len(self.workers) + 1
-        host = ray.util.get_node_ip_address()
+        local = self._workers_are_local()
+        host = LOOPBACK if local else ray.util.get_node_ip_address()
         timeout = timedelta(seconds=timeout_s)
-        store = dist.TCPStore(host, 0, world_size=world, is_master=True, timeout=timeout,
-                              wait_for_workers=False)
+        store = bound_store(host, world, timeout)
         prefix = f"astrai-weights-{uuid.uuid4().hex}"
         refs = [actor.join_group.remote(host, store.port, prefix, rank + 1, world, on_device,
-                                        timeout_s)
+                                        timeout_s, local)
                 for rank, actor in enumerate(self.workers.actors)]
-        self.group = backend.process_group(dist.PrefixStore(prefix, store), 0, world, timeout)
+        with loopback_collectives(backend) if local else contextlib.nullcontext():
+            self.group = backend.process_group(dist.PrefixStore(prefix, store), 0, world,
+                                               timeout)
         self.workers.get(refs, "joining the weight-push group", timeout=timeout_s)
         self._store = store  # the group's rendezvous lives as long as the group
         self.group_device = trainer.device(0) if on_device else torch.device("cpu")
         self.transport = f"collective ({backend.dist_backend})"
+
+    def _workers_are_local(self) -> bool:
+        """Whether every worker runs on this process's Ray node (a local Ray, or workers
+        placed on the trainer's node): the group then keeps to 127.0.0.1."""
+        import ray
+
+        node = ray.get_runtime_context().get_node_id()
+        return all(info["node_id"] == node for info in self.workers.info)
 
     def push(self, groups: Iterable[dict[str, torch.Tensor]]) -> dict[str, float]:
         """Send every group of tensors (names of the workers' policy; each group is a
@@ -121,3 +136,4 @@ class WeightPusher:
     def close(self) -> None:
         self.group = None
         self._store = None
+

@@ -20,6 +20,7 @@ decode steps. The interrupt holds until that push is whole.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import threading
 import time
@@ -29,8 +30,8 @@ from typing import Any
 
 import torch
 
-from astrai_core.api import (Completion, SamplingParams, hf_name_prefix, process_registry,
-                             resolve_device, sampler_capabilities)
+from astrai_core.api import (Completion, SamplingParams, hf_name_prefix, loopback_collectives,
+                             process_registry, resolve_device, sampler_capabilities)
 from astrai_plugin_ray.buckets import Bucket, unpack
 
 
@@ -89,15 +90,17 @@ class RolloutWorker:
 
     # ---------------------------------------------------------------- weights
     def join_group(self, host: str, port: int, prefix: str, rank: int, world_size: int,
-                   on_device: bool, timeout_s: float) -> str:
-        """Join the trainer's weight-push group; returns its backend's name."""
+                   on_device: bool, timeout_s: float, loopback: bool = False) -> str:
+        """Join the trainer's weight-push group; returns its backend's name. ``loopback``:
+        every member is on this machine, so the collective library listens on loopback."""
         import torch.distributed as dist
 
         timeout = timedelta(seconds=timeout_s)
         store = dist.PrefixStore(prefix, dist.TCPStore(host, port, world_size=world_size,
                                                        is_master=False, timeout=timeout))
         backend = self.backend if on_device else resolve_device(process_registry(), "cpu")
-        self.group = backend.process_group(store, rank, world_size, timeout)
+        with loopback_collectives(backend) if loopback else contextlib.nullcontext():
+            self.group = backend.process_group(store, rank, world_size, timeout)
         self.group_device = self.device if on_device else torch.device("cpu")
         return backend.dist_backend
 
