@@ -85,12 +85,7 @@ class RunPlan:
 
     def sampling_fields(self) -> tuple[dict[str, Any], dict[str, Any]]:
         """(the sampler section's SamplingParams fields, its engine options)."""
-        from astrai_core.sampling.params import SamplingParams
-
-        known = set(SamplingParams.model_fields)
-        options = self.sampler.options
-        return ({k: v for k, v in options.items() if k in known},
-                {k: v for k, v in options.items() if k not in known})
+        return _split_sampling(self.sampler.options)
 
     def user_set(self, *path: Any) -> bool:
         """Whether the config itself gives ``path`` (e.g. ``("sampler", "stop_token_ids")``)."""
@@ -128,6 +123,24 @@ class Resolver:
 
     def section(self, kind: str, section: ComponentSection, path: FieldPath) -> Component:
         return self.component(kind, section.name, section.params, path)
+
+    def sampler(self, section: ComponentSection, path: FieldPath) -> Component:
+        """The ``sampler:`` section. A sampler is built as ``Sampler(model=..., tokenizer=...,
+        **engine_options)`` and receives SamplingParams in ``generate``: without a ``Config``
+        (which validates the whole section), the section's SamplingParams fields are
+        validated as such and only the other keys are checked against ``__init__``."""
+        target = self._load("sampler", section.name, path)
+        if _config_model(target) is not None:
+            return self.component("sampler", section.name, section.params, path)
+        from astrai_core.sampling.params import SamplingParams
+
+        sampling, engine = _split_sampling(section.params)
+        self._validated(target, engine, path)
+        try:
+            fields = SamplingParams.model_validate(sampling).model_dump(include=set(sampling))
+        except ValidationError as exc:
+            raise ConfigError(format_validation_error(exc, self.source, path)) from None
+        return Component("sampler", section.name, target, {**fields, **engine}, None)
 
     def reward(self, name: str, weight: float, params: dict[str, Any],
                path: FieldPath) -> RewardChoice:
@@ -174,8 +187,8 @@ class Resolver:
     def _validated(self, target: Any, params: dict[str, Any], path: FieldPath
                    ) -> BaseModel | None:
         """The target's ``Config`` instance, or None after checking ``__init__``'s keywords."""
-        config_model = getattr(target, "Config", None)
-        if isinstance(config_model, type) and issubclass(config_model, BaseModel):
+        config_model = _config_model(target)
+        if config_model is not None:
             try:
                 return config_model.model_validate(params)
             except ValidationError as exc:
@@ -205,7 +218,7 @@ def plan_run(config: RunConfig, source: YamlSource | None = None,
     except FieldError as exc:
         raise resolve.error(exc.path, exc.message) from None
     sampler_section = config.sampler or ComponentSection(name=DEFAULT_SAMPLER)
-    sampler = resolve.section("sampler", sampler_section, ("sampler",))
+    sampler = resolve.sampler(sampler_section, ("sampler",))
     try:
         online = strategy.config if isinstance(strategy.config, OnlineConfig) else None
         check_online_options(config, needs, online, world=launched_world_size(),
@@ -478,6 +491,23 @@ def _check_rewards(config: RunConfig, needs: StrategyNeeds, rewards: tuple[Rewar
                                  f"reward {reward.label!r} needs column(s) {', '.join(absent)}, "
                                  f"which data.sources.{number} ({source.path}) does not "
                                  "declare in its `columns`")
+
+
+def _config_model(target: Any) -> type[BaseModel] | None:
+    """The target's options model (its ``Config``), if it declares one."""
+    config_model = getattr(target, "Config", None)
+    if isinstance(config_model, type) and issubclass(config_model, BaseModel):
+        return config_model
+    return None
+
+
+def _split_sampling(options: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
+    """(the SamplingParams fields of a sampler section's ``options``, the others)."""
+    from astrai_core.sampling.params import SamplingParams
+
+    known = set(SamplingParams.model_fields)
+    return ({k: v for k, v in options.items() if k in known},
+            {k: v for k, v in options.items() if k not in known})
 
 
 def _keywords(target: Any) -> list[str]:

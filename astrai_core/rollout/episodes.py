@@ -55,7 +55,16 @@ from astrai_core.sampling.params import Completion, SamplingParams
 from astrai_core.serving.hermes import END_TAG, START_TAG, parse_hermes
 
 ENV_REWARD = "environment"  # the reward component of rewards returned by the environment
+_ROLLOUT_SEED_STRIDE = 1_000_003
 _TURN_SEED_STRIDE = 65_537  # seeds: base + stride * turn + episode (episodes < stride)
+
+
+def episode_turn_seed(seed: int, rollout: int, turn: int, episode: int) -> int:
+    """The sampling seed of one turn of a seeded run: a function of the run's ``seed``, the
+    ``rollout`` drawn, the ``turn`` and the ``episode``'s index in the rollout (its prompt's
+    index times the group size plus its member), never of the order in which episodes ask,
+    so that an episode samples the same tokens whatever the concurrency or world size."""
+    return seed + _ROLLOUT_SEED_STRIDE * rollout + _TURN_SEED_STRIDE * turn + episode
 
 
 @dataclass
@@ -133,8 +142,7 @@ class EpisodeRunner:
                                   "max_new_tokens": min(params.max_new_tokens,
                                                         budget - len(episode.tokens))}
         if params.seed is not None:
-            update["seed"] = (params.seed + 1_000_003 * seed_offset + _TURN_SEED_STRIDE * turn
-                              + episode.index)
+            update["seed"] = episode_turn_seed(params.seed, seed_offset, turn, episode.index)
         return params.model_copy(update=update)
 
     def _record_turn(self, episode: _Episode, completion: Completion, turn: int,

@@ -30,7 +30,7 @@ from verifiers.v1.types import AssistantMessage, Response, ToolCall, TurnTokens,
 
 from astrai_core.api import (
     END_TAG, ChatCompletionRequest, EngineRequest, FinishEvent, MessageRenderer, chat_prompt,
-    parse_hermes,
+    episode_turn_seed, parse_hermes,
 )
 
 
@@ -59,16 +59,24 @@ class EngineClient(Client):
 
     ``params``: the run's SamplingParams (temperature, top-p, stop tokens, per-turn
     ``max_new_tokens``); ``max_tokens``: the episode's token budget after its first prompt;
-    ``stop_at_tool_call``: a turn ends at a complete ``</tool_call>``.
+    ``stop_at_tool_call``: a turn ends at a complete ``</tool_call>``; ``rollout``: the
+    rollout's number, which with the episode and the turn seeds each turn of a seeded run.
     """
 
     def __init__(self, engine: Any, tokenizer: Any, params: Any, *, max_tokens: int,
-                 stop_at_tool_call: bool = True) -> None:
+                 stop_at_tool_call: bool = True, rollout: int = 0) -> None:
         self.engine, self.tokenizer, self.params = engine, tokenizer, params
         self.max_tokens, self.stop_at_tool_call = max_tokens, stop_at_tool_call
+        self.rollout = rollout
         self.renderer = MessageRenderer(tokenizer)
         self.streams: dict[str, _Stream] = {}
-        self._turns = 0  # turns sampled: a seeded run gives each turn its own seed
+        self.episodes: dict[str, int] = {}  # session (trace id) -> the episode's index
+
+    def follow(self, session_id: str, episode: int) -> None:
+        """Session ``session_id`` plays episode ``episode`` of the rollout (its prompt's
+        index times the group size plus its member): its turns take that episode's seeds,
+        whatever the order in which concurrent episodes ask."""
+        self.episodes[session_id] = episode
 
     async def get_response(self, dialect: Any, body: dict, sampling: Any,
                            session_id: str | None = None, turn: Any = None,
@@ -86,7 +94,9 @@ class EngineClient(Client):
         room = self.max_tokens - (len(prompt_ids) - len(first))  # the budget after the first prompt
         if room < 1:
             raise ProviderError("the episode's token budget is spent", status_code=400)
-        sample = await self._generate(prompt_ids, min(room, self.params.max_new_tokens), bool(tools))
+        seed = self._seed(session_id or "", len(stream.samples) if stream else 0)
+        sample = await self._generate(prompt_ids, min(room, self.params.max_new_tokens),
+                                      bool(tools), seed)
         if stream is None:
             stream = self.streams[session_id or ""] = _Stream(messages, prompt_ids, [])
         stream.messages, stream.prompt_ids = messages, prompt_ids
@@ -114,12 +124,22 @@ class EngineClient(Client):
         return stream.prompt_ids + stream.completion_ids + suffix
 
     # ---------------------------------------------------------------- sampling
-    async def _generate(self, prompt_ids: list[int], max_new: int, tools: bool) -> Sample:
+    def _seed(self, session_id: str, turn: int) -> int | None:
+        """Turn ``turn`` of the session's episode: its seed in a seeded run (as astrai's own
+        episodes seed theirs)."""
+        if self.params.seed is None:
+            return None
+        if session_id not in self.episodes:
+            raise ProviderError("a model request came from a session that plays no episode "
+                                "of this rollout", status_code=400)
+        return episode_turn_seed(self.params.seed, self.rollout, turn, self.episodes[session_id])
+
+    async def _generate(self, prompt_ids: list[int], max_new: int, tools: bool,
+                        seed: int | None) -> Sample:
         stops = tuple(self.params.stop) + ((END_TAG,) if tools and self.stop_at_tool_call else ())
         update: dict[str, Any] = {"n": 1, "max_new_tokens": max_new, "stop": stops}
-        if self.params.seed is not None:
-            update["seed"] = self.params.seed + self._turns
-        self._turns += 1
+        if seed is not None:
+            update["seed"] = seed
         params = self.params.model_copy(update=update)
         loop = asyncio.get_running_loop()
         done: asyncio.Future = loop.create_future()

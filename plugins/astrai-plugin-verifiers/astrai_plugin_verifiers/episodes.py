@@ -29,7 +29,6 @@ from astrai_core.api import AstraiError, RolloutBatch, SamplerEngine, episode_te
 from astrai_plugin_verifiers.client import EngineClient
 
 REWARD = "verifiers"  # the reward component of the rubric's score
-_SEED_STRIDE = 1_000_003
 
 
 class VerifiersEpisodes:
@@ -58,14 +57,12 @@ class VerifiersEpisodes:
             raise AstraiError("the verifiers environment trains in one process (no "
                               "--nproc-per-node)")
         tasks = list(itertools.islice(self._tasks, len(records)))
-        if params.seed is not None:  # each rollout's turns draw seeds of their own
-            params = params.model_copy(update={"seed": params.seed + _SEED_STRIDE * seed_offset})
         budget = self.config.max_tokens or params.max_new_tokens * self.config.max_turns
         # max_context only bounds what the HTTP app admits; the budget bounds an episode here
         engine = SamplerEngine(self.sampler, self.tokenizer, max_context=1 << 30,
                                vocab_size=len(self.tokenizer))
         client = EngineClient(engine, self.tokenizer, params, max_tokens=budget,
-                              stop_at_tool_call=self.config.stop_at_tool_call)
+                              stop_at_tool_call=self.config.stop_at_tool_call, rollout=seed_offset)
         self.last_client = client
         try:
             episodes = asyncio.run(self._play(tasks, group_size, client))
@@ -80,7 +77,9 @@ class VerifiersEpisodes:
         ctx = vf.ModelContext(model="astrai-policy", client=endpoint)
         with _serving_client(endpoint, client):
             async with self.env.serving():
-                runs = [self.env.run_episode(task, ctx) for task in tasks for _ in range(group_size)]
+                # episode i's traces (a retry mints a new one) take episode i's seeds
+                runs = [self.env.run_episode(task, ctx, on_trace=_following(client, i))
+                        for i, task in enumerate(t for t in tasks for _ in range(group_size))]
                 return await asyncio.wait_for(asyncio.gather(*runs), self.timeout)
 
     # ---------------------------------------------------------------- the batch
@@ -109,6 +108,11 @@ class VerifiersEpisodes:
             group_ids=torch.tensor([i // group_size for i in range(len(rows))], dtype=torch.long),
             policy_version=version, prompts=prompts, completions=texts, columns=columns,
             finish_reasons=[r["finish"] for r in rows], episode_stats=[r["stats"] for r in rows])
+
+
+def _following(client: EngineClient, episode: int) -> Any:
+    """verifiers' ``on_trace``: called as an episode's trace is minted, before any request."""
+    return lambda trace: client.follow(trace.id, episode)
 
 
 def _row(episode: Any, client: EngineClient) -> dict[str, Any]:

@@ -3,6 +3,9 @@ engine, scored by the rubric, trained on exactly the tokens the engine sampled."
 
 from __future__ import annotations
 
+import asyncio
+import itertools
+
 import pytest
 import torch
 import yaml
@@ -12,6 +15,7 @@ from astrai_core.api import ConfigError
 from astrai_core.testing import (build_strategy, fit_recording_rollouts, grpo_step_references,
                                  read_metrics, reference_token_logprobs, run_astrai,
                                  tiny_run_config, write_arith_prompts)
+from astrai_plugin_verifiers.client import EngineClient
 
 GROUP = 2
 
@@ -25,6 +29,22 @@ def _config(tmp_path, **environment):
     config["environment"] = {"name": "verifiers", "env": "verifiers_test_envs:arith",
                              "args": {"path": str(tasks)}, "max_turns": 2, **environment}
     return config
+
+
+def _reverse_arrivals(monkeypatch, env, episodes: int, delay: float) -> None:
+    """Episode i of each rollout of ``episodes`` starts ``(episodes - 1 - i) * delay``
+    seconds late: the episodes ask for their turns in reverse order."""
+    play, calls = env.run_episode, itertools.count()
+
+    def late(task, ctx, **options):
+        wait = (episodes - 1 - next(calls) % episodes) * delay
+
+        async def episode():
+            await asyncio.sleep(wait)
+            return await play(task, ctx, **options)
+        return episode()
+
+    monkeypatch.setattr(env, "run_episode", late)
 
 
 def _unpadded(ids, mask):
@@ -77,8 +97,7 @@ def test_grpo_trains_two_steps_from_yaml(tmp_path):
     assert (tmp_path / "run" / "checkpoints" / "step_2" / "model.safetensors").exists()
     # the same run in this process, its rollouts recorded: each step's loss is the
     # on-policy GRPO loss by hand, and a step whose rubric scores differ within a group
-    # raises its rollout's policy-gradient objective (concurrent episodes take their
-    # seeds in the order they ask, so the rollouts need not be the subprocess's)
+    # raises its rollout's policy-gradient objective
     config["output_dir"] = str(tmp_path / "recorded")
     strategy, run = build_strategy(config, tmp_path)
     drawn = fit_recording_rollouts(strategy, run)
@@ -90,6 +109,46 @@ def test_grpo_trains_two_steps_from_yaml(tmp_path):
         if reference["advantage_abs"] > 0:
             assert reference["after"] > reference["before"]
     assert any(reference["advantage_abs"] > 0 for reference in references)
+    # each episode's seeds are its own, so this process drew the subprocess's rollouts
+    for name in ("rollout/reward/verifiers", "loss"):
+        assert [r[name] for r in recorded] == pytest.approx([r[name] for r in records],
+                                                            rel=1e-5, abs=1e-6), name
+
+
+@pytest.mark.slow
+def test_each_episode_samples_the_same_tokens_whatever_order_its_turns_arrive_in(
+        tmp_path, monkeypatch):
+    # the same seeded run twice in this process, the second one's episodes asking in
+    # reverse order: every episode of every step samples the same tokens, log-probs and
+    # rewards (its seeds are its own: the rollout's, its index in the rollout, its turn's)
+    arrivals, respond = [], EngineClient.get_response
+
+    async def arriving(self, dialect, body, sampling, session_id=None, **options):
+        arrivals.append(session_id)
+        return await respond(self, dialect, body, sampling, session_id=session_id, **options)
+
+    monkeypatch.setattr(EngineClient, "get_response", arriving)
+    drawn, orders = [], []
+    for name, delay in (("first", 0.0), ("reversed", 0.5)):
+        config = _config(tmp_path)
+        config["output_dir"] = str(tmp_path / name)
+        strategy, run = build_strategy(config, tmp_path)
+        if delay:
+            _reverse_arrivals(monkeypatch, run.episodes.env, 2 * GROUP, delay)
+        drawn.append([batch for batch, _ in fit_recording_rollouts(strategy, run)])
+        traces = [e.traces[0].id for e in run.episodes.last_episodes]
+        orders.append([traces.index(t) for t in arrivals if t in traces])
+    # the second run's episodes did ask in reverse (the middle two may swap under load)
+    assert orders[1][0] == 3 and orders[1][-1] == 0, orders
+    first, second = drawn
+    assert len(first) == len(second) == 2
+    for a, b in zip(first, second):
+        assert a.completions == b.completions
+        for field in ("prompt_ids", "response_ids", "response_mask", "old_logprobs", "rewards"):
+            assert torch.equal(getattr(a, field), getattr(b, field)), field
+    # and the seeds differ between the episodes of a group, and between the steps
+    completions = [c for batch in first for c in batch.completions]
+    assert len(set(completions)) > 2, completions
 
 
 def test_an_environment_that_does_not_load_is_one_config_error(tmp_path):
