@@ -65,7 +65,7 @@ class DeltaManifest:
 def tensor_digest(tensor: torch.Tensor) -> str:
     """BLAKE2b (128-bit) of a tensor's raw bytes in row-major order (any dtype)."""
     flat = tensor.detach().to("cpu").contiguous().reshape(-1).view(torch.uint8)
-    return hashlib.blake2b(flat.numpy().tobytes(), digest_size=16).hexdigest()
+    return hashlib.blake2b(flat.numpy(), digest_size=16).hexdigest()  # no copy of the bytes
 
 
 def state_digest(tensors: Mapping[str, torch.Tensor] | Iterable[Mapping[str, torch.Tensor]]
