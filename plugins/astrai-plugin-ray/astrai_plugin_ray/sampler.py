@@ -195,9 +195,11 @@ class RaySampler:
         worker with the trainer's; raises ``WeightPushMismatch`` naming the worker and the
         tensors that differ. A collective under FSDP, like :meth:`update_weights`."""
         groups = iter_full_buckets(self._push_names(None).items(), self.bucket_bytes)
-        expected = state_digest(groups)
         if not self._ranks.leader:
+            for _ in groups:  # this rank's part of each gather; rank 0 compares
+                pass
             return
+        expected = state_digest(groups)
         workers = self._live_workers()
         answers = workers.get([a.digests.remote(list(expected)) for a in workers.actors],
                               "hashing weights")
