@@ -82,6 +82,41 @@ def model_case(case: str, ctx: DistContext) -> dict:
     return result
 
 
+def _edit_rows(tensor: torch.Tensor, first_row: int, step: int) -> None:
+    """Change element 0 of every third row (by global row number): a sparse update."""
+    for local in range(tensor.shape[0] if tensor.dim() else 0):
+        if (first_row + local) % 3 == step % 3:
+            tensor[local].view(-1)[0] += 1.0
+
+
+def delta_case(ctx: DistContext) -> dict:
+    """Delta pushes from a sharded bf16 model (rank 0 encodes what every rank gathers)
+    into an unsharded receiver, against the same edits made on an unsharded copy."""
+    from astrai_core.distributed.weight_delta import DeltaEncoder, apply_delta
+
+    reference = build("untied").to(torch.bfloat16)
+    sharded = shard_module(copy.deepcopy(reference), ctx)
+    receiver = {n: t.clone() for n, t in reference.state_dict().items()}
+    encoder, equal, sent, full = DeltaEncoder(), [], [], []
+    for step in range(3):
+        with torch.no_grad():
+            for (name, param), ref in zip(sharded.named_parameters(), reference.parameters()):
+                chunk = -(-ref.shape[0] // ctx.world_size) if ref.dim() else 0
+                _edit_rows(param.to_local(), ctx.rank * chunk, step)
+                _edit_rows(ref, 0, step)
+        encoder.start_push()
+        sent.append(0)
+        full.append(0)
+        for group in iter_push_buckets(sharded, MODEL_BOUND):
+            full[-1] += sum(t.numel() * t.element_size() for t in group.values())
+            payload, manifest = encoder.encode(group)
+            sent[-1] += sum(t.numel() * t.element_size() for t in payload.values())
+            apply_delta(receiver, {k: v.clone() for k, v in payload.items()}, manifest)
+        equal.append(all(torch.equal(receiver[n].view(torch.int16), t.view(torch.int16))
+                         for n, t in reference.state_dict().items()))
+    return {"equal": equal, "sent": sent, "full": full}
+
+
 def main(out_dir: Path) -> None:
     weight_gather.PIECE_BYTES = 40  # a gather in pieces of a row or a few (as big tensors are)
     dist.init_process_group("gloo")
@@ -89,6 +124,7 @@ def main(out_dir: Path) -> None:
     ctx = DistContext(rank=dist.get_rank(), world_size=dist.get_world_size(), mesh=mesh)
     results = {"tensors": tensors_case(mesh)}
     results.update({case: model_case(case, ctx) for case in ("untied", "tied", "lora")})
+    results["delta"] = delta_case(ctx)
     write_rank_result(out_dir, ctx.rank, results)
 
 

@@ -39,6 +39,9 @@ class RaySamplerConfig(SamplingParams):
     weight_transport: Literal["auto", "collective", "object_store"] = Field(
         "auto", description="collective: a torch.distributed group trainer+workers; "
         "object_store: Ray's; auto: collective where a group can be formed")
+    push: Literal["full", "delta"] = Field(
+        "full", description="full: every pushed tensor, every push; delta: only the values "
+        "that changed since the last push, each updated tensor checked by digest on arrival")
     bucket_mb: float = Field(256.0, gt=0, description="size bound of one weight bucket (MiB)")
     timeout_s: float = Field(600.0, gt=0, description="bound on starting the workers, "
                              "forming the group and one weight push")

@@ -14,12 +14,15 @@
 
 A push logs ``rollout/weight_push_seconds`` (the slowest worker's transfer),
 ``rollout/weight_push_wait_seconds`` (the trainer's whole wait, including a generation
-the workers were finishing) and ``rollout/weight_push_mb``.
+the workers were finishing) and ``rollout/weight_push_mb`` (the bytes sent); a delta push
+(``push: delta``, :mod:`astrai_core.distributed.weight_delta`) also
+``rollout/weight_push_full_mb``, what a full push would have sent.
 """
 
 from __future__ import annotations
 
 import contextlib
+import math
 import time
 import uuid
 from collections.abc import Iterable
@@ -28,8 +31,9 @@ from typing import Any
 
 import torch
 
-from astrai_core.api import (LOOPBACK, DeviceBackend, bound_store, get_logger,
-                             loopback_collectives, process_registry, resolve_device)
+from astrai_core.api import (LOOPBACK, DeltaEncoder, DeviceBackend, WeightPushMismatch,
+                             bound_store, get_logger, loopback_collectives, process_registry,
+                             resolve_device)
 from astrai_plugin_ray.buckets import pack, plan_buckets
 from astrai_plugin_ray.workers import WorkerSet
 
@@ -38,11 +42,14 @@ FORM_TIMEOUT_S = 60.0  # `auto` gives up forming a group after this and uses the
 
 
 class WeightPusher:
-    """Pushes tensors to ``workers`` by ``mode`` (collective, object_store or auto)."""
+    """Pushes tensors to ``workers`` by ``mode`` (collective, object_store or auto);
+    ``delta``: only what changed since the last push (every worker takes every push, so
+    one :class:`DeltaEncoder` serves them all)."""
 
     def __init__(self, workers: WorkerSet, trainer_backend: DeviceBackend, mode: str,
-                 bucket_bytes: int, timeout_s: float, client: bool) -> None:
+                 bucket_bytes: int, timeout_s: float, client: bool, delta: bool = False) -> None:
         self.workers = workers
+        self.encoder = DeltaEncoder() if delta else None
         self.bucket_bytes = bucket_bytes
         self.timeout_s = timeout_s
         self.group: Any = None
@@ -58,7 +65,7 @@ class WeightPusher:
                 log.warning("no weight-push group could be formed; pushing through Ray's "
                             "object store", error=str(exc).splitlines()[0])
         log.info("weight pushes", transport=self.transport, workers=len(workers),
-                 bucket_mb=bucket_bytes / 2**20)
+                 bucket_mb=bucket_bytes / 2**20, delta=delta)
 
     def _form_group(self, trainer: DeviceBackend, timeout_s: float) -> None:
         import ray
@@ -95,31 +102,62 @@ class WeightPusher:
     def push(self, groups: Iterable[dict[str, torch.Tensor]]) -> dict[str, float]:
         """Send every group of tensors (names of the workers' policy; each group is a
         size-bounded bucket of full tensors, gathered while the previous one travels out
-        of scope) to every worker, then tell the workers the push is whole; the metrics."""
+        of scope) to every worker, then tell the workers the push is whole; the metrics.
+        With ``push: delta`` only what changed since the last push travels (one bucket
+        per group, with its manifest); a push that fails makes the next one full."""
+        start = time.perf_counter()
+        calls: list[list[Any]] = [[] for _ in self.workers.actors]  # each worker's, in order
+        pushed = full = 0
+        try:
+            if self.encoder is not None:
+                self.encoder.start_push()
+            for group in groups:
+                full += sum(t.numel() * t.element_size() for t in group.values())
+                pushed += self._push_group(group, calls)
+            for index, actor in enumerate(self.workers.actors):
+                calls[index].append(actor.finish_push.remote())
+            seconds = [sum(self.workers.get_one(ref, index, "a weight push", self.timeout_s)
+                           for ref in refs) for index, refs in enumerate(calls)]
+        except BaseException as exc:
+            if self.encoder is not None:
+                self.encoder.reset()  # the workers may hold part of this push
+            mismatch = getattr(exc, "cause", None)
+            if isinstance(mismatch, WeightPushMismatch):  # one line, not Ray's traceback
+                raise WeightPushMismatch(str(mismatch)) from None
+            raise
+        metrics = {"rollout/weight_push_seconds": max(seconds),
+                   "rollout/weight_push_wait_seconds": time.perf_counter() - start,
+                   "rollout/weight_push_mb": pushed / 2**20}
+        if self.encoder is not None:
+            metrics["rollout/weight_push_full_mb"] = full / 2**20
+        return metrics
+
+    def _push_group(self, group: dict[str, torch.Tensor], calls: list[list[Any]]) -> int:
+        """Send one group (whole, or its delta) to every worker; the bytes sent."""
+        manifest = None
+        if self.encoder is None:
+            buckets = plan_buckets(group, self.bucket_bytes)
+        else:
+            group, manifest = self.encoder.encode(group)
+            # one bucket: the payload is never larger than the group it came from
+            buckets = plan_buckets(group, math.inf) if manifest.records else []
+        for bucket in buckets:
+            self._send(bucket, group, manifest, calls)
+        return sum(bucket.nbytes for bucket in buckets)
+
+    def _send(self, bucket: Any, tensors: dict[str, torch.Tensor], manifest: Any,
+              calls: list[list[Any]]) -> None:
         import ray
 
-        start = time.perf_counter()
         actors = self.workers.actors
-        calls: list[list[Any]] = [[] for _ in actors]  # each worker's calls, in order
-        pushed = 0
-        for group in groups:
-            for bucket in plan_buckets(group, self.bucket_bytes):
-                pushed += bucket.nbytes
-                if self.group is None:
-                    stored = [ray.put(pack(bucket, group, torch.device("cpu")))]
-                    refs = [actor.receive_bucket.remote(bucket, stored) for actor in actors]
-                else:
-                    refs = [actor.receive_bucket.remote(bucket) for actor in actors]
-                    self._broadcast(bucket, group, refs)
-                for index, ref in enumerate(refs):
-                    calls[index].append(ref)
-        for index, actor in enumerate(actors):
-            calls[index].append(actor.finish_push.remote())
-        seconds = [sum(self.workers.get_one(ref, index, "a weight push", self.timeout_s)
-                       for ref in refs) for index, refs in enumerate(calls)]
-        return {"rollout/weight_push_seconds": max(seconds),
-                "rollout/weight_push_wait_seconds": time.perf_counter() - start,
-                "rollout/weight_push_mb": pushed / 2**20}
+        if self.group is None:
+            stored = [ray.put(pack(bucket, tensors, torch.device("cpu")))]
+            refs = [actor.receive_bucket.remote(bucket, stored, manifest) for actor in actors]
+        else:
+            refs = [actor.receive_bucket.remote(bucket, None, manifest) for actor in actors]
+            self._broadcast(bucket, tensors, refs)
+        for index, ref in enumerate(refs):
+            calls[index].append(ref)
 
     def _broadcast(self, bucket: Any, tensors: dict[str, torch.Tensor], refs: list[Any]) -> None:
         import torch.distributed as dist
@@ -134,6 +172,8 @@ class WeightPusher:
             raise self.workers.first_death(refs, "a weight push", exc) from None
 
     def close(self) -> None:
+        if self.encoder is not None:
+            self.encoder.reset()  # its copy of the last push
         self.group = None
         self._store = None
 

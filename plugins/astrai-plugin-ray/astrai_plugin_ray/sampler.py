@@ -20,6 +20,9 @@ and the sampler ``worker_sampler`` names (:mod:`astrai_plugin_ray.worker`).
 * ``update_weights(None)`` pushes the trainer's policy (``self.model``) to every worker:
   only the tensors that train (``requires_grad``), so with LoRA only the adapter moves;
   ``update_weights(state_dict)`` pushes exactly the tensors given (a subset is fine).
+  ``push: delta`` sends only the elements that changed since the last push, each updated
+  tensor checked against the trainer's digest on arrival; ``verify_weights()`` compares
+  every worker's whole pushed state with the trainer's by digest.
   A transformers-backend policy's tensors travel under the family's own (Hugging Face)
   names, its wrapper's prefix removed; the workers hold the same transformers model
   (model code a checkpoint directory ships travels with it, by value).
@@ -43,9 +46,9 @@ from typing import Any
 
 import torch
 
-from astrai_core.api import (Completion, SamplerCapabilities, SamplingParams, get_logger,
-                             hf_name_prefix, iter_full_buckets, process_registry,
-                             shipped_code_modules)
+from astrai_core.api import (Completion, SamplerCapabilities, SamplingParams,
+                             WeightPushMismatch, get_logger, hf_name_prefix, iter_full_buckets,
+                             process_registry, shipped_code_modules, state_digest)
 from astrai_plugin_ray.cluster import RayConnection, place_workers
 from astrai_plugin_ray.config import RaySamplerConfig, engine_options
 from astrai_plugin_ray.push import WeightPusher
@@ -71,7 +74,7 @@ class RaySampler:
                  worker_sampler: dict[str, Any] | None = None, worker_device: str = "auto",
                  placement_strategy: str = "PACK", address: str | None = None,
                  init_kwargs: dict[str, Any] | None = None, weight_transport: str = "auto",
-                 bucket_mb: float = 256.0, timeout_s: float = 600.0) -> None:
+                 bucket_mb: float = 256.0, timeout_s: float = 600.0, push: str = "full") -> None:
         section = dict(worker_sampler or {"name": "torch"})
         bundle = dict(worker_resources or {"CPU": 1.0})
         self.model = model            # the trainer's live policy: what update_weights pushes
@@ -101,7 +104,8 @@ class RaySampler:
                                       worker_device, timeout_s)
             del model_ref
             self._pusher = WeightPusher(self._workers, _trainer_backend(model), weight_transport,
-                                        self.bucket_bytes, timeout_s, self._ray.is_client)
+                                        self.bucket_bytes, timeout_s, self._ray.is_client,
+                                        delta=push == "delta")
         except BaseException:
             self.close()
             raise
@@ -163,13 +167,9 @@ class RaySampler:
         sharded (FSDP) trainer's tensors are gathered one bucket at a time on every rank
         (the ranks call this in step); rank 0 sends each bucket on before the next.
         """
-        tensors = trained_tensors(self.model) if state_dict is None else state_dict
-        prefix = hf_name_prefix(self.model)
-        if prefix is not None:  # a transformers-backend policy pushes its family's own names
-            tensors = {name.removeprefix(prefix): t for name, t in tensors.items()}
         if self._ranks.leader and self._pusher is None:
             raise RuntimeError("the ray sampler is closed")
-        groups = iter_full_buckets(tensors.items(), self.bucket_bytes)
+        groups = iter_full_buckets(self._push_names(state_dict).items(), self.bucket_bytes)
         if self._pusher is not None:
             self._interrupt_generation()
             self._metrics = self._pusher.push(groups)
@@ -179,6 +179,36 @@ class RaySampler:
                 pass
         self.policy_version += 1
         return self.policy_version
+
+    def _push_names(self, state_dict: dict[str, torch.Tensor] | None
+                    ) -> dict[str, torch.Tensor]:
+        """The tensors a push carries (the trained ones by default) under the workers' names:
+        a transformers-backend policy pushes its family's own names."""
+        tensors = trained_tensors(self.model) if state_dict is None else state_dict
+        prefix = hf_name_prefix(self.model)
+        if prefix is not None:
+            tensors = {name.removeprefix(prefix): t for name, t in tensors.items()}
+        return tensors
+
+    def verify_weights(self) -> None:
+        """Compare the digest of every tensor a push carries (``state_digest``) on each
+        worker with the trainer's; raises ``WeightPushMismatch`` naming the worker and the
+        tensors that differ. A collective under FSDP, like :meth:`update_weights`."""
+        groups = iter_full_buckets(self._push_names(None).items(), self.bucket_bytes)
+        if not self._ranks.leader:
+            for _ in groups:  # this rank's part of each gather; rank 0 compares
+                pass
+            return
+        expected = state_digest(groups)
+        workers = self._live_workers()
+        answers = workers.get([a.digests.remote(list(expected)) for a in workers.actors],
+                              "hashing weights")
+        for index, digests in enumerate(answers):
+            wrong = [name for name, digest in expected.items() if digests.get(name) != digest]
+            if wrong:
+                raise WeightPushMismatch(
+                    f"{workers.name(index)} holds other weights than the trainer: "
+                    f"{len(wrong)} tensor(s) differ, first {wrong[0]!r}")
 
     def _interrupt_generation(self) -> None:
         """Before a push: end the interruptible generations in flight after their current

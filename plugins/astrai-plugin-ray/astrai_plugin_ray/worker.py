@@ -30,8 +30,9 @@ from typing import Any
 
 import torch
 
-from astrai_core.api import (Completion, SamplingParams, hf_name_prefix, loopback_collectives,
-                             process_registry, resolve_device, sampler_capabilities)
+from astrai_core.api import (Completion, DeltaManifest, SamplingParams, apply_delta,
+                             hf_name_prefix, loopback_collectives, process_registry,
+                             resolve_device, sampler_capabilities, state_digest)
 from astrai_plugin_ray.buckets import Bucket, unpack
 
 
@@ -104,10 +105,13 @@ class RolloutWorker:
         self.group_device = self.device if on_device else torch.device("cpu")
         return backend.dist_backend
 
-    def receive_bucket(self, bucket: Bucket, refs: list[Any] | None = None) -> float:
+    def receive_bucket(self, bucket: Bucket, refs: list[Any] | None = None,
+                       manifest: DeltaManifest | None = None) -> float:
         """Take one bucket of new weights (broadcast from rank 0 of the weight-push group,
         or ``refs[0]`` from the object store) and copy it into the policy; returns the
-        seconds it took here. The sampler is told once the push is whole (:meth:`finish_push`)."""
+        seconds it took here. The sampler is told once the push is whole (:meth:`finish_push`).
+        With a ``manifest`` the bucket is a delta: applied, then every tensor it wrote is
+        checked against the trainer's digest (``WeightPushMismatch`` names the tensor)."""
         import torch.distributed as dist
 
         start = time.perf_counter()
@@ -120,7 +124,11 @@ class RolloutWorker:
             import ray
 
             buffer = ray.get(refs[0])
-        self._copy_in(unpack(bucket, buffer))
+        if manifest is None:
+            self._copy_in(unpack(bucket, buffer))
+        else:
+            apply_delta(self._parameters, unpack(bucket, buffer), manifest,
+                        where=f"rollout worker {self.index}")
         return time.perf_counter() - start
 
     def finish_push(self) -> float:
@@ -142,6 +150,12 @@ class RolloutWorker:
     def weights(self) -> dict[str, torch.Tensor]:
         """The policy's state on CPU (tests compare it with the trainer's)."""
         return {k: v.detach().cpu().clone() for k, v in self.model.state_dict().items()}
+
+    def digests(self, names: list[str]) -> dict[str, str]:
+        """The digest of each named tensor of the policy (``state_digest``), to compare with
+        the trainer's; a name the policy lacks is missing from the answer."""
+        return state_digest({name: self._parameters[name] for name in names
+                             if name in self._parameters})
 
     def close(self) -> None:
         if self.needs_close:

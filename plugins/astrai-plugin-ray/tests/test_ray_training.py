@@ -45,6 +45,19 @@ def test_on_policy_ray_run_logs_the_local_samplers_metrics(ray_session, tmp_path
             assert mine[key] == pytest.approx(value, rel=1e-4, abs=1e-5), key
 
 
+def test_a_run_with_delta_pushes_logs_the_local_samplers_metrics(ray_session, tmp_path):
+    """``push: delta`` through the run config: every push checked on arrival, and the
+    workers sample exactly what the local sampler samples, step after step."""
+    local = _train(tmp_path / "local", steps=3)
+    remote = _train(tmp_path / "ray", sampler={**RAY, "push": "delta"}, steps=3)
+    assert all(r["rollout/weight_push_full_mb"] > 0 for r in remote)  # the delta push ran
+    for mine, theirs in zip(remote, local, strict=True):
+        mine, theirs = _without_timing(mine), _without_timing(theirs)
+        assert mine.keys() == theirs.keys()
+        for key, value in theirs.items():
+            assert mine[key] == pytest.approx(value, rel=1e-4, abs=1e-5), key
+
+
 def test_staleness_one_with_a_slow_worker_stays_within_one_step(ray_session, tmp_path):
     slow = {**RAY, "worker_sampler": {"name": "slow_torch", "delay_s": 0.3}}
     rows = _train(tmp_path, sampler=slow, rollout={"max_staleness": 1}, steps=5)
