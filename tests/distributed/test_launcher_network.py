@@ -83,8 +83,15 @@ def _held(tmp_path: Path, commands: list[list[str]], env: dict[str, str]
             time.sleep(0.5)
         yield runs
     finally:
+        # torchrun starts its ranks in sessions of their own: kill every process of the tree
+        # found while it stands, not only the launchers' groups, or the held ranks outlive it
+        tree = [pid for run in runs for pid in process_tree(run.pid)]
         for run in runs:
             os.killpg(run.pid, signal.SIGKILL)
+        for pid in tree:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+        for run in runs:
             run.wait(timeout=60)
 
 
