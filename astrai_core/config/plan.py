@@ -256,6 +256,7 @@ def _plan_training(resolve: Resolver, config: RunConfig, strategy: Component, ba
     model_source = _model_source(config, resolve.registry)
     needs = strategy.target.needs(strategy.config)
     config = _resolve_auto_formats(config, needs, base_dir)
+    check_model_fit(config, model_source)  # the sizes of the formats the data turned out to be
     _check_data(config, strategy.name, needs)
     config = _unpack_rows(config, strategy.name, needs)
     advantage = _advantage(resolve, config, strategy, needs)
@@ -271,13 +272,10 @@ def _plan_training(resolve: Resolver, config: RunConfig, strategy: Component, ba
 
 
 def _model_source(config: RunConfig, registry: Registry) -> ModelSource | None:
-    """``model.path`` resolved (None: a from-scratch model), and the run's sizes checked
-    against the model's config."""
-    source = (None if config.model.path is None else
-              describe(config.model.path, config.model.backend, registry,
-                       config.model.trust_remote_code))
-    check_model_fit(config, source)
-    return source
+    """``model.path`` resolved (None: a from-scratch model)."""
+    return (None if config.model.path is None else
+            describe(config.model.path, config.model.backend, registry,
+                     config.model.trust_remote_code))
 
 
 # The samplers that generate with a transformers-backend policy (docs/models.md).
