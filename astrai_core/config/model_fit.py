@@ -36,13 +36,22 @@ def check_model_fit(config: RunConfig, source: ModelSource | None) -> None:
     if context is None or seq_len <= context[0]:
         return
     window, where = context
-    if "seq_len" not in config.data.model_fields_set:  # the default, not the user's ask
-        get_logger("astrai.config").warning(
-            f"data.seq_len's default {seq_len} exceeds the model's context of {window} "
-            f"positions ({where}); set data.seq_len")
+    if "seq_len" not in config.data.model_fields_set:  # the default: warn_default_seq_len
         return
     raise FieldError(("data", "seq_len"), f"{seq_len} tokens exceed the model's context of "
                      f"{window} positions ({where}); use at most {window}")
+
+
+def warn_default_seq_len(config: RunConfig, source: ModelSource | None) -> None:
+    """A warning, once the plan holds (a plan error stays one line), when ``data.seq_len``
+    was left at its default and that default exceeds the model's context."""
+    if "seq_len" in config.data.model_fields_set or not uses_seq_len(config.data):
+        return
+    context = model_context(config, source)
+    if context is not None and config.data.seq_len > context[0]:
+        get_logger("astrai.config").warning(
+            f"data.seq_len's default {config.data.seq_len} exceeds the model's context of "
+            f"{context[0]} positions ({context[1]}); set data.seq_len")
 
 
 def uses_seq_len(data: Any) -> bool:

@@ -65,7 +65,8 @@ def build_attention_bias(
             documents = None  # one document per row: plain causal
     window = sliding_window if sliding_window is not None and sliding_window < total_len else None
 
-    if documents is not None and past_len == 0:
+    if documents is not None and past_len == 0 and _several_documents(
+            documents, attention_mask if padded else None):
         layout = document_layout(documents, attention_mask if padded else None)
         if layout is not None:
             return AttentionBias(None, is_causal=True, documents=layout, window=window)
@@ -88,6 +89,18 @@ def build_attention_bias(
     bias = torch.zeros(allowed.shape, dtype=dtype, device=device)
     bias.masked_fill_(~allowed, torch.finfo(dtype).min)
     return AttentionBias(bias, is_causal=False)
+
+
+def _several_documents(documents: torch.Tensor, attention_mask: torch.Tensor | None) -> bool:
+    """Whether some row packs more than one document among its real tokens. A padded row of
+    one document keeps the padded path's mask (the numbers of unpacked batches stay as
+    they were); only packed rows are computed per document."""
+    if attention_mask is None:
+        return True  # documents were found, and nothing is padding
+    real = attention_mask.bool()
+    last = documents.masked_fill(~real, -1).amax(-1)
+    first = documents.masked_fill(~real, documents.shape[-1] + 1).amin(-1)
+    return bool((last > first).any())
 
 
 def _single_query_bias(attention_mask: torch.Tensor | None, dtype: torch.dtype) -> AttentionBias:

@@ -108,10 +108,12 @@ def prepare_run(config: RunConfig, *, source: YamlSource | None = None, resume: 
 
 
 def _check_memory(plan: RunPlan, backend: Any) -> None:
-    """Sizes whose activations cannot fit the device are refused before the model loads."""
-    from astrai_core.config.model_fit import check_memory
+    """Sizes whose activations cannot fit the device are refused before the model loads (and
+    a default sequence length past the model's context is warned of)."""
+    from astrai_core.config.model_fit import check_memory, warn_default_seq_len
     from astrai_core.config.plan import Resolver
 
+    warn_default_seq_len(plan.config, plan.model_source)
     try:
         available = getattr(backend, "available_memory", lambda: None)()  # a plugin's may lack it
         check_memory(plan.config, plan.model_source, available, f"{backend.name} memory")

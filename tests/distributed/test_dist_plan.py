@@ -63,7 +63,7 @@ def test_the_same_config_plans_on_one_process(tmp_path, monkeypatch, world):
     assert plan.config.data.batch_size == 3
     assert plan.config.model_dump() == given.model_dump()  # nothing rewritten to fit
     assert (plan.strategy.name, plan.device.name, plan.sampler.name) == ("sft", "cpu", "torch")
-    assert plan.needs.data_formats == ("chat", "text") and not plan.needs.rollouts
+    assert plan.needs.data_formats == ("chat", "prompt_completion", "text") and not plan.needs.rollouts
     assert plan.advantage is None and plan.policy_loss is None and plan.rewards == ()
 
 
