@@ -25,7 +25,9 @@ _KILLED, _OWN_ERROR, _ABORTED, _TERMINATED, _LOST_PEER, _KILLED_LATER = range(6)
 
 
 def _kind(ending: Ending, first: int) -> int:
-    if ending.code >= 0:
+    if ending.code >= 0 or (ending.error and not ending.lost_peer):
+        # a process that reported an error of its own failed first, even where torchrun's
+        # SIGTERM reached it while it was still exiting (after a peer's gloo abort)
         return _LOST_PEER if ending.lost_peer else _OWN_ERROR
     if ending.code == -signal.SIGABRT:
         return _ABORTED
@@ -96,5 +98,7 @@ def _failure(rank: int, ending: Ending | int) -> str:
         return (f"rank {rank} exited with status {code} without reporting an error (any "
                 "output of its own is above)")
     name = _signal_name(code)
+    if ending.error:
+        return f"rank {rank} failed ({name} while it exited): {ending.error}"
     return (f"rank {rank} was killed by {name} (signal {-code}) and could print no error "
             "of its own (out of memory, or killed from outside?)")

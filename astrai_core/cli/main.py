@@ -69,6 +69,7 @@ def main(argv: Sequence[str] | None = None, *,
     except AstraiError as error:
         print(f"error: {_rank_prefix()}{error}", file=sys.stderr)
         record_error(_first_line(error))  # a distributed launcher repeats it in its last line
+        _exit_worker(error.exit_code)  # before teardown closes its sockets: see there
         raise SystemExit(error.exit_code) from None
     except KeyboardInterrupt:
         print("interrupted", file=sys.stderr)
@@ -89,11 +90,14 @@ def _first_line(error: BaseException) -> str:
 
 
 def _exit_worker(code: int) -> None:
-    """A torchrun worker that finished leaves with ``os._exit``, after flushing: with
-    torch 2.13's gloo, the interpreter's teardown sometimes aborts the process ("terminate
-    called without an active exception", signal 6) after the run completed, even with the
-    process group destroyed, which torchrun then reports as a failed run. Everything the
-    run owns (checkpoints, metrics, trackers, samplers) is closed by then."""
+    """A torchrun worker that finished, or failed with its own error, leaves with
+    ``os._exit``, after flushing: with torch 2.13's gloo, the interpreter's teardown
+    sometimes aborts the process ("terminate called without an active exception", signal
+    6) after the run completed, even with the process group destroyed, which torchrun then
+    reports as a failed run. And a failed rank's teardown closes its gloo sockets before
+    the process ends: its peer aborts at once, and torchrun stops the failed rank with
+    SIGTERM while it is still exiting, hiding its exit status. Everything the run owns
+    (checkpoints, metrics, trackers, samplers) is closed by then."""
     import os
 
     if not launched_worker():

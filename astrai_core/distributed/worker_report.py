@@ -97,6 +97,8 @@ def ending_of(failure: Any, log_dir: Path | None) -> Ending:
     process left in ``log_dir`` (torchrun's ``--log-dir``)."""
     data = failure.error_file_data if isinstance(failure.error_file_data, dict) else {}
     message = data.get("message")
+    if message == "<NONE>":  # torchrun's placeholder where the process left no error file
+        message = None
     progress: dict[str, Any] = {}
     if log_dir is not None:
         # <log_dir>/<run id>/attempt_<n>/<local rank>/: one run, one attempt per launch

@@ -34,7 +34,9 @@ def test_a_hostile_item_inside_its_file_is_one_line_on_two_processes(trained):
         line = one_error_line(train(config, tmp_path, "resume", 2, "--resume"),
                               "error: the distributed")
     shard = sorted((checkpoint / "dcp").glob("*.distcp"))[0]
-    assert f"exited with status 2: {shard}: cannot read the checkpoint's state" in line
+    # a rank's own line, whether it had exited (status 2) or torchrun stopped it while it
+    # was exiting, after its peer's gloo aborted
+    assert f"{shard}: cannot read the checkpoint's state" in line, line
 
 
 def test_an_item_beyond_its_file_is_one_line_on_two_processes(trained):
@@ -47,5 +49,5 @@ def test_an_item_beyond_its_file_is_one_line_on_two_processes(trained):
     with hostile_metadata(checkpoint, rewrite) as metadata:
         line = one_error_line(train(config, tmp_path, "beyond", 2, "--resume"),
                               "error: the distributed")
-    assert f"exited with status 2: {metadata}: storage item" in line
+    assert f"{metadata}: storage item" in line, line
     assert "lies outside its file" in line

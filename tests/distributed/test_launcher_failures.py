@@ -95,3 +95,7 @@ def test_blame_reads_errors_progress_and_how_each_rank_ended():
     rank, what = blame({0: _ending(3, 100), 1: _ending(-15, 100)})
     assert what == ("rank 0 exited with status 3 without reporting an error (any output "
                     "of its own is above)")
+    # a rank that reported its own error and was still exiting when its peer aborted (its
+    # gloo sockets closed) and torchrun sent it SIGTERM: it failed first, with its error
+    rank, what = blame({0: _ending(-6, 100, **lost), 1: _ending(-15, 101, error="bad reward")})
+    assert (rank, what) == (1, "rank 1 failed (SIGTERM while it exited): bad reward")

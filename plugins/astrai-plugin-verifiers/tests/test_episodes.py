@@ -144,8 +144,11 @@ def test_each_episode_samples_the_same_tokens_whatever_order_its_turns_arrive_in
     assert len(first) == len(second) == 2
     for a, b in zip(first, second):
         assert a.completions == b.completions
-        for field in ("prompt_ids", "response_ids", "response_mask", "old_logprobs", "rewards"):
+        for field in ("prompt_ids", "response_ids", "response_mask", "rewards"):
             assert torch.equal(getattr(a, field), getattr(b, field)), field
+        # the same tokens, scored in batches the arrival order composed differently: equal
+        # within the sampler = trainer bound, not to the bit
+        assert torch.allclose(a.old_logprobs, b.old_logprobs, rtol=0, atol=1e-5)
     # and the seeds differ between the episodes of a group, and between the steps
     completions = [c for batch in first for c in batch.completions]
     assert len(set(completions)) > 2, completions
