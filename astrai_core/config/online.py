@@ -125,6 +125,7 @@ def check_online_options(config: RunConfig, needs: StrategyNeeds, online: Online
     backend = model_source.backend if model_source is not None else None
     check_max_logprob_diff(config, needs)
     check_micro_batch_tokens(config, needs, trains_online, backend)
+    check_share_prompt(config, needs, trains_online, backend)
     check_max_staleness(config, needs, trains_online, registry, sampler)
     check_partial(config, needs, trains_online, world)
     if trains_online is not None:
@@ -173,6 +174,26 @@ def check_micro_batch_tokens(config: RunConfig, needs: StrategyNeeds,
                          "strategy.router_replay: disabled with them")
     if backend == TRANSFORMERS:
         raise FieldError(path, "packs rows into one sequence, which needs a native model "
+                         "(model.backend: native)")
+
+
+def check_share_prompt(config: RunConfig, needs: StrategyNeeds, online: OnlineConfig | None,
+                       backend: str | None) -> None:
+    """``trainer.share_prompt`` packs each forward over rollout rows with every prompt once
+    (the native model's attention over a given layout)."""
+    if not config.trainer.share_prompt:
+        return
+    path = ("trainer", "share_prompt")
+    if online is None:
+        raise FieldError(path, f"shares the prompt of a group's completions in the forwards "
+                         f"of online strategies (grpo, ppo, a plugin's on their options), and "
+                         f"strategy {config.strategy.name!r} is not one")
+    if online.router_replay != "disabled":
+        raise FieldError(path, "a shared prompt's tokens are routed once, so MoE routing "
+                         "cannot be replayed per row; use strategy.router_replay: disabled "
+                         "with it")
+    if backend == TRANSFORMERS:
+        raise FieldError(path, "packs each group's prompt once, which needs a native model "
                          "(model.backend: native)")
 
 

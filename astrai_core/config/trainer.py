@@ -33,6 +33,11 @@ class TrainerConfig(BaseModel):
         None, ge=1, description="online strategies: pack each optimizer step's rollout rows "
         "without padding into micro-batches of at most this many tokens per process (in "
         "place of grad_accum_steps); null = padded micro-batches")
+    share_prompt: bool = Field(
+        False, description="online strategies: the completions of a group compute their "
+        "shared prompt once in every forward over the rollout (training, old log-probs, "
+        "reference, critic), its keys and values attended to by each completion (native "
+        "model)")
     max_grad_norm: float | None = Field(1.0, gt=0, description="None disables clipping")
     mixed_precision: Literal["no", "bf16"] = Field(
         "no", description="autocast compute dtype (bf16); fp16 is not offered: it needs loss "

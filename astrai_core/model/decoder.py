@@ -14,7 +14,8 @@ from astrai_core.model.config import ModelConfig
 from astrai_core.model.head import head_outputs
 from astrai_core.model.kv_cache import KVCache
 from astrai_core.model.layers import RMSNorm, SwiGLU
-from astrai_core.model.masks import AttentionBias, build_attention_bias
+from astrai_core.model.document_attention import DocumentLayout
+from astrai_core.model.masks import AttentionBias, build_attention_bias, given_layout_bias
 from astrai_core.model.moe import (MoEBlock, RouterOutput, balancing_loss, balancing_terms,
                                   global_balancing_terms, router_statistics)
 from astrai_core.model.rope import RotaryEmbedding
@@ -106,6 +107,7 @@ class CausalLM(nn.Module):
         temperature: float = 1.0,
         return_entropy: bool = False,
         head: Callable[[torch.Tensor, torch.Tensor], dict[str, Any]] | None = None,
+        document_layout: DocumentLayout | None = None,
     ) -> dict[str, Any]:
         """input_ids [B, S] -> {"logits" [B, S, V] float32, "aux_loss" 0-d, "router_stats" list,
         "hidden_states" [B, S, H] (after the final norm) when asked}.
@@ -124,8 +126,13 @@ class CausalLM(nn.Module):
         head: a custom head in place of the logits: called here with the final hidden
         states [B, S, H] and the head weight [V, H]; the dict it returns is the output's
         (distillation's losses over two models' logits, :func:`chunked_logits_map`).
+
+        document_layout: the attention's segments of a packed batch given, not detected
+        from the positions (a shared prompt's completions see it: rollout/packing.py); no
+        KV cache, no attention_mask.
         """
-        x, routers = self._decode(input_ids, attention_mask, position_ids, kv_cache)
+        x, routers = self._decode(input_ids, attention_mask, position_ids, kv_cache,
+                                  document_layout)
         hidden = self.norm(x)
         out = head_outputs(hidden, self.head_weight(), logits_to_keep=logits_to_keep,
                            target_ids=target_ids, temperature=temperature,
@@ -137,6 +144,7 @@ class CausalLM(nn.Module):
 
     def _decode(self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None,
                 position_ids: torch.Tensor | None, kv_cache: KVCache | None,
+                document_layout: DocumentLayout | None = None,
                 ) -> tuple[torch.Tensor, list[RouterOutput]]:
         """The embedding and the decoder layers (before the final norm): the last layer's
         output [B, S, H] and the router outputs of the MoE layers; the cache advanced."""
@@ -150,9 +158,13 @@ class CausalLM(nn.Module):
             position_ids = torch.arange(past, past + seq, device=input_ids.device).expand(batch, seq)
             max_position = past + seq - 1
         x = self.embed(input_ids)
-        bias = build_attention_bias(
-            query_len=seq, past_len=past, attention_mask=attention_mask, position_ids=packed_positions,
-            sliding_window=self.config.sliding_window, dtype=x.dtype, device=x.device)
+        if document_layout is not None:
+            bias = given_layout_bias(document_layout, self.config.sliding_window, seq)
+        else:
+            bias = build_attention_bias(
+                query_len=seq, past_len=past, attention_mask=attention_mask,
+                position_ids=packed_positions, sliding_window=self.config.sliding_window,
+                dtype=x.dtype, device=x.device)
         cos, sin = self.rotary.factors(position_ids, x.dtype, max_position)
 
         routers: list[RouterOutput] = []

@@ -6,6 +6,11 @@ keys: flash-attn's varlen kernel on CUDA (half precision) when it is installed, 
 causal ``scaled_dot_product_attention`` per document otherwise, so the cost is the sum
 of the documents' squares. A padding query (``attention_mask`` 0) attends only to its own
 position, as in the dense mask, so its output is its own value; it is ignored anyway.
+
+A segment may also see a prefix elsewhere in the row: the G completions of a group that
+share one prompt (``trainer.share_prompt``) are packed as the prompt once, then each
+completion, whose queries meet the prompt's keys and their own, causally
+(:func:`~astrai_core.rollout.packing.packed_forward` builds that layout).
 """
 
 from __future__ import annotations
@@ -24,12 +29,15 @@ class DocumentLayout:
 
     spans: (start, end, real) per segment: a run of real tokens of one document, or a run
     of padding. cu_seqlens [n + 1] int32: the boundaries for a varlen kernel, with every
-    padding token a segment of its own; max_len: its longest segment.
+    padding token a segment of its own; max_len: its longest segment. prefixes: per span,
+    None or the (start, end) of tokens it also sees, all of them, before its own (a shared
+    prompt; its positions precede the span's); None: no span has one.
     """
 
     spans: list[tuple[int, int, bool]]
     cu_seqlens: torch.Tensor
     max_len: int
+    prefixes: list[tuple[int, int] | None] | None = None
 
 
 def document_layout(documents: torch.Tensor, attention_mask: torch.Tensor | None
@@ -67,6 +75,14 @@ def document_attention(query: torch.Tensor, key: torch.Tensor, value: torch.Tens
     # Token-major [B * S, heads, D]: a document is a contiguous slice of rows.
     q, k, v = (t.transpose(1, 2).reshape(batch * seq, t.shape[1], dim) for t in (query, key, value))
     kernel = _varlen_kernel(q)
+    if layout.prefixes is not None:  # shared prompts: each span over its prefix and itself
+        if kernel is not None:
+            out = _varlen_prefixed(kernel, q, k, v, layout, window)
+        else:
+            out = torch.cat([_prefixed_attention(q[a:b], k, v, (a, b), prefix, window)
+                             for (a, b, _), prefix in zip(layout.spans, layout.prefixes,
+                                                          strict=True)])
+        return out.reshape(batch, seq, heads, dim)
     if kernel is not None:
         out = kernel(q, k, v, layout.cu_seqlens, layout.cu_seqlens, layout.max_len, layout.max_len,
                      dropout_p=0.0, causal=True,
@@ -92,6 +108,50 @@ def _span_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, real: boo
         q.transpose(0, 1)[None], k.transpose(0, 1)[None], v.transpose(0, 1)[None],
         attn_mask=mask, is_causal=mask is None, enable_gqa=group > 1)
     return out[0].transpose(0, 1)
+
+
+def _prefixed_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+                        span: tuple[int, int], prefix: tuple[int, int] | None,
+                        window: int | None) -> torch.Tensor:
+    """One span's queries [L, heads, D] over its prefix's keys, all visible, then its own,
+    causally (k, v: the whole row's [T, KV, D]). The prefix's positions come right before
+    the span's, so one causal rule on positions covers both (and the sliding window)."""
+    start, end = span
+    if prefix is None:
+        return _span_attention(q, k[start:end], v[start:end], True, window)
+    keys = torch.cat([k[prefix[0]:prefix[1]], k[start:end]])
+    values = torch.cat([v[prefix[0]:prefix[1]], v[start:end]])
+    offset = prefix[1] - prefix[0]
+    query_pos = torch.arange(offset, offset + end - start, device=q.device)[:, None]
+    key_pos = torch.arange(offset + end - start, device=q.device)[None, :]
+    allowed = key_pos <= query_pos
+    if window is not None:
+        allowed = allowed & (key_pos > query_pos - window)
+    group = q.shape[1] // k.shape[1]
+    out = F.scaled_dot_product_attention(
+        q.transpose(0, 1)[None], keys.transpose(0, 1)[None], values.transpose(0, 1)[None],
+        attn_mask=allowed, enable_gqa=group > 1)
+    return out[0].transpose(0, 1)
+
+
+def _varlen_prefixed(kernel: Callable[..., torch.Tensor], q: torch.Tensor, k: torch.Tensor,
+                     v: torch.Tensor, layout: DocumentLayout, window: int | None) -> torch.Tensor:
+    """The varlen kernel over spans with prefixes (every span real): each span's keys are
+    gathered as its prefix then itself, and flash-attn's causal mask, aligned to the end
+    of the keys when they outnumber the queries, lets every query see the whole prefix."""
+    pieces, key_lengths = [], []
+    for (start, end, _), prefix in zip(layout.spans, layout.prefixes or [], strict=True):
+        if prefix is not None:
+            pieces.append(torch.arange(prefix[0], prefix[1], device=q.device))
+        pieces.append(torch.arange(start, end, device=q.device))
+        key_lengths.append(end - start + (prefix[1] - prefix[0] if prefix else 0))
+    index = torch.cat(pieces)
+    cu_q = torch.tensor([0] + [end for _, end, _ in layout.spans], dtype=torch.int32,
+                        device=q.device)
+    cu_k = torch.tensor([0, *key_lengths], device=q.device).cumsum(0).to(torch.int32)
+    return kernel(q, k[index], v[index], cu_q, cu_k, layout.max_len, max(key_lengths),
+                  dropout_p=0.0, causal=True,
+                  window_size=(-1, -1) if window is None else (window - 1, 0))
 
 
 def _varlen_kernel(q: torch.Tensor) -> Callable[..., torch.Tensor] | None:

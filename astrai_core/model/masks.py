@@ -91,6 +91,16 @@ def build_attention_bias(
     return AttentionBias(bias, is_causal=False)
 
 
+def given_layout_bias(layout: DocumentLayout, sliding_window: int | None,
+                      seq: int) -> AttentionBias:
+    """The bias of a packed row whose segments the caller gave (shared prompts)."""
+    if layout.spans and layout.spans[-1][1] != seq:
+        raise ValueError(f"the document layout covers {layout.spans[-1][1]} tokens, the "
+                         f"input has {seq}")
+    window = sliding_window if sliding_window is not None and sliding_window < seq else None
+    return AttentionBias(None, is_causal=True, documents=layout, window=window)
+
+
 def _several_documents(documents: torch.Tensor, attention_mask: torch.Tensor | None) -> bool:
     """Whether some row packs more than one document among its real tokens. A padded row of
     one document keeps the padded path's mask (the numbers of unpacked batches stay as

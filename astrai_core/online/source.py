@@ -56,7 +56,8 @@ class RolloutSource:
                  micro_batches: int, seed: int, device: torch.device | str = "cpu",
                  shuffle: bool = True, max_staleness: int = 0,
                  shard: Callable[[RolloutBatch], RolloutBatch] | None = None,
-                 micro_batch_tokens: int | None = None, world: int = 1) -> None:
+                 micro_batch_tokens: int | None = None, world: int = 1,
+                 share_prompt: bool = False) -> None:
         self.drawer = drawer
         self.process = process
         self.epochs, self.mini_batches, self.micro_batches = epochs, mini_batches, micro_batches
@@ -67,6 +68,10 @@ class RolloutSource:
         # trainer.micro_batch_tokens: packed micro-batches of at most this many tokens per
         # rank, in place of `micro_batches` padded ones (rollout/packing.py)
         self.micro_batch_tokens, self.world = micro_batch_tokens, world
+        # trainer.share_prompt: every forward over the rollout's rows computes a group's
+        # prompt once; a step's rows are ordered group by group, so that its micro-batches
+        # (and each rank's share) hold whole groups where they can
+        self.share_prompt = share_prompt
         self.stats: dict[str, float] = {}
         self.drawn = 0
         self._rollout: RolloutBatch | None = None
@@ -78,6 +83,7 @@ class RolloutSource:
     def next_step(self) -> list[RolloutBatch]:
         if self._rollout is None or self._position == len(self._order):
             drawn = self._ahead.pop(0).result() if self._ahead else self.drawer.draw()
+            drawn.share_prompt = self.share_prompt  # the no-grad forwards share it too
             staleness = self._staleness(drawn)
             self._rollout, self.stats = self.process(drawn)
             self.stats.update(staleness)
@@ -87,6 +93,8 @@ class RolloutSource:
         self._request_ahead()
         rows = self._order[self._position]
         self._position += 1
+        if self.share_prompt:
+            rows = groups_together(rows, self._rollout.group_ids)
         step = self._rollout.select(rows)
         if self.micro_batch_tokens is None:
             parts = split_micro_batches(step, self.micro_batches)
@@ -151,10 +159,22 @@ class RolloutSource:
         if TENSORS in state:  # stopped inside a rollout: serve the rest of it
             rollout = RolloutBatch.from_tensors(state[TENSORS], int(state["policy_version"]))
             self._rollout = rollout.to(self.device)
+            self._rollout.share_prompt = self.share_prompt
             self._order = [torch.tensor(rows, dtype=torch.long) for rows in state["order"]]
             self._position = int(state["position"])
         else:
             self._rollout, self._order, self._position = None, [], 0
+
+
+def groups_together(rows: torch.Tensor, group_ids: torch.Tensor) -> torch.Tensor:
+    """``rows`` reordered so that each group's rows follow one another, the groups in the
+    order of their first row (the shuffle's), each group's rows in theirs."""
+    first: dict[int, int] = {}
+    groups = group_ids[rows.to(group_ids.device)].tolist()
+    for position, group in enumerate(groups):
+        first.setdefault(group, position)
+    order = sorted(range(len(groups)), key=lambda i: first[groups[i]])
+    return rows[torch.tensor(order, dtype=torch.long, device=rows.device)]
 
 
 def split_micro_batches(batch: RolloutBatch, count: int) -> list[RolloutBatch]:
@@ -185,7 +205,7 @@ def online_source(run: Any, config: Any, process: ProcessFn) -> RolloutSource:
                          seed=run.trainer.seed, device=run.device,
                          max_staleness=0 if rollout.partial else rollout.max_staleness,
                          shard=run.dist.shard_rows, micro_batch_tokens=run.trainer.micro_batch_tokens,
-                         world=run.dist.world_size)
+                         world=run.dist.world_size, share_prompt=run.trainer.share_prompt)
 
 
 def _with_stats(process: ProcessFn, drawer: DynamicSampler) -> ProcessFn:

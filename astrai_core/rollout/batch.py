@@ -56,6 +56,9 @@ class RolloutBatch:
     # Trained without padding (trainer.micro_batch_tokens): policy_forward runs the rows
     # as one packed sequence (rollout/packing.py); the tensors above keep their layout.
     packed: bool = False
+    # Rows with the same prompt compute it once (trainer.share_prompt): policy_forward packs
+    # the batch with each group's prompt once (rollout/packing.py); the layout stays.
+    share_prompt: bool = False
     # Partial rollouts (rollout.partial): the policy version that sampled each response
     # token ([N, R] long; None: every token by ``policy_version``).
     token_versions: Tensor | None = None

@@ -24,9 +24,10 @@ def policy_forward(model: torch.nn.Module, batch: RolloutBatch, temperature: flo
     gives V(s_t), the value before action t, with no extra shift) and ``aux_loss`` (MoE).
     Padding positions hold finite numbers that callers mask with ``response_mask``.
     A native model computes the log-probs with its chunked head (model/head.py). A
-    ``packed`` batch runs as one sequence of its real tokens (rollout/packing.py).
+    ``packed`` batch runs as one sequence of its real tokens, and one that shares its
+    prompts (``share_prompt``) as one sequence with each prompt once (rollout/packing.py).
     """
-    if batch.packed:
+    if batch.packed or batch.share_prompt:
         return packed_forward(model, batch, temperature, return_hidden_states, return_entropy)
     out = target_logprobs(model, batch.input_ids(), batch.response_ids, temperature,
                           with_entropy=return_entropy, attention_mask=batch.attention_mask(),

@@ -8,6 +8,11 @@ model computes attention per document, ``model/document_attention.py``, as for S
 packing). Its outputs are scattered back to
 the batch's padded [N, R] layout, so the loss, the advantages and every metric are
 computed exactly as on the padded batch; only the padding's compute is gone.
+
+With ``trainer.share_prompt`` (``batch.share_prompt``) rows with the same prompt (a group's
+G completions) compute it once: the first such row keeps it, each other row packs only its
+response, whose attention sees that prompt and itself; its first token is scored at the
+prompt's last position, the one every completion of the group shares.
 """
 
 from __future__ import annotations
@@ -17,25 +22,32 @@ from typing import Any
 import torch
 from torch import Tensor
 
+from astrai_core.model.document_attention import DocumentLayout
 from astrai_core.model.head import chunked_logprobs
 from astrai_core.rollout.batch import RolloutBatch
 
 
 def packed_forward(model: torch.nn.Module, batch: RolloutBatch, temperature: float,
                    return_hidden_states: bool, return_entropy: bool) -> dict[str, Any]:
-    """:func:`~astrai_core.rollout.forward.policy_forward`'s outputs for a packed batch.
+    """:func:`~astrai_core.rollout.forward.policy_forward`'s outputs for a packed batch, or
+    for one whose rows share their prompts (``batch.share_prompt``).
 
     The model must compute log-probs inside its forward (a native model: its ``head=``
     argument); values at the response's padding are 0.
     """
     mask = batch.attention_mask().bool()  # [N, P + R]: real tokens, contiguous per row
-    flat_ids = batch.input_ids()[mask][None]  # [1, T]
-    positions = batch.position_ids()[mask][None]  # 0 at each row's first token
-    # Flat index of every real column; a response token is scored at the index before it.
-    flat_index = (mask.long().cumsum(-1) - 1 + _row_offsets(mask)[:, None])
     width = batch.prompt_ids.shape[1]
+    owners = _prompt_owners(batch) if batch.share_prompt else list(range(len(batch)))
+    kept = mask.clone()  # the tokens computed: a row sharing another's prompt drops its own
+    for row, owner in enumerate(owners):
+        if owner != row:
+            kept[row, :width] = False
+    flat_ids = batch.input_ids()[kept][None]  # [1, T]
+    positions = batch.position_ids()[kept][None]  # 0 at each prompt's first token
+    flat_index = _flat_index(kept, owners, width)
     scored = mask[:, width:]  # [N, R] real response tokens (environment tokens included)
-    predicting = flat_index[:, width:][scored] - 1
+    # a response token is scored at the token before it: its row's, or its prompt's last
+    predicting = flat_index[:, width - 1:-1][scored]
     targets = batch.response_ids[scored]
 
     def head(hidden: Tensor, weight: Tensor) -> dict[str, Tensor]:
@@ -46,8 +58,10 @@ def packed_forward(model: torch.nn.Module, batch: RolloutBatch, temperature: flo
             out["entropy"] = entropy
         return out
 
+    layout = {"document_layout": _shared_layout(kept, owners, flat_index, width)} \
+        if batch.share_prompt else {}
     out = model(flat_ids, position_ids=positions, head=head,
-                return_hidden_states=return_hidden_states)
+                return_hidden_states=return_hidden_states, **layout)
     result: dict[str, Any] = {"logprobs": _unpack(out["logprobs"], scored),
                               "aux_loss": out.get("aux_loss")}
     if return_entropy:
@@ -57,10 +71,49 @@ def packed_forward(model: torch.nn.Module, batch: RolloutBatch, temperature: flo
     return result
 
 
-def _row_offsets(mask: Tensor) -> Tensor:
-    """[N] flat index of each row's first real token."""
-    lengths = mask.sum(-1)
-    return lengths.cumsum(0) - lengths
+def _prompt_owners(batch: RolloutBatch) -> list[int]:
+    """Per row, the first row with the same real prompt tokens (itself, for the first):
+    the G completions of a group, wherever they lie in the batch. A row with no prompt
+    token owns itself (it has no prefix to share)."""
+    seen: dict[tuple[int, ...], int] = {}
+    owners = []
+    for row, (ids, real) in enumerate(zip(batch.prompt_ids.tolist(),
+                                          batch.prompt_mask.tolist(), strict=True)):
+        prompt = tuple(token for token, keep in zip(ids, real, strict=True) if keep)
+        owners.append(seen.setdefault(prompt, row) if prompt else row)
+    return owners
+
+
+def _flat_index(kept: Tensor, owners: list[int], width: int) -> Tensor:
+    """[N, P + R] index in the packed sequence of each row's token in each column: its own
+    for the tokens it computes, its prompt owner's for the prompt it shares (-1 where
+    nothing is: padding)."""
+    index = kept.reshape(-1).long().cumsum(0).reshape(kept.shape) - 1
+    index = index.masked_fill(~kept, -1)
+    for row, owner in enumerate(owners):
+        if owner != row:
+            index[row, :width] = index[owner, :width]
+    return index
+
+
+def _shared_layout(kept: Tensor, owners: list[int], flat_index: Tensor,
+                   width: int) -> DocumentLayout:
+    """The packed sequence's segments: a row owning its prompt is one segment (prompt and
+    response); a row sharing it is its response, with its owner's prompt as prefix."""
+    spans: list[tuple[int, int, bool]] = []
+    prefixes: list[tuple[int, int] | None] = []
+    start = 0
+    for row, count in enumerate(kept.sum(-1).tolist()):
+        if not count:
+            continue
+        spans.append((start, start + count, True))
+        owner = owners[row]
+        prompt = flat_index[owner, :width][kept[owner, :width]]
+        prefixes.append(None if owner == row else (int(prompt[0]), int(prompt[-1]) + 1))
+        start += count
+    bounds = torch.tensor([0] + [end for _, end, _ in spans], dtype=torch.int32)
+    return DocumentLayout(spans, bounds, max((b - a for a, b, _ in spans), default=0),
+                          prefixes=prefixes)
 
 
 def _unpack(values: Tensor, scored: Tensor) -> Tensor:

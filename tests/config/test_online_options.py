@@ -32,7 +32,8 @@ def _count_calls(monkeypatch) -> dict[str, int]:
 
 def test_there_is_one_rule_per_option():
     assert RULES == ["check_max_logprob_diff", "check_max_staleness", "check_micro_batch_tokens",
-                     "check_mini_batches", "check_partial", "check_router_replay"]
+                     "check_mini_batches", "check_partial", "check_router_replay",
+                     "check_share_prompt"]
 
 
 def test_the_plan_calls_every_rule_once_for_an_online_strategy(tmp_path, monkeypatch):
@@ -65,4 +66,14 @@ def test_packed_micro_batches_need_a_native_model_before_anything_is_built(tmp_p
     config["model"] = {"path": str(hf)}
     with pytest.raises(ConfigError, match=r"^trainer\.micro_batch_tokens: packs rows into one "
                        r"sequence, which needs a native model \(model.backend: native\)$"):
+        plan_run(RunConfig.model_validate(config))
+
+
+def test_a_shared_prompt_needs_a_native_model_before_anything_is_built(tmp_path):
+    hf = write_hf_model_dir(tmp_path / "hf", "mixtral")
+    config = tiny_run_config(tmp_path, write_arith_prompts(tmp_path / "p.jsonl"),
+                             {"name": "grpo", "group_size": 2}, share_prompt=True)
+    config["model"] = {"path": str(hf)}
+    with pytest.raises(ConfigError, match=r"^trainer\.share_prompt: packs each group's prompt "
+                       r"once, which needs a native model \(model.backend: native\)$"):
         plan_run(RunConfig.model_validate(config))

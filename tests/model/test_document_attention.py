@@ -149,19 +149,21 @@ def test_layout_of_packed_rows():
 
 def fake_varlen(q, k, v, cu_q, cu_k, max_q, max_k, *, dropout_p, causal, window_size):
     """flash_attn_varlen_func's contract, in plain torch (a reference for the call)."""
-    assert torch.equal(cu_q, cu_k) and causal and dropout_p == 0.0
-    assert max_q == max_k == int((cu_q[1:] - cu_q[:-1]).max())
+    assert causal and dropout_p == 0.0
+    assert max_q == int((cu_q[1:] - cu_q[:-1]).max()) and max_k == int((cu_k[1:] - cu_k[:-1]).max())
     group = q.shape[1] // k.shape[1]
     k, v = k.repeat_interleave(group, 1), v.repeat_interleave(group, 1)
     out = []
-    for a, b in zip(cu_q[:-1].tolist(), cu_q[1:].tolist()):
-        scores = torch.einsum("qhd,khd->hqk", q[a:b], k[a:b]) / q.shape[-1] ** 0.5
-        pos = torch.arange(b - a)
-        allowed = pos[None, :] <= pos[:, None]
+    for a, b, c, d in zip(cu_q[:-1].tolist(), cu_q[1:].tolist(), cu_k[:-1].tolist(),
+                          cu_k[1:].tolist()):
+        scores = torch.einsum("qhd,khd->hqk", q[a:b], k[c:d]) / q.shape[-1] ** 0.5
+        # causal, aligned to the end of the keys (flash-attn >= 2.1 with more keys)
+        query_pos, key_pos = torch.arange(b - a) + (d - c) - (b - a), torch.arange(d - c)
+        allowed = key_pos[None, :] <= query_pos[:, None]
         if window_size[0] >= 0:
-            allowed &= pos[None, :] >= pos[:, None] - window_size[0]
+            allowed &= key_pos[None, :] >= query_pos[:, None] - window_size[0]
         weights = scores.masked_fill(~allowed, float("-inf")).softmax(-1)
-        out.append(torch.einsum("hqk,khd->qhd", weights, v[a:b]))
+        out.append(torch.einsum("hqk,khd->qhd", weights, v[c:d]))
     return torch.cat(out)
 
 

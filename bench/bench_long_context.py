@@ -1,0 +1,97 @@
+"""Long sequences: the training step over a group whose completions share one long prompt,
+with ``trainer.share_prompt`` against the same rows unshared, on CPU.
+
+One GRPO-shaped group: a prompt of ``--prompt`` tokens (1,024) and ``--group`` (8)
+completions of ``--completion`` (64) tokens each, through a Qwen3-0.6B-shaped native
+model (hidden 1024, 16 query heads of 128, 8 KV heads, MLP 3072; ``--layers`` of its 28
+layers, a 4,096-token vocabulary so that the decoder, not the head, is what is timed).
+A step is the training forward of every completion's log-probs and its backward, as the
+policy's training micro-batch runs it (``policy_forward``). Three ways, timed in turn in
+the same process, each ``--repeats`` times after one warm-up (medians):
+
+- ``padded``: the rows as a padded batch (the default);
+- ``packed``: the rows packed into one sequence (``trainer.micro_batch_tokens``);
+- ``shared``: the prompt once, each completion attending to it (``trainer.share_prompt``).
+
+The ratio printed is shared / packed: the peer is the best unshared way. Aim: <= 0.4.
+
+    .venv/bin/python bench/bench_long_context.py [--prompt 1024] [--group 8]
+        [--completion 64] [--layers 2] [--repeats 3]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import time
+from dataclasses import replace
+
+import torch
+
+from astrai_core.model import CausalLM, ModelConfig
+from astrai_core.rollout import policy_forward
+from astrai_core.rollout.batch import RolloutBatch
+
+
+def qwen3_shaped(layers: int) -> CausalLM:
+    config = ModelConfig(vocab_size=4096, hidden_size=1024, intermediate_size=3072,
+                         num_layers=layers, num_heads=16, num_kv_heads=8, head_dim=128,
+                         qk_norm=True, tie_word_embeddings=True, max_position_embeddings=40960)
+    torch.manual_seed(0)
+    return CausalLM(config)
+
+
+def group_batch(prompt: int, group: int, completion: int, vocab: int) -> RolloutBatch:
+    generator = torch.Generator().manual_seed(1)
+    prompt_ids = torch.randint(vocab, (1, prompt), generator=generator).expand(group, prompt)
+    response_ids = torch.randint(vocab, (group, completion), generator=generator)
+    return RolloutBatch(
+        prompt_ids=prompt_ids.clone(), prompt_mask=torch.ones(group, prompt, dtype=torch.bool),
+        response_ids=response_ids, response_mask=torch.ones(group, completion, dtype=torch.bool),
+        old_logprobs=None, rewards=torch.zeros(group), reward_components={},
+        group_ids=torch.zeros(group, dtype=torch.long))
+
+
+def step_seconds(model: CausalLM, batch: RolloutBatch, repeats: int) -> float:
+    times = []
+    for _ in range(repeats + 1):  # the first is a warm-up
+        model.zero_grad(set_to_none=True)
+        start = time.perf_counter()
+        logprobs = policy_forward(model, batch)["logprobs"]
+        (-logprobs[batch.response_mask].mean()).backward()
+        times.append(time.perf_counter() - start)
+    return statistics.median(times[1:])
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--prompt", type=int, default=1024)
+    parser.add_argument("--group", type=int, default=8)
+    parser.add_argument("--completion", type=int, default=64)
+    parser.add_argument("--layers", type=int, default=2)
+    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's)")
+    args = parser.parse_args()
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    model = qwen3_shaped(args.layers)
+    batch = group_batch(args.prompt, args.group, args.completion, model.config.vocab_size)
+    ways = {"padded": batch, "packed": replace(batch, packed=True),
+            "shared": replace(batch, share_prompt=True)}
+    seconds = {name: step_seconds(model, rows, args.repeats) for name, rows in ways.items()}
+    tokens = {"padded": args.group * (args.prompt + args.completion),
+              "packed": args.group * (args.prompt + args.completion),
+              "shared": args.prompt + args.group * args.completion}
+    print(f"{'way':8} {'tokens':>7} {'step s':>8}")
+    for name in ways:
+        print(f"{name:8} {tokens[name]:7d} {seconds[name]:8.3f}")
+    ratio = seconds["shared"] / seconds["packed"]
+    print(f"share_prompt step time / packed (the best unshared) = {ratio:.2f}x (aim <= 0.4x); "
+          f"/ padded = {seconds['shared'] / seconds['padded']:.2f}x")
+    print(json.dumps({**vars(args), "seconds": seconds, "tokens": tokens,
+                      "ratio_vs_packed": ratio, "threads": torch.get_num_threads()}))
+
+
+if __name__ == "__main__":
+    main()
