@@ -92,6 +92,7 @@ bench: $(STAMP)
 	$(PY) bench/bench_ray.py
 	$(PY) bench/bench_distributed.py
 	$(PY) bench/bench_weight_push.py --lora
+	$(PY) bench/bench_long_context.py
 
 # `make gpu-check`: one prepared check on a machine with an accelerator, under 8 minutes:
 # the gpu-marked tests, training MFU (Qwen3-0.6B and -4B shapes), GRPO with colocated
