@@ -20,6 +20,11 @@ class ParallelConfig(BaseModel):
                           "every rank not used by replication (world size / dp_replicate)")
     dp_replicate: int = Field(1, ge=1, description="replicas of the sharded model (HSDP when "
                               "> 1 together with dp_shard > 1)")
+    context_parallel: int = Field(
+        1, ge=1, description="ranks that split each row's tokens (Ulysses attention: an "
+        "all-to-all trades the token shard for a head shard around attention); the "
+        "processes form data-parallel groups of this many consecutive ranks; seq and sft, "
+        "native model")
     activation_checkpointing: bool = Field(
         False, description="recompute each decoder layer's activations in the backward "
         "instead of keeping them (less memory, ~1/3 more compute)")

@@ -27,6 +27,7 @@ from astrai_core.checkpoints.model_source import TRANSFORMERS, ModelSource, desc
 from astrai_core.config.loader import field_message, format_validation_error
 from astrai_core.config.online import OnlineConfig, check_online_options
 from astrai_core.config.model_fit import check_model_fit
+from astrai_core.config.context_parallel import check_context_parallel
 from astrai_core.config.prompt_budget import resolve_max_prompt_len
 from astrai_core.config.schema import ComponentSection, RunConfig
 from astrai_core.config.strategy_needs import StrategyNeeds
@@ -268,6 +269,7 @@ def _plan_training(resolve: Resolver, config: RunConfig, strategy: Component, ba
     _check_rewards(config, needs, rewards, _environment_rewards(resolve, config))
     strategy.target.check_run(strategy.config, config)
     check_parallel(config, launched_world_size())
+    check_context_parallel(config, needs, model_source, launched_world_size())
     return config, model_source, needs, advantage, policy_loss, rewards
 
 

@@ -36,3 +36,5 @@ class StrategyNeeds:
     # Why each row must hold one example (e.g. "samples a reply to each row's prompt");
     # None: packed rows are fine. The plan then unpacks rows unless data.pack is set true.
     unpacked_rows: str | None = None
+    # Computes its loss on shards of each row's tokens (parallel.context_parallel)
+    context_parallel: bool = False

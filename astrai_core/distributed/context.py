@@ -3,8 +3,10 @@
 torchrun (or ``astrai train --nproc-per-node N``) starts one process per device and sets
 ``RANK``, ``LOCAL_RANK`` and ``WORLD_SIZE``; :func:`init_distributed` then creates the
 process group on the device backend's own collective library (gloo, nccl, hccl) with a
-timeout, and the data-parallel mesh. Every rank is a data-parallel rank: HSDP replicates
-over ``dp_replicate`` and shards over ``dp_shard``, and the data is split over all ranks.
+timeout, and the data-parallel mesh. HSDP replicates over ``dp_replicate`` and shards over
+``dp_shard``; the data is split over the data-parallel ranks: every rank, or, with
+``parallel.context_parallel`` N, every group of N consecutive ranks, which split each
+row's tokens among them (the parameters stay sharded over all ranks).
 """
 
 from __future__ import annotations
@@ -34,6 +36,25 @@ class DistContext:
     local_rank: int = 0
     device: torch.device = torch.device("cpu")
     mesh: Any = None                     # a DeviceMesh (dp_replicate, dp_shard) or (dp_shard,)
+    # context parallel: consecutive ranks, context_size of them, split each row's tokens
+    # (parallel.context_parallel); they read the same rows, a data-parallel rank's
+    context_size: int = 1
+    context_group: Any = None
+
+    @property
+    def data_rank(self) -> int:
+        """This rank's data-parallel index: which share of each batch's rows it reads."""
+        return self.rank // self.context_size
+
+    @property
+    def data_world(self) -> int:
+        """The data-parallel ranks (every context group is one)."""
+        return self.world_size // self.context_size
+
+    @property
+    def context_rank(self) -> int:
+        """This rank's index in its context group: which shard of each row's tokens."""
+        return self.rank % self.context_size
 
     @property
     def enabled(self) -> bool:
@@ -107,12 +128,13 @@ class DistContext:
 
     # -- data --------------------------------------------------------------------------
     def rank_slice(self, count: int, what: str = "rows") -> slice:
-        """This rank's contiguous share of ``count`` items (an uneven split is an error)."""
-        if count % self.world_size:
-            raise ValueError(f"{count} {what} cannot be split evenly over {self.world_size} "
+        """This rank's contiguous share of ``count`` items (an uneven split is an error):
+        its data-parallel rank's (the ranks of a context group read the same rows)."""
+        if count % self.data_world:
+            raise ValueError(f"{count} {what} cannot be split evenly over {self.data_world} "
                              "data-parallel ranks")
-        share = count // self.world_size
-        return slice(self.rank * share, (self.rank + 1) * share)
+        share = count // self.data_world
+        return slice(self.data_rank * share, (self.data_rank + 1) * share)
 
     def shard_rows(self, batch: Any) -> Any:
         """This rank's rows of a batch: a dict of tensors, a list, or a RolloutBatch."""
@@ -150,12 +172,26 @@ def init_distributed(backend: Any, parallel: Any) -> DistContext:
             dist.init_process_group(backend=backend.dist_backend, timeout=timeout,
                                     device_id=device if device.type != "cpu" else None)
         mesh = build_mesh(device.type, world, parallel)  # its groups are created here too
+        size = parallel.context_parallel
+        group = _context_group(dist.get_rank(), world, size) if size > 1 else None
     context = DistContext(rank=dist.get_rank(), world_size=dist.get_world_size(),
-                          local_rank=local_rank, device=device, mesh=mesh)
+                          local_rank=local_rank, device=device, mesh=mesh,
+                          context_size=size, context_group=group)
     quiet_other_ranks(context)
     log.info("distributed", world_size=world, backend=backend.dist_backend,
-             mesh=dict(zip(context.mesh.mesh_dim_names, context.mesh.shape)))
+             mesh=dict(zip(context.mesh.mesh_dim_names, context.mesh.shape)),
+             context_parallel=size)
     return context
+
+
+def _context_group(rank: int, world: int, size: int) -> Any:
+    """This rank's context group: ranks [k * size, (k + 1) * size). Every rank creates
+    every group, in the same order (torch's rule for new_group)."""
+    import torch.distributed as dist
+
+    groups = [dist.new_group(list(range(start, start + size)))
+              for start in range(0, world, size)]
+    return groups[rank // size]
 
 
 @contextlib.contextmanager

@@ -41,7 +41,9 @@ def check_parallel(config: Any, world_size: int) -> None:
         return
     mesh_shape(world_size, config.parallel)
     batch = config.data.batch_size
-    if batch % world_size:
+    size = config.parallel.context_parallel
+    data_ranks = world_size // size if world_size % size == 0 else world_size
+    if batch % data_ranks:
         raise FieldError(("data", "batch_size"), f"the global batch of {batch} cannot be split "
-                         f"evenly over {world_size} data-parallel ranks; make it a multiple "
-                         f"of {world_size}")
+                         f"evenly over {data_ranks} data-parallel ranks; make it a multiple "
+                         f"of {data_ranks}")

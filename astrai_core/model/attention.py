@@ -9,6 +9,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from astrai_core.model.config import ModelConfig
+from astrai_core.model.context_parallel import heads_to_sequence, kv_for_context, sequence_to_heads
 from astrai_core.model.document_attention import document_attention
 from astrai_core.model.layers import RMSNorm
 from astrai_core.model.masks import AttentionBias
@@ -50,10 +51,22 @@ class Attention(nn.Module):
         value = self._heads(x, self.v_proj, None)
         if kv_cache is not None:
             key, value = kv_cache.update(self.layer_index, key, value)
-        if bias.documents is not None:  # a packed row: one attention per document
-            out = document_attention(query, key, value, bias.documents, bias.window)
-            return self.o_proj(out.reshape(batch, seq, -1))
-        out = F.scaled_dot_product_attention(
-            query, key, value, attn_mask=bias.mask, is_causal=bias.is_causal,
-            enable_gqa=self.num_heads != self.num_kv_heads)
+        shard = bias.context
+        if shard is None:
+            return self.o_proj(_attend(query, key, value, bias).reshape(batch, seq, -1))
+        # context parallel: every token of this rank's heads, attended, and back
+        key, value = kv_for_context(key, value, self.num_heads, shard.size)
+        query, key, value = (sequence_to_heads(t, shard) for t in (query, key, value))
+        out = heads_to_sequence(_attend(query, key, value, bias).transpose(1, 2), shard)
         return self.o_proj(out.transpose(1, 2).reshape(batch, seq, -1))
+
+
+def _attend(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
+            bias: AttentionBias) -> torch.Tensor:
+    """query [B, H, S, D], key/value [B, KV, S, D] -> [B, S, H, D]."""
+    if bias.documents is not None:  # a packed row: one attention per document
+        return document_attention(query, key, value, bias.documents, bias.window)
+    out = F.scaled_dot_product_attention(
+        query, key, value, attn_mask=bias.mask, is_causal=bias.is_causal,
+        enable_gqa=query.shape[1] != key.shape[1])
+    return out.transpose(1, 2)

@@ -11,6 +11,7 @@ from torch.utils.checkpoint import checkpoint
 
 from astrai_core.model.attention import Attention
 from astrai_core.model.config import ModelConfig
+from astrai_core.model.context_parallel import ContextShard
 from astrai_core.model.head import head_outputs
 from astrai_core.model.kv_cache import KVCache
 from astrai_core.model.layers import RMSNorm, SwiGLU
@@ -108,6 +109,7 @@ class CausalLM(nn.Module):
         return_entropy: bool = False,
         head: Callable[[torch.Tensor, torch.Tensor], dict[str, Any]] | None = None,
         document_layout: DocumentLayout | None = None,
+        context_shard: ContextShard | None = None,
     ) -> dict[str, Any]:
         """input_ids [B, S] -> {"logits" [B, S, V] float32, "aux_loss" 0-d, "router_stats" list,
         "hidden_states" [B, S, H] (after the final norm) when asked}.
@@ -130,9 +132,17 @@ class CausalLM(nn.Module):
         document_layout: the attention's segments of a packed batch given, not detected
         from the positions (a shared prompt's completions see it: rollout/packing.py); no
         KV cache, no attention_mask.
+
+        context_shard: context parallel (model/context_parallel.py): input_ids are this
+        rank's shard of the rows, whose whole positions and mask the shard carries (no
+        attention_mask, position_ids or KV cache then).
         """
+        if context_shard is not None:
+            position_ids = context_shard.local(context_shard.positions)
+            if context_shard.attention_mask is not None:
+                attention_mask = context_shard.local(context_shard.attention_mask)
         x, routers = self._decode(input_ids, attention_mask, position_ids, kv_cache,
-                                  document_layout)
+                                  document_layout, context_shard)
         hidden = self.norm(x)
         out = head_outputs(hidden, self.head_weight(), logits_to_keep=logits_to_keep,
                            target_ids=target_ids, temperature=temperature,
@@ -145,6 +155,7 @@ class CausalLM(nn.Module):
     def _decode(self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None,
                 position_ids: torch.Tensor | None, kv_cache: KVCache | None,
                 document_layout: DocumentLayout | None = None,
+                context_shard: ContextShard | None = None,
                 ) -> tuple[torch.Tensor, list[RouterOutput]]:
         """The embedding and the decoder layers (before the final norm): the last layer's
         output [B, S, H] and the router outputs of the MoE layers; the cache advanced."""
@@ -160,6 +171,13 @@ class CausalLM(nn.Module):
         x = self.embed(input_ids)
         if document_layout is not None:
             bias = given_layout_bias(document_layout, self.config.sliding_window, seq)
+        elif context_shard is not None:  # the whole rows' bias, attended head-sharded
+            whole = context_shard.positions
+            bias = build_attention_bias(
+                query_len=whole.shape[1], past_len=0, attention_mask=context_shard.attention_mask,
+                position_ids=whole, sliding_window=self.config.sliding_window,
+                dtype=x.dtype, device=x.device)
+            bias.context = context_shard
         else:
             bias = build_attention_bias(
                 query_len=seq, past_len=past, attention_mask=attention_mask,

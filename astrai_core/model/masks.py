@@ -18,6 +18,7 @@ from dataclasses import dataclass
 
 import torch
 
+from astrai_core.model.context_parallel import ContextShard
 from astrai_core.model.document_attention import DocumentLayout, document_layout
 
 
@@ -30,6 +31,9 @@ class AttentionBias:
     is_causal: bool
     documents: DocumentLayout | None = None
     window: int | None = None
+    # context parallel: the bias is the whole rows'; attention trades this rank's token
+    # shard for a head shard first (model/context_parallel.py)
+    context: ContextShard | None = None
 
 
 def document_ids(position_ids: torch.Tensor) -> torch.Tensor:

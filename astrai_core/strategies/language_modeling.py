@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import Any, ClassVar
 
 import torch
 from pydantic import BaseModel
 
+from astrai_core.config.strategy_needs import StrategyNeeds
+from astrai_core.distributed.context_rows import context_parallel_logprobs
 from astrai_core.model.head import target_logprobs
 from astrai_core.rl.options import AuxLossOption
 from astrai_core.training.strategy import Strategy
@@ -19,7 +22,12 @@ def next_token_loss(logprobs: torch.Tensor, loss_mask: torch.Tensor
     ``logprobs[b, t - 1]``: the log-prob of ``input_ids[b, t]`` from position t - 1 (see
     :func:`target_logprobs`); ``loss_mask[b, t]`` marks token t as a target.
     """
-    targets = loss_mask[:, 1:].bool()
+    return _mean_over_targets(logprobs, loss_mask[:, 1:].bool())
+
+
+def _mean_over_targets(logprobs: torch.Tensor, targets: torch.Tensor
+                       ) -> tuple[torch.Tensor, torch.Tensor]:
+    """The mean negative log-prob where ``targets`` [same shape] is true, and the count."""
     count = targets.sum()
     loss = -torch.where(targets, logprobs, 0.0).sum() / count.clamp(min=1)
     return loss, count
@@ -44,14 +52,23 @@ class LanguageModeling(Strategy):
 
     Config: ClassVar[type[BaseModel]] = LanguageModelingConfig
 
+    @classmethod
+    def needs(cls, config: Any) -> StrategyNeeds:
+        # its loss sums over target tokens: a row's tokens may be split over ranks
+        return replace(super().needs(config), context_parallel=True)
+
     def compute_loss(self, batch: dict[str, torch.Tensor]) -> tuple[torch.Tensor, dict[str, Any]]:
         batch = self.to_device(batch)
         ids = batch["input_ids"]
-        # the chunked head scores every next token: no [B, S, V] logits (model/head.py)
-        output = target_logprobs(self.run.model, ids, ids[:, 1:],
-                                 attention_mask=batch.get("attention_mask"),
-                                 position_ids=batch.get("position_ids"))
-        loss, count = next_token_loss(output["logprobs"], batch["loss_mask"])
+        if self.run.dist.context_size > 1:  # this rank's shard of every row's tokens
+            output = context_parallel_logprobs(self.run.model, batch, self.run.dist)
+            loss, count = _mean_over_targets(output["logprobs"], output["trained"])
+        else:
+            # the chunked head scores every next token: no [B, S, V] logits (model/head.py)
+            output = target_logprobs(self.run.model, ids, ids[:, 1:],
+                                     attention_mask=batch.get("attention_mask"),
+                                     position_ids=batch.get("position_ids"))
+            loss, count = next_token_loss(output["logprobs"], batch["loss_mask"])
         # loss_weight: the mean runs over `count` targets, so accumulated micro-batches are
         # weighted by their targets and grad_accum_steps equals one big batch.
         metrics: dict[str, Any] = {"lm_loss": loss.detach(), "tokens": count,

@@ -93,7 +93,7 @@ def _loss_metrics(run: RunComponents, compute_loss: LossFn, loader: Any,
     rows its mean runs over), else by its tokens."""
     dist = run.dist
     batches = list(loader) if dist.enabled else loader
-    rounds = math.ceil(len(batches) / dist.world_size) if dist.enabled else None
+    rounds = math.ceil(len(batches) / dist.data_world) if dist.enabled else None
     sums = {name: 0.0 for name in ("loss", "tokens", *metric_names, *map(_weight, metric_names))}
     with torch.no_grad(), run.autocast():
         for done, batch in enumerate(_my_batches(batches, dist, rounds), start=1):
@@ -123,11 +123,11 @@ def _weight(name: str) -> str:
 
 
 def _my_batches(batches: Any, dist: Any, rounds: int | None) -> Any:
-    """This rank's batches (every world_size-th), one per round; None in a round where it
-    has none left. One process: the loader itself."""
+    """This rank's batches (every data_world-th: a context group's ranks share theirs),
+    one per round; None in a round where it has none left. One process: the loader."""
     if rounds is None:
         yield from batches
         return
     for index in range(rounds):
-        position = index * dist.world_size + dist.rank
+        position = index * dist.data_world + dist.data_rank
         yield batches[position] if position < len(batches) else None

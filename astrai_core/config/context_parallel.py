@@ -1,0 +1,59 @@
+"""``parallel.context_parallel``: checked at plan time, before anything is built.
+
+N ranks split each row's tokens, so the run's processes must form whole groups of N, the
+global batch must split over the data-parallel groups, the strategy must compute its
+loss on token shards (its needs say so), the model must be the native decoder, and the
+query heads must divide by N (Ulysses attention hands each rank H/N of them; KV heads
+that N does not divide are replicated, not refused).
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+from astrai_core.checkpoints.model_source import TRANSFORMERS
+from astrai_core.config.schema import RunConfig
+from astrai_core.config.strategy_needs import StrategyNeeds
+from astrai_core.errors import FieldError
+
+PATH = ("parallel", "context_parallel")
+
+
+def check_context_parallel(config: RunConfig, needs: StrategyNeeds, source: Any,
+                           world: int) -> None:
+    """A FieldError naming the field when the run cannot split its rows over N ranks (a
+    one-process run ignores the parallel section)."""
+    size = config.parallel.context_parallel
+    if size == 1 or world == 1:
+        return
+    if world % size:
+        raise FieldError(PATH, f"{size} ranks per context group do not divide the {world} "
+                         "processes of this run")
+    if not needs.context_parallel:
+        raise FieldError(PATH, f"strategy {config.strategy.name!r} does not split its rows' "
+                         "tokens over ranks yet (seq and sft do); remove context_parallel")
+    if source is not None and source.backend == TRANSFORMERS:
+        raise FieldError(PATH, "splits attention over ranks inside the native decoder; use "
+                         "model.backend: native")
+    heads = _query_heads(config, source)
+    if heads is not None and heads % size:
+        raise FieldError(PATH, f"the model's {heads} query heads do not divide over {size} "
+                         f"ranks (Ulysses attention gives each rank {heads}/{size} of them); "
+                         "use a context_parallel that divides them")
+
+
+def _query_heads(config: RunConfig, source: Any) -> int | None:
+    """The model's query heads, from its config (None where it cannot be read)."""
+    if config.model.path is None:
+        heads = (config.model.config or {}).get("num_heads")
+        return int(heads) if heads is not None else None
+    directory = Path(config.model.path) if source is None else Path(source.directory)
+    try:
+        fields = json.loads((directory / "config.json").read_text())
+    except (OSError, ValueError):
+        return None
+    fields = fields.get("text_config") or fields
+    heads = fields.get("num_heads", fields.get("num_attention_heads"))
+    return int(heads) if isinstance(heads, int) else None
