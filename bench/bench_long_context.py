@@ -17,13 +17,26 @@ The ratio printed is shared / packed: the peer is the best unshared way. Aim: <=
 
     .venv/bin/python bench/bench_long_context.py [--prompt 1024] [--group 8]
         [--completion 64] [--layers 2] [--repeats 3]
+
+``--case context-parallel``: the peak memory one rank adds while it trains one row of
+``--tokens`` (16,384) tokens (the SFT loss's forward and backward), with
+``parallel.context_parallel`` 1 (one process) against N = ``--context`` (2) processes
+over gloo, each holding 1/N of the row: the resident set's high-water mark during the
+step above the resident set just before it, per rank (the largest). The ratio printed is
+CP N / CP 1. Aim: <= 0.55.
+
+    .venv/bin/python bench/bench_long_context.py --case context-parallel [--tokens 16384]
+        [--context 2] [--layers 2]
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
+import resource
 import statistics
+import tempfile
 import time
 from dataclasses import replace
 
@@ -64,8 +77,70 @@ def step_seconds(model: CausalLM, batch: RolloutBatch, repeats: int) -> float:
     return statistics.median(times[1:])
 
 
+def rss_bytes() -> int:
+    with open("/proc/self/statm") as f:
+        return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+
+
+def row_step_memory(rank: int, size: int, tokens: int, layers: int, results: str) -> None:
+    """One rank's step over its shard of one row: (peak RSS above the pre-step RSS, s)."""
+    import torch.distributed as dist
+
+    from astrai_core.distributed.context import DistContext
+    from astrai_core.distributed.context_rows import context_parallel_logprobs
+    from astrai_core.model.head import target_logprobs
+
+    torch.set_num_threads(1)
+    if size > 1:
+        dist.init_process_group("gloo", init_method=f"file://{results}.store", rank=rank,
+                                world_size=size)
+    model = qwen3_shaped(layers)
+    ids = torch.randint(model.config.vocab_size, (1, tokens),
+                        generator=torch.Generator().manual_seed(2))
+    before = rss_bytes()
+    start = time.perf_counter()
+    if size > 1:
+        context = DistContext(rank=rank, world_size=size, context_size=size,
+                              context_group=dist.group.WORLD)
+        out = context_parallel_logprobs(model, {"input_ids": ids}, context)
+        loss = -out["logprobs"][out["trained"]].sum()
+    else:
+        loss = -target_logprobs(model, ids, ids[:, 1:])["logprobs"].sum()
+    loss.backward()
+    seconds = time.perf_counter() - start
+    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+    with open(f"{results}.{rank}", "w") as f:
+        json.dump({"bytes": peak - before, "seconds": seconds}, f)
+    if size > 1:
+        dist.barrier()
+        dist.destroy_process_group()
+    os._exit(0)  # torch 2.13's gloo may abort in the interpreter's teardown
+
+
+def context_parallel_case(args: argparse.Namespace) -> None:
+    import torch.multiprocessing as mp
+
+    runs = {}
+    for size in (1, args.context):
+        results = os.path.join(tempfile.mkdtemp(), "rank")
+        mp.spawn(row_step_memory, args=(size, args.tokens, args.layers, results), nprocs=size)
+        ranks = [json.load(open(f"{results}.{rank}")) for rank in range(size)]
+        runs[size] = {"peak_gib": max(r["bytes"] for r in ranks) / 2**30,
+                      "seconds": max(r["seconds"] for r in ranks)}
+        print(f"context_parallel {size}: peak per rank above the step's start "
+              f"{runs[size]['peak_gib']:.2f} GiB, step {runs[size]['seconds']:.1f} s")
+    ratio = runs[args.context]["peak_gib"] / runs[1]["peak_gib"]
+    print(f"peak activation memory per rank, context_parallel {args.context} / 1 = "
+          f"{ratio:.2f}x (aim <= 0.55x)")
+    print(json.dumps({**vars(args), "runs": runs, "ratio": ratio}))
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--case", choices=("share-prompt", "context-parallel"),
+                        default="share-prompt")
+    parser.add_argument("--tokens", type=int, default=16384)
+    parser.add_argument("--context", type=int, default=2)
     parser.add_argument("--prompt", type=int, default=1024)
     parser.add_argument("--group", type=int, default=8)
     parser.add_argument("--completion", type=int, default=64)
@@ -73,6 +148,9 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's)")
     args = parser.parse_args()
+    if args.case == "context-parallel":
+        context_parallel_case(args)
+        return
     if args.threads:
         torch.set_num_threads(args.threads)
     model = qwen3_shaped(args.layers)

@@ -57,7 +57,9 @@ def hang_at(phase: str, step: int | None = None, rank: int | None = None) -> Pha
     the run handles them: the first SIGINT/SIGTERM only sets the trainer's flag, so the
     sleep goes on; a second one ends the process."""
     def hang(me: int, at: int) -> None:
-        print(f"fault: rank {me} hangs at {phase} of step {at}", file=sys.stderr, flush=True)
+        # one write with its newline: two ranks' lines never share a line of the pipe
+        sys.stderr.write(f"fault: rank {me} hangs at {phase} of step {at}\n")
+        sys.stderr.flush()
         while True:
             time.sleep(0.5)
     return _at(phase, step, rank, hang)

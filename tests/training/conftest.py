@@ -90,8 +90,9 @@ class Watched:
         assert time.monotonic() < self.deadline, self.stderr[-4000:]
 
     def wait_for(self, text: str, count: int = 1) -> None:
-        """Until ``count`` stderr lines contain ``text`` (the run must still be going)."""
-        while sum(text in line for line in self.lines) < count:
+        """Until ``text`` was written ``count`` times (the run must still be going; the
+        ranks' lines may share a line of the pipe)."""
+        while sum(line.count(text) for line in self.lines) < count:
             self.running()
             time.sleep(0.2)
 
