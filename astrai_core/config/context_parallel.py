@@ -9,11 +9,10 @@ that N does not divide are replicated, not refused).
 
 from __future__ import annotations
 
-import json
-from pathlib import Path
 from typing import Any
 
 from astrai_core.checkpoints.model_source import TRANSFORMERS
+from astrai_core.config.model_fit import model_config_fields
 from astrai_core.config.schema import RunConfig
 from astrai_core.config.strategy_needs import StrategyNeeds
 from astrai_core.errors import FieldError
@@ -46,14 +45,6 @@ def check_context_parallel(config: RunConfig, needs: StrategyNeeds, source: Any,
 
 def _query_heads(config: RunConfig, source: Any) -> int | None:
     """The model's query heads, from its config (None where it cannot be read)."""
-    if config.model.path is None:
-        heads = (config.model.config or {}).get("num_heads")
-        return int(heads) if heads is not None else None
-    directory = Path(config.model.path) if source is None else Path(source.directory)
-    try:
-        fields = json.loads((directory / "config.json").read_text())
-    except (OSError, ValueError):
-        return None
-    fields = fields.get("text_config") or fields
+    fields = model_config_fields(config, source) or {}
     heads = fields.get("num_heads", fields.get("num_attention_heads"))
     return int(heads) if isinstance(heads, int) else None

@@ -69,20 +69,27 @@ _ACTIVATION_BYTES = 34
 _HEADROOM = 4  # refuse only a run estimated to need this many times the memory there is
 
 
-def model_dims(config: RunConfig, source: ModelSource | None) -> dict[str, int] | None:
-    """hidden size, layers and vocabulary of the model, from its config (None: unread)."""
+def model_config_fields(config: RunConfig, source: ModelSource | None) -> dict[str, Any] | None:
+    """The model's config: a from-scratch model's ``model.config``, else its directory's
+    config.json (a multimodal config's language model); None where it cannot be read."""
     import json
     from pathlib import Path
 
     if config.model.path is None:
-        fields: dict[str, Any] = dict(config.model.config or {})
-    else:
-        directory = Path(config.model.path) if source is None else Path(source.directory)
-        try:
-            fields = json.loads((directory / "config.json").read_text())
-        except (OSError, ValueError):
-            return None
-        fields = fields.get("text_config") or fields
+        return dict(config.model.config or {})
+    directory = Path(config.model.path) if source is None else Path(source.directory)
+    try:
+        fields = json.loads((directory / "config.json").read_text())
+    except (OSError, ValueError):
+        return None
+    return (fields.get("text_config") or fields) if isinstance(fields, dict) else None
+
+
+def model_dims(config: RunConfig, source: ModelSource | None) -> dict[str, int] | None:
+    """hidden size, layers and vocabulary of the model, from its config (None: unread)."""
+    fields = model_config_fields(config, source)
+    if fields is None:
+        return None
     layers = fields.get("num_layers", fields.get("num_hidden_layers"))
     # a from-scratch model's vocabulary is its tokenizer's, unknown here: no logits term
     dims = {"hidden": fields.get("hidden_size"), "layers": layers,
