@@ -36,15 +36,20 @@ import json
 import os
 import resource
 import statistics
+import sys
 import tempfile
 import time
 from dataclasses import replace
+from pathlib import Path
 
 import torch
 
 from astrai_core.model import CausalLM, ModelConfig
 from astrai_core.rollout import policy_forward
 from astrai_core.rollout.batch import RolloutBatch
+
+sys.path.insert(0, str(Path(__file__).parent))
+from bench_lora_memory import rss_bytes  # noqa: E402
 
 
 def qwen3_shaped(layers: int) -> CausalLM:
@@ -75,11 +80,6 @@ def step_seconds(model: CausalLM, batch: RolloutBatch, repeats: int) -> float:
         (-logprobs[batch.response_mask].mean()).backward()
         times.append(time.perf_counter() - start)
     return statistics.median(times[1:])
-
-
-def rss_bytes() -> int:
-    with open("/proc/self/statm") as f:
-        return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
 
 
 def row_step_memory(rank: int, size: int, tokens: int, layers: int, results: str) -> None:

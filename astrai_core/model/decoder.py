@@ -171,18 +171,15 @@ class CausalLM(nn.Module):
         x = self.embed(input_ids)
         if document_layout is not None:
             bias = given_layout_bias(document_layout, self.config.sliding_window, seq)
-        elif context_shard is not None:  # the whole rows' bias, attended head-sharded
-            whole = context_shard.positions
-            bias = build_attention_bias(
-                query_len=whole.shape[1], past_len=0, attention_mask=context_shard.attention_mask,
-                position_ids=whole, sliding_window=self.config.sliding_window,
-                dtype=x.dtype, device=x.device)
-            bias.context = context_shard
         else:
+            # context parallel: the whole rows' bias, attended head-sharded
+            rows = (seq, attention_mask, packed_positions) if context_shard is None else (
+                context_shard.positions.shape[1], context_shard.attention_mask,
+                context_shard.positions)
             bias = build_attention_bias(
-                query_len=seq, past_len=past, attention_mask=attention_mask,
-                position_ids=packed_positions, sliding_window=self.config.sliding_window,
-                dtype=x.dtype, device=x.device)
+                query_len=rows[0], past_len=past, attention_mask=rows[1], position_ids=rows[2],
+                sliding_window=self.config.sliding_window, dtype=x.dtype, device=x.device)
+            bias.context = context_shard
         cos, sin = self.rotary.factors(position_ids, x.dtype, max_position)
 
         routers: list[RouterOutput] = []

@@ -146,8 +146,7 @@ def _varlen_prefixed(kernel: Callable[..., torch.Tensor], q: torch.Tensor, k: to
         pieces.append(torch.arange(start, end, device=q.device))
         key_lengths.append(end - start + (prefix[1] - prefix[0] if prefix else 0))
     index = torch.cat(pieces)
-    cu_q = torch.tensor([0] + [end for _, end, _ in layout.spans], dtype=torch.int32,
-                        device=q.device)
+    cu_q = layout.cu_seqlens.to(q.device)  # the spans' bounds: every span is real
     cu_k = torch.tensor([0, *key_lengths], device=q.device).cumsum(0).to(torch.int32)
     return kernel(q, k[index], v[index], cu_q, cu_k, layout.max_len, max(key_lengths),
                   dropout_p=0.0, causal=True,
