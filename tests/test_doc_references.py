@@ -59,7 +59,7 @@ def test_every_cited_document_exists():
 
 
 @pytest.mark.parametrize("text, expected", [
-    ('"""The shape of a run config (DESIGN.md, "Run configuration")."""', ["DESIGN.md"]),
+    ('"""The shape of a run config (ROADMAP.md, "Run configuration")."""', ["ROADMAP.md"]),
     ("see [the guide](../../docs/user-guide.md#tools) and docs/plugins.md.",
      ["../../docs/user-guide.md", "docs/plugins.md"]),
     ("https://github.com/org/repo/blob/main/NOTES.md and <name>.md, {kind}.md, docs/*.md", []),
@@ -69,6 +69,6 @@ def test_references_are_found_and_urls_and_templates_are_not(text, expected):
 
 
 def test_a_missing_document_does_not_resolve(tmp_path):
-    assert not resolves(REPO_ROOT / "astrai_core" / "config" / "schema.py", "DESIGN.md")
+    assert not resolves(REPO_ROOT / "astrai_core" / "config" / "schema.py", "ROADMAP.md")
     assert resolves(REPO_ROOT / "plugins" / "astrai-plugin-grpo" / "README.md",
                     "../../docs/user-guide.md")
