@@ -126,10 +126,12 @@ def check_online_options(config: RunConfig, needs: StrategyNeeds, online: Online
     check_max_logprob_diff(config, needs)
     check_micro_batch_tokens(config, needs, trains_online, backend)
     check_share_prompt(config, needs, trains_online, backend)
+    check_online_context_parallel(config, trains_online)
     check_max_staleness(config, needs, trains_online, registry, sampler)
     check_partial(config, needs, trains_online, world)
-    if trains_online is not None:
-        check_mini_batches(config, trains_online, world)
+    if trains_online is not None:  # the rows split over the data-parallel ranks
+        data_world = world // config.parallel.context_parallel if world > 1 else 1
+        check_mini_batches(config, trains_online, data_world)
     check_router_replay(needs, online, registry, sampler, model_source)
 
 
@@ -195,6 +197,20 @@ def check_share_prompt(config: RunConfig, needs: StrategyNeeds, online: OnlineCo
     if backend == TRANSFORMERS:
         raise FieldError(path, "packs each group's prompt once, which needs a native model "
                          "(model.backend: native)")
+
+
+def check_online_context_parallel(config: RunConfig, online: OnlineConfig | None) -> None:
+    """``parallel.context_parallel`` splits each rollout row's tokens over ranks: not with
+    a shared prompt (its layout spans rows) or MoE routing replayed per token."""
+    if config.parallel.context_parallel == 1 or online is None:
+        return
+    path = ("parallel", "context_parallel")
+    if config.trainer.share_prompt:
+        raise FieldError(path, "splits each row's tokens over ranks, and trainer.share_prompt "
+                         "packs a group's rows around one prompt; use one of them")
+    if online.router_replay != "disabled":
+        raise FieldError(path, "cannot replay MoE routing on split rows yet; use "
+                         "strategy.router_replay: disabled with it")
 
 
 def check_max_staleness(config: RunConfig, needs: StrategyNeeds, online: OnlineConfig | None,

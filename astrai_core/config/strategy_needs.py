@@ -36,5 +36,10 @@ class StrategyNeeds:
     # Why each row must hold one example (e.g. "samples a reply to each row's prompt");
     # None: packed rows are fine. The plan then unpacks rows unless data.pack is set true.
     unpacked_rows: str | None = None
-    # Computes its loss on shards of each row's tokens (parallel.context_parallel)
+    # Runs under parallel.context_parallel: each rank of a context group computes its
+    # shard of every row's tokens, and every rank gets the whole rows' log-probs
     context_parallel: bool = False
+    # ... and its loss is each rank's token shard's, weighted by the shard's targets (seq,
+    # sft); otherwise every rank of a context group computes the whole rows' loss alike
+    # and the trainer counts the group once
+    loss_on_token_shards: bool = False

@@ -101,6 +101,16 @@ class DistContext:
         torch.distributed.broadcast_object_list(box, src=0)
         return box[0]
 
+    def context_broadcast(self, obj: Any) -> Any:
+        """The first rank of this rank's context group's ``obj`` on each of its ranks
+        (the identity without context parallelism)."""
+        if self.context_size == 1:
+            return obj
+        box = [obj]
+        torch.distributed.broadcast_object_list(box, src=self.rank - self.context_rank,
+                                                group=self.context_group)
+        return box[0]
+
     def any(self, flag: bool) -> bool:
         """True on every rank when ``flag`` is True on some rank."""
         return bool(self.all_reduce_sum([float(flag)])[0]) if self.enabled else flag

@@ -205,7 +205,7 @@ def online_source(run: Any, config: Any, process: ProcessFn) -> RolloutSource:
                          seed=run.trainer.seed, device=run.device,
                          max_staleness=0 if rollout.partial else rollout.max_staleness,
                          shard=run.dist.shard_rows, micro_batch_tokens=run.trainer.micro_batch_tokens,
-                         world=run.dist.world_size, share_prompt=run.trainer.share_prompt)
+                         world=run.dist.data_world, share_prompt=run.trainer.share_prompt)
 
 
 def _with_stats(process: ProcessFn, drawer: DynamicSampler) -> ProcessFn:

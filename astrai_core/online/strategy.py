@@ -54,7 +54,8 @@ class OnlineStrategy(Strategy):
         return StrategyNeeds(data_formats=("prompt",), rollouts=True, advantage=True,
                              group_size=config.group_size,
                              policy_loss=config.policy_loss_choice(),
-                             sampler_routing=config.router_replay == "R3")
+                             sampler_routing=config.router_replay == "R3",
+                             context_parallel=True)  # its forwards: policy_forward(dist=)
 
     def batch_source(self) -> RolloutSource:
         self.routing.check(self.run.model)
@@ -112,7 +113,7 @@ class OnlineStrategy(Strategy):
         ``objective`` on it: (loss, metrics, the forward's outputs)."""
         with self.routing.training_forward(self.run.model, batch):
             out = policy_forward(self.run.model, batch, self.run.logprob_temperature,
-                                 return_entropy=True)
+                                 return_entropy=True, dist=self.run.dist)
         old = self.old_logprobs_for(batch, out["logprobs"])  # deferred: sets rollout_weights
         loss, metrics = objective(
             logprobs=out["logprobs"], old_logprobs=old, advantages=batch.advantages,

@@ -6,7 +6,8 @@ rollout is then gathered on every rank, so that whatever is global is computed e
 as in one process: advantage statistics and GAE whitening, the rollout's metrics, and
 the shuffled schedule of optimizer steps, of which each rank trains its share of rows.
 Rows are padded to the widest rank (prompts on the left, responses on the right); group
-ids are renumbered to global prompt indices.
+ids are renumbered to global prompt indices. The ranks of a context group
+(``parallel.context_parallel``) hold the same rows: the rollout has them once.
 """
 
 from __future__ import annotations
@@ -33,6 +34,15 @@ def _pad_width(tensor: torch.Tensor, width: int, left: bool) -> torch.Tensor:
     return F.pad(tensor, pad)  # zeros / False: padding is told apart by the masks
 
 
+def same_rows_in_context_group(rollout: RolloutBatch, dist: DistContext) -> RolloutBatch:
+    """The context group's first rank's ``rollout`` on each of its ranks: they sample the
+    same prompts alike, but an engine need not be bitwise deterministic, and the group's
+    forwards split one set of rows (moved through the host: any device's tensors)."""
+    if dist.context_size == 1:
+        return rollout
+    return dist.context_broadcast(rollout.to("cpu"))
+
+
 def gather_rollout(rollout: RolloutBatch, dist: DistContext,
                    token_tensors: dict[str, torch.Tensor] | None = None
                    ) -> tuple[RolloutBatch, dict[str, torch.Tensor]]:
@@ -54,10 +64,10 @@ def gather_rollout(rollout: RolloutBatch, dist: DistContext,
         elif name == ROUTED_EXPERTS:  # [N, L, P + R, k]: both sides (router replay);
             tensor = widened_routing(tensor, rollout.prompt_ids.shape[1], prompt_width,
                                      response_width)  # gloo gathers no int16: as int32
-            return dist.all_gather_rows(tensor.int()).to(tensor.dtype)
+            return _rows(tensor.int(), dist).to(tensor.dtype)
         elif tensor.dim() >= 2 and tensor.shape[1] == local_response:
             tensor = _pad_width(tensor, response_width, left=False)
-        return dist.all_gather_rows(tensor)
+        return _rows(tensor, dist)
 
     tensor_fields = [f.name for f in fields(RolloutBatch)
                      if isinstance(getattr(rollout, f.name), torch.Tensor) or
@@ -73,12 +83,23 @@ def gather_rollout(rollout: RolloutBatch, dist: DistContext,
                                     for k, v in sorted(rollout.reward_components.items())}
     updates["extras"] = {k: gathered(k, v) for k, v in sorted(rollout.extras.items())}
     counts = dist.all_gather_object(int(rollout.group_ids.max().item()) + 1
-                                    if len(rollout) else 0)
-    offset = sum(counts[:dist.rank])
-    group_ids = dist.all_gather_rows(rollout.group_ids + offset)
+                                    if len(rollout) else 0)[::dist.context_size]
+    offset = sum(counts[:dist.data_rank])
+    group_ids = _rows(rollout.group_ids + offset, dist)
     updates["group_ids"] = group_ids
     for name in _ROW_LISTS:
-        updates[name] = [item for part in dist.all_gather_object(getattr(rollout, name))
-                         for item in part]
+        parts = dist.all_gather_object(getattr(rollout, name))[::dist.context_size]
+        updates[name] = [item for part in parts for item in part]
     tokens = {k: gathered(k, v) for k, v in sorted(token_tensors.items())}
     return replace(rollout, **updates), tokens
+
+
+def _rows(tensor: torch.Tensor, dist: DistContext) -> torch.Tensor:
+    """Every data-parallel rank's ``tensor`` (the same shape on each) concatenated along
+    dim 0: each context group's rows once."""
+    joined = dist.all_gather_rows(tensor)
+    if dist.context_size == 1:
+        return joined
+    rest = joined.shape[1:]
+    per_rank = joined.reshape(dist.data_world, dist.context_size, -1, *rest)
+    return per_rank[:, 0].reshape(-1, *rest)

@@ -22,18 +22,22 @@ from typing import Any
 import torch
 from torch import Tensor
 
+from astrai_core.distributed.context import DistContext
+from astrai_core.distributed.context_rows import whole_row_logprobs
 from astrai_core.model.document_attention import DocumentLayout
 from astrai_core.model.head import chunked_logprobs
 from astrai_core.rollout.batch import RolloutBatch
 
 
 def packed_forward(model: torch.nn.Module, batch: RolloutBatch, temperature: float,
-                   return_hidden_states: bool, return_entropy: bool) -> dict[str, Any]:
+                   return_hidden_states: bool, return_entropy: bool,
+                   context: DistContext | None = None) -> dict[str, Any]:
     """:func:`~astrai_core.rollout.forward.policy_forward`'s outputs for a packed batch, or
     for one whose rows share their prompts (``batch.share_prompt``).
 
     The model must compute log-probs inside its forward (a native model: its ``head=``
-    argument); values at the response's padding are 0.
+    argument); values at the response's padding are 0. ``context``: the packed sequence's
+    tokens split over a context group (not with shared prompts).
     """
     mask = batch.attention_mask().bool()  # [N, P + R]: real tokens, contiguous per row
     width = batch.prompt_ids.shape[1]
@@ -58,10 +62,21 @@ def packed_forward(model: torch.nn.Module, batch: RolloutBatch, temperature: flo
             out["entropy"] = entropy
         return out
 
-    layout = {"document_layout": _shared_layout(kept, owners, flat_index, width)} \
-        if batch.share_prompt else {}
-    out = model(flat_ids, position_ids=positions, head=head,
-                return_hidden_states=return_hidden_states, **layout)
+    if context is not None:
+        if batch.share_prompt:
+            raise ValueError("shared prompts are not split over a context group")
+        flat_targets = torch.zeros_like(flat_ids)
+        flat_targets[0, predicting] = targets
+        out = whole_row_logprobs(model, flat_ids, flat_targets, context, position_ids=positions,
+                                 temperature=temperature, with_entropy=return_entropy,
+                                 return_hidden_states=return_hidden_states)
+        out.update({name: out[name][0, predicting] for name in ("logprobs", "entropy")
+                    if name in out})
+    else:
+        layout = {"document_layout": _shared_layout(kept, owners, flat_index, width)} \
+            if batch.share_prompt else {}
+        out = model(flat_ids, position_ids=positions, head=head,
+                    return_hidden_states=return_hidden_states, **layout)
     result: dict[str, Any] = {"logprobs": _unpack(out["logprobs"], scored),
                               "aux_loss": out.get("aux_loss")}
     if return_entropy:

@@ -55,7 +55,7 @@ class LanguageModeling(Strategy):
     @classmethod
     def needs(cls, config: Any) -> StrategyNeeds:
         # its loss sums over target tokens: a row's tokens may be split over ranks
-        return replace(super().needs(config), context_parallel=True)
+        return replace(super().needs(config), context_parallel=True, loss_on_token_shards=True)
 
     def compute_loss(self, batch: dict[str, torch.Tensor]) -> tuple[torch.Tensor, dict[str, Any]]:
         batch = self.to_device(batch)

@@ -178,7 +178,7 @@ def wire_components(plan: RunPlan, *, backend: Any, device: torch.device, model:
     if needs.rollouts:
         rollouts = RolloutRunner(sampler, tokenizer, rewards, sampling, group_size=needs.group_size,
                                  prompt_source=RecordStream(train_loader),
-                                 prompts_per_rollout=data.batch_size // dist.world_size,
+                                 prompts_per_rollout=data.batch_size // dist.data_world,
                                  pad_token_id=pad_token_id, episodes=episodes,
                                  seed_offset=dist.rank_slice(data.batch_size, "prompts").start,
                                  record_routing=needs.sampler_routing,  # router_replay: R3

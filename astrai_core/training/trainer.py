@@ -264,8 +264,12 @@ class Trainer:
             trained.module.train()
         micro_batches = self.source.next_step()
         dist = self.run.dist
+        # context parallel, a strategy whose loss is the whole rows' on every rank of a
+        # context group (not its token shard's) counts the group once
+        copies = 1 if self.run.plan.needs.loss_on_token_shards else dist.context_size
         records, weighted = backward_micro_batches(self.strategy, micro_batches,
-                                                   self.run.autocast, dist, self._diverged)
+                                                   self.run.autocast, dist, self._diverged,
+                                                   copies=copies)
         records = reduce_micro_batches(records, dist)  # the global values (identity: 1 rank)
         sums, total = step_sums(records, weighted, len(micro_batches))
         if weighted:  # the gradient reduction already averaged over the ranks
@@ -317,10 +321,13 @@ class Trainer:
 
 
 def backward_micro_batches(strategy: Strategy, micro_batches: list[Any], autocast: Any,
-                           dist: Any, diverged: Any) -> tuple[list[MicroBatchRecord], bool]:
+                           dist: Any, diverged: Any, copies: int = 1
+                           ) -> tuple[list[MicroBatchRecord], bool]:
     """The backward pass of each micro-batch's loss, accumulating one step's gradients:
     (each micro-batch's record, whether the losses were weighted by their ``loss_weight``).
-    ``diverged(what)`` raises on a non-finite loss."""
+    ``diverged(what)`` raises on a non-finite loss. ``copies``: how many ranks compute
+    each micro-batch's loss alike (a context group's, when the loss is the whole rows'):
+    their weight and token count are shared among them."""
     accum = len(micro_batches)
     weights: list[float] = []  # loss weights, when the strategy reports them
     records: list[MicroBatchRecord] = []
@@ -331,6 +338,10 @@ def backward_micro_batches(strategy: Strategy, micro_batches: list[Any], autocas
         if not torch.isfinite(loss.detach()):
             diverged(f"loss is {loss_value}")
         weight = metrics.pop(LOSS_WEIGHT, None)
+        if copies > 1:
+            weight = None if weight is None else to_number(weight) / copies
+            if "tokens" in metrics:
+                metrics["tokens"] = to_number(metrics["tokens"]) / copies
         # Distributed, each rank's loss is a mean over its share: weighted by it, the
         # sum over ranks and micro-batches divided by the global total (_unweight) is
         # the one-process gradient.

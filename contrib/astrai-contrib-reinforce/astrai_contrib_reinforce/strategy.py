@@ -51,7 +51,7 @@ class Reinforce(OnlineStrategy):
     def compute_loss(self, batch: RolloutBatch) -> tuple[Tensor, dict[str, Any]]:
         mask = batch.response_mask
         out = policy_forward(self.run.model, batch, self.run.logprob_temperature,
-                             return_entropy=self.config.entropy_coef > 0)
+                             return_entropy=self.config.entropy_coef > 0, dist=self.run.dist)
         logprobs = out["logprobs"].where(mask, 0.0)
         seq_logprob = logprobs.sum(-1)                       # log pi(y_i | x_i)
         policy_loss = -(batch.advantages.where(mask, 0.0) * logprobs).sum(-1).mean()

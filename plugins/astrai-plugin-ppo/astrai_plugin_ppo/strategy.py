@@ -112,7 +112,7 @@ class PPO(OnlineStrategy):
         cfg = self.config
         mask = batch.response_mask
         policy_loss, metrics, policy = self.policy_loss_terms(batch, self.objective)
-        critic = self.critic(batch)
+        critic = self.critic(batch, dist=self.run.dist)
         value_loss, value_metrics = clipped_value_loss(
             critic["values"], batch.values, batch.returns, mask, clip_eps=cfg.value_clip_eps)
         loss = policy_loss + cfg.vf_coef * value_loss
