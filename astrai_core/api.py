@@ -132,6 +132,13 @@ from astrai_core.model.head import (
 from astrai_core.devices.accelerator import AcceleratorBackend
 from astrai_core.devices.base import DeviceBackend
 from astrai_core.devices.select import resolve_device
+from astrai_core.distributed.context_forward import (
+    context_split,
+    context_target_logprobs,
+    local_part,
+    splits_rows,
+)
+from astrai_core.distributed.context_rows import gather_shards
 from astrai_core.distributed.loopback import LOOPBACK, bound_store, loopback_collectives
 from astrai_core.distributed.world import scoped_env
 from astrai_core.errors import (
@@ -196,6 +203,8 @@ __all__ = [
     # devices, plugins, errors, logging
     "AcceleratorBackend", "DeviceBackend", "resolve_device", "process_registry", "scoped_env",
     "LOOPBACK", "bound_store", "loopback_collectives",
+    # context parallelism: whole-row forwards over each rank's token shard
+    "context_split", "context_target_logprobs", "gather_shards", "local_part", "splits_rows",
     "AstraiError", "CheckpointError", "ConfigError", "DataError", "FieldError", "PluginError",
     "get_logger",
     # trackers

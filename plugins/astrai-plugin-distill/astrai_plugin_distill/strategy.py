@@ -31,6 +31,7 @@ from torch import Tensor
 from astrai_core.api import (
     AuxLossOption,
     BatchSource,
+    FieldError,
     LossAggregationOptions,
     RunComponents,
     RunConfig,
@@ -108,11 +109,16 @@ class Distill(Strategy):
         samples = config.on_policy_fraction > 0
         return StrategyNeeds(data_formats=cls.data_formats, generates=samples,
                              unpacked_rows="with on_policy_fraction > 0 samples a reply to "
-                             "each row's prompt" if samples else None)
+                             "each row's prompt" if samples else None,
+                             context_parallel=True)  # whole rows' token losses, gathered
 
     @classmethod
     def check_run(cls, config: Any, run_config: RunConfig) -> None:
         check_teacher(config.teacher, run_config.model)
+        if run_config.parallel.context_parallel > 1 and config.on_policy_fraction:
+            raise FieldError(("parallel", "context_parallel"), "distill splits rows' tokens "
+                             "over ranks on dataset replies only; use strategy."
+                             "on_policy_fraction: 0 with it")
 
     def __init__(self, config: DistillConfig, run: RunComponents) -> None:
         super().__init__(config, run)
@@ -151,9 +157,12 @@ class Distill(Strategy):
         mask = batch["loss_mask"][:, 1:].bool()  # response tokens, by predicting position
         forward = {"attention_mask": batch.get("attention_mask"),
                    "position_ids": batch.get("position_ids")}
-        teacher_side = teacher_head(self.teacher, ids, mask, **forward)
+        # context parallel: each rank scores its shard of the tokens, and every rank of the
+        # group gets the whole rows' token losses (the trainer counts the group once)
+        dist = self.run.dist
+        teacher_side = teacher_head(self.teacher, ids, mask, dist, **forward)
         out = student_token_losses(self.run.model, ids, mask, teacher_side, self.token_loss,
-                                   **forward)
+                                   dist, **forward)
         token_loss, metrics = out["token_loss"], {}
         if self.config.sft_coef:  # [M, 3]: the divergence, the NLL, the teacher agreeing
             token_loss = self._with_sft(token_loss, batch, mask, metrics)

@@ -16,7 +16,8 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
-from astrai_core.api import FieldError, has_chunked_head, load_pretrained
+from astrai_core.api import (FieldError, context_split, has_chunked_head, load_pretrained,
+                             local_part, splits_rows)
 
 TEACHER = ("strategy", "teacher")
 # The files that define the token ids (a chat template or other settings may differ).
@@ -86,22 +87,34 @@ def _is_sharded(module: nn.Module) -> bool:
 
 
 @torch.no_grad()
-def teacher_head(teacher: nn.Module, input_ids: Tensor, mask: Tensor, **forward: Any
-                 ) -> tuple[Tensor, Tensor | None]:
+def teacher_head(teacher: nn.Module, input_ids: Tensor, mask: Tensor, dist: Any = None,
+                 **forward: Any) -> tuple[Tensor, Tensor | None]:
     """The teacher's side of the loss at the positions predicting ``mask`` [B, S - 1]
     (True: a response token of ``input_ids[:, 1:]``).
 
     A native teacher gives (final hidden states [M, H] at those positions, its head
     weight [V, H]) for :func:`astrai_core.api.chunked_logits_map`; the weight is copied
     out of a sharded teacher's forward, where FSDP2 had gathered it (it is freed after).
-    Any other model gives (its float32 logits [M, V] there, None).
+    Any other model gives (its float32 logits [M, V] there, None). ``dist`` (the run's):
+    with ``parallel.context_parallel``, this rank's shard of the rows only (the student's
+    shard: :func:`astrai_plugin_distill.forward.student_token_losses`).
     """
+    def at_mask(per_position: Tensor) -> Tensor:  # [B, S, ...] -> [M, ...]
+        return per_position[:, :-1][mask]
+
+    if splits_rows(dist):  # the shard's positions, and the mask's part of them
+        input_ids, shard = context_split(input_ids, dist, **forward)
+        local_mask, forward = local_part(mask, shard), {"context_shard": shard}
+
+        def at_mask(per_position: Tensor) -> Tensor:
+            return per_position[local_mask]
+
     if not has_chunked_head(teacher):
-        return teacher(input_ids, **forward)["logits"][:, :-1][mask].float(), None
+        return at_mask(teacher(input_ids, **forward)["logits"]).float(), None
     sharded = _is_sharded(teacher)
 
     def capture(hidden: Tensor, weight: Tensor) -> dict[str, Tensor]:
-        return {"hidden": hidden[:, :-1][mask], "weight": weight.clone() if sharded else weight}
+        return {"hidden": at_mask(hidden), "weight": weight.clone() if sharded else weight}
 
     out = teacher(input_ids, head=capture, **forward)
     return out["hidden"], out["weight"]

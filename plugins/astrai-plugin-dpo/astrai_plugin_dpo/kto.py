@@ -17,6 +17,7 @@ reference is the frozen starting policy (a LoRA policy with its adapter disabled
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import Any, ClassVar
 
 import torch
@@ -24,7 +25,7 @@ from pydantic import BaseModel, Field
 from torch import Tensor
 
 from astrai_core.api import (AstraiError, AuxLossOption, FieldError, RunComponents, Strategy,
-                             frozen_reference, pad_rows)
+                             StrategyNeeds, frozen_reference, pad_rows)
 from astrai_plugin_dpo.losses import kto_kl_estimate, kto_loss
 from astrai_plugin_dpo.pairs import response_logprobs
 
@@ -70,9 +71,10 @@ def _shifted(completions: list[list[int]], dist: Any) -> list[list[int]]:
     """Each row's previous completion in the global micro-batch (cyclically)."""
     if dist is None or not dist.enabled:
         return completions[-1:] + completions[:-1]
-    shares = dist.all_gather_object(completions)  # token ids only: a few hundred ints
+    # token ids only: a few hundred ints; a context group's ranks hold the same rows
+    shares = dist.all_gather_object(completions)[::dist.context_size]
     every = [c for share in shares for c in share]
-    first = sum(len(share) for share in shares[:dist.rank])
+    first = sum(len(share) for share in shares[:dist.data_rank])
     return [every[i - 1] for i in range(first, first + len(completions))]  # every[-1]: wrap
 
 
@@ -82,6 +84,11 @@ class KTO(Strategy):
 
     Config: ClassVar[type[BaseModel]] = KTOConfig
     data_formats: ClassVar[tuple[str, ...]] = ("unpaired",)
+
+    @classmethod
+    def needs(cls, config: Any) -> StrategyNeeds:
+        # context parallel: every forward gathers the whole rows' log-probs
+        return replace(super().needs(config), context_parallel=True)
 
     @classmethod
     def check_run(cls, config: Any, run_config: Any) -> None:
@@ -102,16 +109,18 @@ class KTO(Strategy):
         dist = self.run.dist
         # The last batch of an evaluation file may hold one row, which is then paired with
         # itself (the estimate is biased, the evaluation still runs); training may not.
-        rows = dist.all_reduce_sum([float(batch["input_ids"].shape[0])])[0]
+        rows = dist.all_reduce_sum([float(batch["input_ids"].shape[0])])[0] / dist.context_size
         if rows < 2 and torch.is_grad_enabled():
             raise AstraiError("kto needs at least 2 rows per micro-batch (its KL estimate "
                               "pairs rows); raise data.batch_size")
-        policy, aux_loss, tokens = response_logprobs(self.run.model, batch)
+        # context parallel, each forward gives every rank of the group the whole rows'
+        policy, aux_loss, tokens = response_logprobs(self.run.model, batch, dist)
         mismatched = mismatched_batch(batch, dist)
         with torch.no_grad():
-            reference = response_logprobs(self.reference, batch)[0]
-            kl = kto_kl_estimate(response_logprobs(self.run.model, mismatched)[0],
-                                 response_logprobs(self.reference, mismatched)[0],
+            reference = response_logprobs(self.reference, batch, dist)[0]
+            # every rank of a context group adds its rows alike: the mean is unchanged
+            kl = kto_kl_estimate(response_logprobs(self.run.model, mismatched, dist)[0],
+                                 response_logprobs(self.reference, mismatched, dist)[0],
                                  all_reduce_sum=dist.all_reduce_sum)
         cfg = self.config
         losses, _, metrics = kto_loss(policy, reference, batch["label"], kl, beta=cfg.beta,

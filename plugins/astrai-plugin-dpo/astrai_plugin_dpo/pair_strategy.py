@@ -14,6 +14,7 @@ loss.
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import Any, ClassVar, Literal
 
 import torch
@@ -44,10 +45,11 @@ class PairStrategy(Strategy):
 
     @classmethod
     def needs(cls, config: Any) -> StrategyNeeds:
+        # context parallel: every forward gathers the whole rows' log-probs
         if config.mode == "offline":
-            return super().needs(config)
+            return replace(super().needs(config), context_parallel=True)
         return StrategyNeeds(data_formats=("prompt",), rollouts=True,
-                             group_size=config.group_size)
+                             group_size=config.group_size, context_parallel=True)
 
     @classmethod
     def check_run(cls, config: Any, run_config: Any) -> None:
@@ -61,18 +63,20 @@ class PairStrategy(Strategy):
         if self.config.mode == "offline":
             return super().batch_source()
         return PairSource(self.run.rollouts, self.run.trainer.grad_accum_steps,
-                          max_skipped=self.config.max_skipped_rollouts, device=self.run.device)
+                          max_skipped=self.config.max_skipped_rollouts, device=self.run.device,
+                          dist=self.run.dist)
 
     def on_device(self, batch: Any) -> Any:
         """A micro-batch (online pairs already are) on the run's device."""
         return batch if isinstance(batch, RolloutBatch) else self.to_device(batch)
 
-    @staticmethod
-    def pair_logprobs(model: torch.nn.Module, batch: Any) -> tuple[Tensor, Tensor, Any, Tensor]:
-        """(chosen [B], rejected [B], MoE aux loss, response tokens): summed log-probs."""
+    def pair_logprobs(self, model: torch.nn.Module, batch: Any
+                      ) -> tuple[Tensor, Tensor, Any, Tensor]:
+        """(chosen [B], rejected [B], MoE aux loss, response tokens): summed log-probs, of
+        the whole rows on every rank of a context group (``parallel.context_parallel``)."""
         pair_logprobs = rollout_pair_logprobs if isinstance(batch, RolloutBatch) \
             else dataset_pair_logprobs
-        return pair_logprobs(model, batch)
+        return pair_logprobs(model, batch, self.run.dist)
 
     @staticmethod
     def average_logprobs(batch: Any, chosen: Tensor, rejected: Tensor) -> tuple[Tensor, Tensor]:

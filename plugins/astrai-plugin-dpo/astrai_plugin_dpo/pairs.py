@@ -8,7 +8,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from astrai_core.api import target_logprobs
+from astrai_core.api import context_target_logprobs
 from astrai_core.api import AstraiError, RolloutBatch, RolloutRunner, rollout_metrics
 from astrai_core.api import policy_forward
 from astrai_plugin_dpo.losses import sequence_logprobs
@@ -30,28 +30,29 @@ def _both_sides(batch: dict[str, Tensor]) -> dict[str, Tensor]:
     return {name: torch.cat([batch[f"{side}_{name}"] for side in SIDES]) for name in TENSORS}
 
 
-def response_logprobs(model: torch.nn.Module, batch: dict[str, Tensor]
+def response_logprobs(model: torch.nn.Module, batch: dict[str, Tensor], dist: Any = None
                       ) -> tuple[Tensor, Any, Tensor]:
     """(log-prob [B] of each row's response, MoE aux loss, response token count) of a
     sequence batch (``input_ids``, ``attention_mask``, ``position_ids``, ``loss_mask``).
 
     A response's log-prob is the sum of its target tokens' log-probs; the prompt attends
-    but carries no loss.
+    but carries no loss. ``dist`` (the run's): with ``parallel.context_parallel``, each
+    rank scores its shard of the rows' tokens and gets the whole rows' log-probs.
     """
     input_ids = batch["input_ids"]
     # every token after the first, scored by the chunked head (no [B, S, V] logits)
-    out = target_logprobs(model, input_ids, input_ids[:, 1:],
-                          attention_mask=batch["attention_mask"],
-                          position_ids=batch["position_ids"])
+    out = context_target_logprobs(model, input_ids, input_ids[:, 1:], dist,
+                                  attention_mask=batch["attention_mask"],
+                                  position_ids=batch["position_ids"])
     targets = _targets(batch)
     return sequence_logprobs(out["logprobs"], targets), out.get("aux_loss"), targets.sum()
 
 
-def dataset_pair_logprobs(model: torch.nn.Module, batch: dict[str, Tensor]
+def dataset_pair_logprobs(model: torch.nn.Module, batch: dict[str, Tensor], dist: Any = None
                           ) -> tuple[Tensor, Tensor, Any, Tensor]:
     """(chosen [B], rejected [B], MoE aux loss, response token count) of a preference batch,
     both sides through one forward (see :func:`response_logprobs`)."""
-    logps, aux_loss, tokens = response_logprobs(model, _both_sides(batch))
+    logps, aux_loss, tokens = response_logprobs(model, _both_sides(batch), dist)
     pairs = batch["chosen_input_ids"].shape[0]
     return logps[:pairs], logps[pairs:], aux_loss, tokens
 
@@ -67,11 +68,11 @@ def response_lengths(batch: dict[str, Tensor] | RolloutBatch) -> tuple[Tensor, T
     return lengths[:half], lengths[half:]
 
 
-def rollout_pair_logprobs(model: torch.nn.Module, pairs: RolloutBatch
+def rollout_pair_logprobs(model: torch.nn.Module, pairs: RolloutBatch, dist: Any = None
                           ) -> tuple[Tensor, Tensor, Any, Tensor]:
     """The same for online pairs: rows ``[:n]`` chosen, ``[n:]`` rejected (see
     :func:`pair_micro_batches`); log-probs at temperature 1 (the policy's own distribution)."""
-    out = policy_forward(model, pairs, temperature=1.0)
+    out = policy_forward(model, pairs, temperature=1.0, dist=dist)
     logps = sequence_logprobs(out["logprobs"], pairs.response_mask)
     half = len(pairs) // 2
     return logps[:half], logps[half:], out.get("aux_loss"), pairs.response_mask.sum()
@@ -117,14 +118,18 @@ class PairSource:
     """
 
     def __init__(self, runner: RolloutRunner, micro_batches: int, *, max_skipped: int,
-                 device: torch.device | str = "cpu") -> None:
+                 device: torch.device | str = "cpu", dist: Any = None) -> None:
         self.runner, self.micro_batches = runner, micro_batches
-        self.max_skipped, self.device = max_skipped, device
+        self.max_skipped, self.device, self.dist = max_skipped, device, dist
         self.stats: dict[str, float] = {}
 
     def next_step(self) -> list[RolloutBatch]:
         for skipped in range(self.max_skipped):
-            rollout = self.runner.draw().to(self.device)
+            rollout = self.runner.draw()
+            if self.dist is not None and self.dist.context_size > 1:  # a context group's
+                # ranks split the tokens of the same rows, whatever their sampler drew
+                rollout = self.dist.context_broadcast(rollout.to("cpu"))
+            rollout = rollout.to(self.device)
             chosen, rejected = best_and_worst(rollout)
             if len(chosen) >= self.micro_batches:
                 self.stats = {**rollout_metrics(rollout), "rollout/pairs": len(chosen),

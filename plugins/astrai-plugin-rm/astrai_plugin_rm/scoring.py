@@ -16,6 +16,8 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
+from astrai_core.api import context_split, gather_shards, splits_rows
+
 SCORE_HEAD = "score"  # the trained module's name: <checkpoint>/score.safetensors
 
 
@@ -48,8 +50,14 @@ def new_score_head(hidden_size: int, init_std: float, like: Tensor) -> nn.Linear
 
 def sequence_rewards(backbone: nn.Module, head: nn.Module, input_ids: Tensor,
                      attention_mask: Tensor | None, pad_id: int | None,
-                     position_ids: Tensor | None = None) -> tuple[Tensor, Any]:
-    """(rewards [B] float32, the MoE aux loss) of right-padded sequences."""
+                     position_ids: Tensor | None = None, dist: Any = None
+                     ) -> tuple[Tensor, Any]:
+    """(rewards [B] float32, the MoE aux loss) of right-padded sequences. ``dist`` (the
+    run's): with ``parallel.context_parallel``, the rows' tokens split over the ranks of
+    a context group, each of which gets the whole rows' rewards."""
+    if splits_rows(dist):
+        return _context_rewards(backbone, head, input_ids, attention_mask, pad_id,
+                                position_ids, dist)
     # logits_to_keep=1: the LM head's logits are not needed, only the hidden states
     out = backbone(input_ids, attention_mask=attention_mask, position_ids=position_ids,
                    return_hidden_states=True, logits_to_keep=1)
@@ -57,6 +65,23 @@ def sequence_rewards(backbone: nn.Module, head: nn.Module, input_ids: Tensor,
     index = pooled_positions(input_ids, attention_mask, pad_id)
     pooled = hidden[torch.arange(hidden.shape[0], device=hidden.device), index]
     return head(pooled).squeeze(-1).float(), out.get("aux_loss")
+
+
+def _context_rewards(backbone: nn.Module, head: nn.Module, input_ids: Tensor,
+                     attention_mask: Tensor | None, pad_id: int | None,
+                     position_ids: Tensor | None, dist: Any) -> tuple[Tensor, Any]:
+    """:func:`sequence_rewards` of rows split over a context group: each rank scores every
+    position of its shard (a [H] -> 1 head: cheap), and the group's scores are gathered
+    ([B, S] floats, not the hidden states) before each row's pooled position is read."""
+    local, shard = context_split(input_ids, dist, attention_mask=attention_mask,
+                                 position_ids=position_ids)
+    out = backbone(local, context_shard=shard, return_hidden_states=True,
+                   head=lambda hidden, weight: {})  # no LM logits
+    local_scores = head(out["hidden_states"]).squeeze(-1)
+    scores = gather_shards(local_scores, dist)[:, :input_ids.shape[1]]
+    index = pooled_positions(input_ids, attention_mask, pad_id)
+    rows = torch.arange(scores.shape[0], device=scores.device)
+    return scores[rows, index].float(), out.get("aux_loss")
 
 
 class RewardModel(nn.Module):

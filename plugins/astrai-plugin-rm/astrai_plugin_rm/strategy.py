@@ -15,13 +15,14 @@ every checkpoint. Held-out pairs (``data.eval`` in the preference format) give
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import Any, ClassVar
 
 import torch
 from pydantic import BaseModel, Field
 from torch import Tensor
 
-from astrai_core.api import AuxLossOption, RunComponents, Strategy, TrainedModule
+from astrai_core.api import AuxLossOption, RunComponents, Strategy, StrategyNeeds, TrainedModule
 from astrai_plugin_rm.loss import bradley_terry_loss
 from astrai_plugin_rm.scoring import SCORE_HEAD, new_score_head, reward_pad_id, sequence_rewards
 
@@ -47,6 +48,11 @@ class RewardModeling(Strategy):
     data_formats: ClassVar[tuple[str, ...]] = ("preference",)
     eval_metrics: ClassVar[tuple[str, ...]] = ("accuracy",)
 
+    @classmethod
+    def needs(cls, config: Any) -> StrategyNeeds:
+        # context parallel: the rewards are read from the group's gathered scores
+        return replace(super().needs(config), context_parallel=True)
+
     def __init__(self, config: RewardModelingConfig, run: RunComponents) -> None:
         super().__init__(config, run)
         self.pad_id = reward_pad_id(run.tokenizer)
@@ -65,7 +71,7 @@ class RewardModeling(Strategy):
 
         rewards, aux_loss = sequence_rewards(
             self.run.model, self.score, both("input_ids"), both("attention_mask"), self.pad_id,
-            position_ids=both("position_ids"))
+            position_ids=both("position_ids"), dist=self.run.dist)
         pairs = batch["chosen_input_ids"].shape[0]
         return rewards[:pairs], rewards[pairs:], aux_loss
 
