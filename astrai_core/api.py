@@ -140,7 +140,7 @@ from astrai_core.distributed.context_forward import (
 )
 from astrai_core.distributed.context_rows import gather_shards
 from astrai_core.distributed.loopback import LOOPBACK, bound_store, loopback_collectives
-from astrai_core.distributed.world import scoped_env
+from astrai_core.distributed.world import launched_world_size, scoped_env
 from astrai_core.errors import (
     AstraiError,
     CheckpointError,
@@ -202,7 +202,7 @@ __all__ = [
     "write_strategy_record",
     # devices, plugins, errors, logging
     "AcceleratorBackend", "DeviceBackend", "resolve_device", "process_registry", "scoped_env",
-    "LOOPBACK", "bound_store", "loopback_collectives",
+    "LOOPBACK", "bound_store", "launched_world_size", "loopback_collectives",
     # context parallelism: whole-row forwards over each rank's token shard
     "context_split", "context_target_logprobs", "gather_shards", "local_part", "splits_rows",
     "AstraiError", "CheckpointError", "ConfigError", "DataError", "FieldError", "PluginError",

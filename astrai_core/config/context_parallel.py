@@ -1,8 +1,8 @@
 """``parallel.context_parallel``: checked at plan time, before anything is built.
 
 N ranks split each row's tokens, so the run's processes must form whole groups of N, the
-global batch must split over the data-parallel groups, the strategy must compute its
-loss on token shards (its needs say so), the model must be the native decoder, and the
+global batch must split over the data-parallel groups, the strategy must run on shards
+of its rows' tokens (its needs say so), the model must be the native decoder, and the
 query heads must divide by N (Ulysses attention hands each rank H/N of them; KV heads
 that N does not divide are replicated, not refused).
 """
@@ -32,7 +32,8 @@ def check_context_parallel(config: RunConfig, needs: StrategyNeeds, source: Any,
                          "processes of this run")
     if not needs.context_parallel:
         raise FieldError(PATH, f"strategy {config.strategy.name!r} does not split its rows' "
-                         "tokens over ranks yet (seq and sft do); remove context_parallel")
+                         "tokens over ranks yet (docs/long-context.md lists those that "
+                         "do); remove context_parallel")
     if source is not None and source.backend == TRANSFORMERS:
         raise FieldError(PATH, "splits attention over ranks inside the native decoder; use "
                          "model.backend: native")

@@ -13,7 +13,8 @@ import random
 import pytest
 
 from astrai_core.testing import read_metrics, tiny_run_config
-from tests.distributed.conftest import assert_close_metrics, assert_close_weights, ok, train, weights
+from tests.distributed.conftest import (assert_close_metrics, assert_close_weights, ok, train,
+                                        weights)
 from tests.distributed.test_dist_context_parallel import _split
 from tests.training.reference import save_start_model
 

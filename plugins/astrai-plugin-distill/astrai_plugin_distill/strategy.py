@@ -38,6 +38,7 @@ from astrai_core.api import (
     Strategy,
     StrategyNeeds,
     aggregate_loss,
+    launched_world_size,
     merged_state_dict,
 )
 from astrai_plugin_distill.forward import student_token_losses
@@ -115,7 +116,8 @@ class Distill(Strategy):
     @classmethod
     def check_run(cls, config: Any, run_config: RunConfig) -> None:
         check_teacher(config.teacher, run_config.model)
-        if run_config.parallel.context_parallel > 1 and config.on_policy_fraction:
+        splits = run_config.parallel.context_parallel > 1 and launched_world_size() > 1
+        if splits and config.on_policy_fraction:
             raise FieldError(("parallel", "context_parallel"), "distill splits rows' tokens "
                              "over ranks on dataset replies only; use strategy."
                              "on_policy_fraction: 0 with it")

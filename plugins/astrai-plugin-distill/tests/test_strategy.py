@@ -72,7 +72,8 @@ def test_teacher_with_other_tokenizer_files_is_refused(tmp_path, chats, teacher_
     assert str(ARITH_TOKENIZER) in message
 
 
-def test_config_mistakes_name_their_field(tmp_path, chats, teacher, distill_config):
+def test_config_mistakes_name_their_field(tmp_path, chats, teacher, distill_config,
+                                         monkeypatch):
     def error(teacher, **strategy):
         return _plan_error(tmp_path, distill_config(tmp_path, chats, teacher, **strategy))
 
@@ -85,6 +86,12 @@ def test_config_mistakes_name_their_field(tmp_path, chats, teacher, distill_conf
     assert "beta" in error(teacher, loss="reverse_kl", beta=0.2)
     assert "on_policy_fraction" in error(teacher, loss="reverse_kl", estimator="sampled",
                                          on_policy_fraction=0.5)
+    config = distill_config(tmp_path, chats, teacher, on_policy_fraction=0.5)
+    config["parallel"] = {"context_parallel": 2}
+    build_strategy(config, tmp_path)  # one process: the parallel section does not apply
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    message = _plan_error(tmp_path, config)
+    assert message.startswith("parallel.context_parallel:") and "on_policy_fraction: 0" in message
 
 
 def test_on_policy_rows_spread_evenly_and_split_over_ranks():
