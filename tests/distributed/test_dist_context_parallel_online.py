@@ -74,3 +74,16 @@ def test_the_plan_refuses_what_it_cannot_split(tmp_path, plugin_env, strategy, t
     assert done.returncode == 2, done.stderr[-3000:]
     errors = [line for line in done.stderr.splitlines() if line.startswith("error:")]
     assert len(errors) == 1 and message in errors[0], done.stderr[-3000:]
+
+
+def test_two_data_groups_of_two_equal_one_process(tmp_path, plugin_env):
+    """4 processes, 2 data-parallel groups of 2: each group samples its own prompts, the
+    rollout holds each group's rows once, in the one-process order."""
+    _run(tmp_path, "one", "grpo", 1, plugin_env)
+    _run(tmp_path, "dp2cp2", "grpo", 4, plugin_env, context_parallel=2)
+    one, mesh = tmp_path / "one", tmp_path / "dp2cp2"
+    a, b = _rollout(one), _rollout(mesh)
+    for name in ("response_ids", "prompt_ids", "group_ids", "rewards"):
+        assert torch.equal(a[name], b[name]), name
+    assert_close_metrics(read_metrics(one), read_metrics(mesh), SHARED + ("kl",), rtol=1e-4)
+    assert_close_weights(weights(one, STEPS), weights(mesh, STEPS))
