@@ -27,6 +27,14 @@ CP N / CP 1. Aim: <= 0.55.
 
     .venv/bin/python bench/bench_long_context.py --case context-parallel [--tokens 16384]
         [--context 2] [--layers 2]
+
+``--case longest-row``: the longest row whose step keeps every rank's peak (as above)
+within ``--cap-gib``, with context_parallel 1 and N: lengths double from
+``--granularity`` (2,048) until one goes over the cap, then a bisection to the
+granularity. The ratio printed is the longest row with N / with 1. Aim: >= 1.8.
+
+    .venv/bin/python bench/bench_long_context.py --case longest-row [--cap-gib 2.5]
+        [--context 2] [--layers 2] [--granularity 2048]
 """
 
 from __future__ import annotations
@@ -117,16 +125,53 @@ def row_step_memory(rank: int, size: int, tokens: int, layers: int, results: str
     os._exit(0)  # torch 2.13's gloo may abort in the interpreter's teardown
 
 
-def context_parallel_case(args: argparse.Namespace) -> None:
+def measured_step(size: int, tokens: int, layers: int) -> dict[str, float]:
+    """The largest per-rank peak (GiB) and the slowest rank's seconds of one row's step,
+    ``tokens`` long, split over ``size`` processes."""
     import torch.multiprocessing as mp
 
+    results = os.path.join(tempfile.mkdtemp(), "rank")
+    mp.spawn(row_step_memory, args=(size, tokens, layers, results), nprocs=size)
+    ranks = [json.load(open(f"{results}.{rank}")) for rank in range(size)]
+    return {"peak_gib": max(r["bytes"] for r in ranks) / 2**30,
+            "seconds": max(r["seconds"] for r in ranks)}
+
+
+def longest_row(size: int, args: argparse.Namespace) -> tuple[int, dict[int, float]]:
+    """The longest multiple of ``args.granularity`` tokens whose step fits ``args.cap_gib``
+    per rank with ``size`` processes, and every length tried with its peak."""
+    tried: dict[int, float] = {}
+
+    def fits(tokens: int) -> bool:
+        tried[tokens] = measured_step(size, tokens, args.layers)["peak_gib"]
+        print(f"  context_parallel {size}: {tokens} tokens peak {tried[tokens]:.2f} GiB")
+        return tried[tokens] <= args.cap_gib
+
+    low, high = 0, args.granularity
+    while fits(high):
+        low, high = high, high * 2
+    while high - low > args.granularity:
+        middle = (low + high) // 2 // args.granularity * args.granularity
+        low, high = (middle, high) if fits(middle) else (low, middle)
+    return low, tried
+
+
+def longest_row_case(args: argparse.Namespace) -> None:
+    longest = {}
+    for size in (1, args.context):
+        longest[size], tried = longest_row(size, args)
+        print(f"context_parallel {size}: longest row within {args.cap_gib} GiB per rank: "
+              f"{longest[size]} tokens")
+    ratio = longest[args.context] / max(longest[1], 1)
+    print(f"longest row within the cap, context_parallel {args.context} / 1 = {ratio:.2f}x "
+          "(aim >= 1.8x)")
+    print(json.dumps({**vars(args), "longest": longest, "ratio": ratio}))
+
+
+def context_parallel_case(args: argparse.Namespace) -> None:
     runs = {}
     for size in (1, args.context):
-        results = os.path.join(tempfile.mkdtemp(), "rank")
-        mp.spawn(row_step_memory, args=(size, args.tokens, args.layers, results), nprocs=size)
-        ranks = [json.load(open(f"{results}.{rank}")) for rank in range(size)]
-        runs[size] = {"peak_gib": max(r["bytes"] for r in ranks) / 2**30,
-                      "seconds": max(r["seconds"] for r in ranks)}
+        runs[size] = measured_step(size, args.tokens, args.layers)
         print(f"context_parallel {size}: peak per rank above the step's start "
               f"{runs[size]['peak_gib']:.2f} GiB, step {runs[size]['seconds']:.1f} s")
     ratio = runs[args.context]["peak_gib"] / runs[1]["peak_gib"]
@@ -137,7 +182,7 @@ def context_parallel_case(args: argparse.Namespace) -> None:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--case", choices=("share-prompt", "context-parallel"),
+    parser.add_argument("--case", choices=("share-prompt", "context-parallel", "longest-row"),
                         default="share-prompt")
     parser.add_argument("--tokens", type=int, default=16384)
     parser.add_argument("--context", type=int, default=2)
@@ -145,11 +190,13 @@ def main() -> None:
     parser.add_argument("--group", type=int, default=8)
     parser.add_argument("--completion", type=int, default=64)
     parser.add_argument("--layers", type=int, default=2)
+    parser.add_argument("--cap-gib", type=float, default=2.5)
+    parser.add_argument("--granularity", type=int, default=2048)
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's)")
     args = parser.parse_args()
-    if args.case == "context-parallel":
-        context_parallel_case(args)
+    if args.case != "share-prompt":
+        (context_parallel_case if args.case == "context-parallel" else longest_row_case)(args)
         return
     if args.threads:
         torch.set_num_threads(args.threads)

@@ -126,7 +126,7 @@ def check_online_options(config: RunConfig, needs: StrategyNeeds, online: Online
     check_max_logprob_diff(config, needs)
     check_micro_batch_tokens(config, needs, trains_online, backend)
     check_share_prompt(config, needs, trains_online, backend)
-    check_online_context_parallel(config, trains_online)
+    check_online_context_parallel(config, trains_online, world)
     check_max_staleness(config, needs, trains_online, registry, sampler)
     check_partial(config, needs, trains_online, world)
     if trains_online is not None:  # the rows split over the data-parallel ranks
@@ -199,10 +199,11 @@ def check_share_prompt(config: RunConfig, needs: StrategyNeeds, online: OnlineCo
                          "(model.backend: native)")
 
 
-def check_online_context_parallel(config: RunConfig, online: OnlineConfig | None) -> None:
+def check_online_context_parallel(config: RunConfig, online: OnlineConfig | None,
+                                  world: int) -> None:
     """``parallel.context_parallel`` splits each rollout row's tokens over ranks: not with
     a shared prompt (its layout spans rows) or MoE routing replayed per token."""
-    if config.parallel.context_parallel == 1 or online is None:
+    if config.parallel.context_parallel == 1 or world == 1 or online is None:
         return
     path = ("parallel", "context_parallel")
     if config.trainer.share_prompt:

@@ -39,9 +39,10 @@ def context_parallel_logprobs(model: torch.nn.Module, batch: dict[str, torch.Ten
 
 class _GatherShards(torch.autograd.Function):
     """All-gather along dim 1 over the context group; the backward sums the group's
-    gradients of the whole tensor and keeps this rank's shard of them (every rank then
-    computes the same loss from the whole rows, so each shard's gradient is N times its
-    one-process value; the trainer counts a context group's loss once)."""
+    gradients of the whole tensor and keeps this rank's shard of them. Every rank of the
+    group computes the same loss from the whole rows, so each shard's gradient comes N
+    times, as every replicated parameter's does: the gradient reduction's mean over the
+    ranks (or the trainer's division by the summed loss weights) divides it back out."""
 
     @staticmethod
     def forward(ctx: Any, shard: torch.Tensor, group: Any, size: int, rank: int

@@ -32,7 +32,7 @@ def _count_calls(monkeypatch) -> dict[str, int]:
 
 def test_there_is_one_rule_per_option():
     assert RULES == ["check_max_logprob_diff", "check_max_staleness", "check_micro_batch_tokens",
-                     "check_mini_batches", "check_partial", "check_router_replay",
+                     "check_mini_batches", "check_online_context_parallel", "check_partial", "check_router_replay",
                      "check_share_prompt"]
 
 
