@@ -1,5 +1,5 @@
 """parallel.context_parallel for the strategies whose loss is a function of whole rows
-(dpo, simpo, kto, orpo, rm, distill): each rank of a context group of 2 runs its half of
+(dpo offline and online, simpo, kto, orpo, rm, distill): each rank of a context group of 2 runs its half of
 every row's tokens and gets the whole rows' log-probs, rewards or token losses; 2 steps
 on 2 processes equal the 1-process run. Rows are long (20 to 45 tokens) and of uneven
 lengths, so that responses straddle the shard boundary and the rows are padded to an
@@ -16,6 +16,7 @@ from astrai_core.testing import read_metrics, tiny_run_config
 from tests.distributed.conftest import (assert_close_metrics, assert_close_weights, ok, train,
                                         weights)
 from tests.distributed.test_dist_context_parallel import _split
+from tests.distributed.test_dist_online import online_config, plugin_env  # noqa: F401
 from tests.training.reference import save_start_model
 
 pytestmark = pytest.mark.slow  # runs of 2 processes under torchrun
@@ -72,6 +73,27 @@ def test_preference_pairs_split_over_a_context_group_equal_one_process(tmp_path,
                                                                        kind, names):
     one, cp = _one_and_split(tmp_path, strategy, kind)
     assert_close_metrics(one, cp, ("loss", "grad_norm", "tokens", *names))
+    assert_close_weights(weights(tmp_path / "one", STEPS), weights(tmp_path / "cp", STEPS))
+
+
+def test_online_pairs_split_over_a_context_group_equal_one_process(tmp_path, plugin_env):
+    """Online dpo: the group pairs its first rank's rollout (responses of up to 13 tokens
+    after short chat prompts: many straddle the shard boundary)."""
+    for name, nproc in (("one", 1), ("cp", 2)):
+        config = online_config(tmp_path, name, {"name": "dpo", "mode": "online",
+                                                "group_size": 4, "beta": 0.5})
+        config["sampler"]["max_new_tokens"] = 13
+        config["trainer"]["max_steps"] = STEPS
+        config["parallel"]["context_parallel"] = 2
+        done = train(config, tmp_path, name, nproc, env=plugin_env)
+        if nproc == 1:
+            ok(done)
+        else:
+            _split(done)
+    one, cp = (read_metrics(tmp_path / run) for run in ("one", "cp"))
+    assert len(cp) == STEPS
+    assert_close_metrics(one, cp, ("loss", "grad_norm", "tokens", "chosen_logp", "margin",
+                                   "rollout/pairs"))
     assert_close_weights(weights(tmp_path / "one", STEPS), weights(tmp_path / "cp", STEPS))
 
 
