@@ -136,12 +136,16 @@ def test_mismatched_batch_pairs_each_prompt_with_the_previous_completion():
 
 
 class _TwoProcesses:
-    """Process ``rank`` of two whose shares of a global micro-batch are ``shares``."""
+    """Process ``rank`` of two (or of ``len(shares)``, in context groups of
+    ``context_size`` that hold the same rows) whose shares of a global micro-batch are
+    ``shares``."""
 
-    enabled, world_size = True, 2
+    enabled = True
 
-    def __init__(self, rank, shares, sums=None):
+    def __init__(self, rank, shares, sums=None, context_size=1):
         self.rank, self.shares, self.sums = rank, shares, sums
+        self.world_size, self.context_size = max(len(shares), 2), context_size
+        self.data_rank = rank // context_size
 
     def all_gather_object(self, obj):
         assert obj == self.shares[self.rank]
@@ -172,6 +176,12 @@ def test_mismatched_batch_pairs_rows_across_processes_as_one_process_would():
     first = mismatched_batch(batch([[5, 7], [6, 8, 9]], [1, 1]), _TwoProcesses(0, shares))
     second = mismatched_batch(batch([[10, 11]], [1]), _TwoProcesses(1, shares))
     assert texts(first) + texts(second) == whole
+    # 4 processes in 2 context groups of 2: each group's ranks hold the same rows
+    grouped = [shares[0], shares[0], shares[1], shares[1]]
+    for rank in range(4):
+        rows = ([[5, 7], [6, 8, 9]], [1, 1]) if rank < 2 else ([[10, 11]], [1])
+        out = mismatched_batch(batch(*rows), _TwoProcesses(rank, grouped, context_size=2))
+        assert texts(out) == (whole[:2] if rank < 2 else whole[2:])
 
 
 def test_kto_reference_point_is_the_global_batch_mean():
