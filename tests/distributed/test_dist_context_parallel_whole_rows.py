@@ -41,16 +41,20 @@ def _sums(path, kind: str):
     return path
 
 
-def _one_and_split(tmp_path, strategy: dict, kind: str, eps: float = 1e-6
-                   ) -> tuple[list[dict], list[dict]]:
+def _one_and_split(tmp_path, strategy: dict, kind: str, eps: float = 1e-6,
+                   evaluate: bool = False) -> tuple[list[dict], list[dict]]:
     """The 1-process run and the run on one context group of 2 processes (which must
-    split its rows): their training records."""
+    split its rows): their records (``evaluate``: the held-out loss after the last step,
+    on the same rows in batches of 4)."""
     data = _sums(tmp_path / "rows.jsonl", kind)
     for name, nproc in (("one", 1), ("cp", 2)):
         config = tiny_run_config(tmp_path, data, strategy, data_format=kind,
                                  data={"batch_size": 4, "pack": False}, max_steps=STEPS,
                                  save_every=STEPS, lr=1e-2, eps=eps)
         config.pop("rewards"), config.pop("sampler")  # offline: neither is built
+        if evaluate:
+            config["data"].update(eval={"path": str(data), "format": kind}, eval_batch_size=4)
+            config["trainer"]["eval_every"] = STEPS
         config["output_dir"] = str(tmp_path / name)
         config["parallel"] = {"context_parallel": 2, "timeout_seconds": 120}
         done = train(config, tmp_path, name, nproc)
@@ -58,8 +62,8 @@ def _one_and_split(tmp_path, strategy: dict, kind: str, eps: float = 1e-6
             ok(done)
         else:
             _split(done)
-    one, cp = ([r for r in read_metrics(tmp_path / run) if "loss" in r] for run in ("one", "cp"))
-    assert len(cp) == STEPS
+    one, cp = (read_metrics(tmp_path / run) for run in ("one", "cp"))
+    assert len([r for r in cp if "loss" in r]) == STEPS
     return one, cp
 
 
@@ -101,8 +105,12 @@ def test_reward_model_split_over_a_context_group_equals_one_process(tmp_path):
     strategy = {"name": "rm", "center_rewards_coefficient": 0.1}
     # Adam's eps above the smallest gradients (a reward reads one position per row): their
     # float32 rounding is not amplified into lr-sized updates
-    one, cp = _one_and_split(tmp_path, strategy, "preference", eps=1e-4)
-    assert_close_metrics(one, cp, ("loss", "grad_norm", "tokens", "chosen_reward", "reward_gap"))
+    one, cp = _one_and_split(tmp_path, strategy, "preference", eps=1e-4, evaluate=True)
+    steps = [[r for r in run if "loss" in r] for run in (one, cp)]
+    assert_close_metrics(*steps, ("loss", "grad_norm", "tokens", "chosen_reward", "reward_gap"))
+    evals = [[r for r in run if "eval/accuracy" in r] for run in (one, cp)]
+    assert len(evals[0]) == len(evals[1]) == 1
+    assert_close_metrics(*evals, ("eval/loss", "eval/accuracy"))
     for module in ("model", "score"):
         assert_close_weights(weights(tmp_path / "one", STEPS, module),
                              weights(tmp_path / "cp", STEPS, module))
