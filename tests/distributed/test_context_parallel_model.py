@@ -6,18 +6,15 @@ other's inverse."""
 
 from __future__ import annotations
 
-import os
-import traceback
-
 import pytest
 import torch
 import torch.distributed as dist
-import torch.multiprocessing as mp
 
 from astrai_core.model import CausalLM, ModelConfig
 from astrai_core.model.context_parallel import (heads_to_sequence, next_token_targets,
                                                 sequence_to_heads, split_rows)
 from astrai_core.model.head import chunked_logprobs, target_logprobs
+from tests.distributed.spawn_kit import spawn_checks
 
 WORLD = 2
 TOL = 1e-5
@@ -95,25 +92,10 @@ def _inverse(rank: int) -> None:
     assert torch.equal(heads_to_sequence(heads, shard), states)
 
 
-def _worker(rank: int, init: str, case: str, errors) -> None:
-    dist.init_process_group("gloo", init_method=init, rank=rank, world_size=WORLD)
-    torch.set_num_threads(1)
-    try:
-        _inverse(rank) if case == "inverse" else _check(rank, case)
-    except BaseException:
-        errors.put(f"rank {rank}: {traceback.format_exc()}")
-    dist.barrier()  # neither rank takes the group down while the other still uses it
-    dist.destroy_process_group()
-    # torch 2.13's gloo sometimes aborts a process in the interpreter's teardown
-    # ("terminate called"), after its work is done: leave without it
-    os._exit(0)
+def _run(rank: int, case: str) -> None:
+    _inverse(rank) if case == "inverse" else _check(rank, case)
 
 
 @pytest.mark.parametrize("case", ["inverse", *CASES])
 def test_context_parallel_equals_one_process(tmp_path, case):
-    errors = mp.get_context("spawn").SimpleQueue()
-    mp.spawn(_worker, args=(f"file://{tmp_path / 'store'}", case, errors), nprocs=WORLD)
-    problems = []
-    while not errors.empty():
-        problems.append(errors.get())
-    assert not problems, "\n".join(problems)
+    spawn_checks(tmp_path, _run, case, world=WORLD)

@@ -7,16 +7,13 @@ straddle the shard boundary."""
 
 from __future__ import annotations
 
-import os
-import traceback
-
 import pytest
 import torch
 import torch.distributed as dist
-import torch.multiprocessing as mp
 
 from astrai_core.distributed.context import DistContext
 from astrai_core.model import CausalLM, ModelConfig
+from tests.distributed.spawn_kit import spawn_checks
 
 pytest.importorskip("astrai_plugin_dpo")
 pytest.importorskip("astrai_plugin_rm")
@@ -122,24 +119,7 @@ def _check(rank: int, case: str) -> None:
         torch.testing.assert_close(grad, expected_grads[name], rtol=TOL, atol=TOL, msg=name)
 
 
-def _worker(rank: int, init: str, case: str, errors) -> None:
-    dist.init_process_group("gloo", init_method=init, rank=rank, world_size=WORLD)
-    torch.set_num_threads(1)
-    try:
-        _check(rank, case)
-    except BaseException:
-        errors.put(f"rank {rank}: {traceback.format_exc()}")
-    dist.barrier()  # neither rank takes the group down while the other still uses it
-    dist.destroy_process_group()
-    os._exit(0)  # gloo may abort in the interpreter's teardown, after the work is done
-
-
 @pytest.mark.slow  # 2 spawned processes
 @pytest.mark.parametrize("case", list(FORWARDS))
 def test_whole_row_forwards_on_a_context_group_equal_one_process(tmp_path, case):
-    errors = mp.get_context("spawn").SimpleQueue()
-    mp.spawn(_worker, args=(f"file://{tmp_path / 'store'}", case, errors), nprocs=WORLD)
-    problems = []
-    while not errors.empty():
-        problems.append(errors.get())
-    assert not problems, "\n".join(problems)
+    spawn_checks(tmp_path, _check, case, world=WORLD)
