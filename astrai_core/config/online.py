@@ -212,6 +212,11 @@ def check_online_context_parallel(config: RunConfig, online: OnlineConfig | None
     if online.router_replay != "disabled":
         raise FieldError(path, "cannot replay MoE routing on split rows yet; use "
                          "strategy.router_replay: disabled with it")
+    if config.data.batch_size % world:
+        raise FieldError(("data", "batch_size"), f"{config.data.batch_size} prompts per "
+                         f"rollout cannot be split evenly over the {world} processes that "
+                         "sample them (with parallel.context_parallel the ranks of a context "
+                         "group sample shares of their group's prompts)")
 
 
 def check_max_staleness(config: RunConfig, needs: StrategyNeeds, online: OnlineConfig | None,

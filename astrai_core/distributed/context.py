@@ -40,6 +40,8 @@ class DistContext:
     # (parallel.context_parallel); they read the same rows, a data-parallel rank's
     context_size: int = 1
     context_group: Any = None
+    # the process group of the collectives below (None: every process of the run)
+    group: Any = None
 
     @property
     def data_rank(self) -> int:
@@ -67,14 +69,14 @@ class DistContext:
     # -- collectives (the identity in a one-process run) -------------------------------
     def barrier(self) -> None:
         if self.enabled:
-            torch.distributed.barrier()
+            torch.distributed.barrier(group=self.group)
 
     def all_reduce_sum(self, values: list[float]) -> list[float]:
         """Element-wise sums over the ranks of a list of floats (float64, one collective)."""
         if not self.enabled or not values:
             return list(values)
         tensor = torch.tensor(values, dtype=torch.float64, device=self.device)
-        torch.distributed.all_reduce(tensor)
+        torch.distributed.all_reduce(tensor, group=self.group)
         return tensor.tolist()
 
     def sum_tensor(self, tensor: torch.Tensor) -> torch.Tensor:
@@ -82,7 +84,7 @@ class DistContext:
         if not self.enabled:
             return tensor.detach()
         total = tensor.detach().clone()
-        torch.distributed.all_reduce(total)
+        torch.distributed.all_reduce(total, group=self.group)
         return total
 
     def all_gather_object(self, obj: Any) -> list[Any]:
@@ -90,7 +92,7 @@ class DistContext:
         if not self.enabled:
             return [obj]
         gathered: list[Any] = [None] * self.world_size
-        torch.distributed.all_gather_object(gathered, obj)
+        torch.distributed.all_gather_object(gathered, obj, group=self.group)
         return gathered
 
     def broadcast_object(self, obj: Any) -> Any:
@@ -98,18 +100,19 @@ class DistContext:
         if not self.enabled:
             return obj
         box = [obj]
-        torch.distributed.broadcast_object_list(box, src=0)
+        source = 0 if self.group is None else torch.distributed.get_global_rank(self.group, 0)
+        torch.distributed.broadcast_object_list(box, src=source, group=self.group)
         return box[0]
 
-    def context_broadcast(self, obj: Any) -> Any:
-        """The first rank of this rank's context group's ``obj`` on each of its ranks
-        (the identity without context parallelism)."""
+    def context_view(self) -> DistContext:
+        """This rank's context group as a run of its own: its collectives span the group
+        (the ranks that split each row's tokens; the identity without context
+        parallelism)."""
         if self.context_size == 1:
-            return obj
-        box = [obj]
-        torch.distributed.broadcast_object_list(box, src=self.rank - self.context_rank,
-                                                group=self.context_group)
-        return box[0]
+            return self
+        return DistContext(rank=self.context_rank, world_size=self.context_size,
+                           local_rank=self.local_rank, device=self.device,
+                           group=self.context_group)
 
     def any(self, flag: bool) -> bool:
         """True on every rank when ``flag`` is True on some rank."""
@@ -124,7 +127,7 @@ class DistContext:
         if cast:
             source = source.to(torch.uint8)
         parts = [torch.empty_like(source) for _ in range(self.world_size)]
-        torch.distributed.all_gather(parts, source.contiguous())
+        torch.distributed.all_gather(parts, source.contiguous(), group=self.group)
         joined = torch.cat(parts, dim=0)
         return (joined.bool() if cast else joined).to(tensor.device)
 
@@ -145,6 +148,16 @@ class DistContext:
                              "data-parallel ranks")
         share = count // self.data_world
         return slice(self.data_rank * share, (self.data_rank + 1) * share)
+
+    def sampling_slice(self, count: int) -> slice:
+        """This process's contiguous share of ``count`` prompts to sample: every rank's,
+        a context group's ranks included (they split their data rank's prompts, then
+        gather the rollout within the group); an uneven split is an error."""
+        if count % self.world_size:
+            raise ValueError(f"{count} prompts cannot be split evenly over the "
+                             f"{self.world_size} processes that sample them")
+        share = count // self.world_size
+        return slice(self.rank * share, (self.rank + 1) * share)
 
     def shard_rows(self, batch: Any) -> Any:
         """This rank's rows of a batch: a dict of tensors, a list, or a RolloutBatch."""

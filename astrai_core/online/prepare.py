@@ -39,7 +39,7 @@ from astrai_core.rl.functional import token_rewards_from_scores
 from astrai_core.rl.rollout_correction import RolloutCorrectionConfig
 from astrai_core.rollout.batch import RolloutBatch
 from astrai_core.rollout.forward import rollout_forward
-from astrai_core.rollout.gather import gather_rollout, same_rows_in_context_group
+from astrai_core.rollout.gather import context_group_rollout, gather_rollout
 from astrai_core.rollout.metrics import rollout_metrics
 
 
@@ -53,7 +53,7 @@ def trainable_rollout(strategy: Any, rollout: RolloutBatch, prefix: str = "rollo
     if recompute is None:
         recompute = config.recompute_old_logprobs or correction is not None
     missing = _behaviour_logprobs_missing(rollout, recompute, correction, run.plan.sampler.name)
-    rollout = same_rows_in_context_group(rollout, run.dist).to(run.device)
+    rollout = context_group_rollout(rollout.to(run.device), run.dist)
     strategy.deferred.stop()
     defer = may_defer(config, strategy.defers_old_logprobs, recompute, strategy.routing)
     with torch.no_grad():

@@ -7,7 +7,8 @@ as in one process: advantage statistics and GAE whitening, the rollout's metrics
 the shuffled schedule of optimizer steps, of which each rank trains its share of rows.
 Rows are padded to the widest rank (prompts on the left, responses on the right); group
 ids are renumbered to global prompt indices. The ranks of a context group
-(``parallel.context_parallel``) hold the same rows: the rollout has them once.
+(``parallel.context_parallel``) hold the same rows (:func:`context_group_rollout`): the
+rollout has them once.
 """
 
 from __future__ import annotations
@@ -34,13 +35,14 @@ def _pad_width(tensor: torch.Tensor, width: int, left: bool) -> torch.Tensor:
     return F.pad(tensor, pad)  # zeros / False: padding is told apart by the masks
 
 
-def same_rows_in_context_group(rollout: RolloutBatch, dist: DistContext) -> RolloutBatch:
-    """The context group's first rank's ``rollout`` on each of its ranks: they sample the
-    same prompts alike, but an engine need not be bitwise deterministic, and the group's
-    forwards split one set of rows (moved through the host: any device's tensors)."""
+def context_group_rollout(rollout: RolloutBatch, dist: DistContext) -> RolloutBatch:
+    """The rollout of this rank's context group, on each of its ranks: every rank sampled
+    its share of the group's prompts (``DistContext.sampling_slice``), gathered here in
+    rank order, so the group's forwards split one set of rows (the identity without
+    context parallelism)."""
     if dist.context_size == 1:
         return rollout
-    return dist.context_broadcast(rollout.to("cpu"))
+    return gather_rollout(rollout, dist.context_view())[0]
 
 
 def gather_rollout(rollout: RolloutBatch, dist: DistContext,

@@ -54,7 +54,7 @@ class RolloutRunner:
                  group_size: int, prompt_source: Iterable[Any], prompts_per_rollout: int = 8,
                  pad_token_id: int = 0, seed_offset: int = 0, episodes: Any = None,
                  record_routing: bool = False, capabilities: SamplerCapabilities | None = None,
-                 asynchronous: bool = False) -> None:
+                 asynchronous: bool = False, prompt_share: tuple[int, int] = (0, 1)) -> None:
         if group_size < 1 or prompts_per_rollout < 1:
             raise ValueError("group_size and prompts_per_rollout must be >= 1")
         if record_routing and episodes is not None:
@@ -77,6 +77,9 @@ class RolloutRunner:
         self.seed_offset = seed_offset
         self.episodes = episodes  # an EpisodeRunner (rollout/episodes.py): multi-turn rollouts
         self._source = prompt_source
+        # (index, count): the prompt source yields `count` shares per draw and this process
+        # samples the index-th (the ranks of a context group read the same prompts)
+        self.prompt_share = prompt_share
         self._prompts: Iterator[Any] = iter(prompt_source)
         self._lock = threading.Lock()
         self.rollouts_drawn = 0
@@ -209,11 +212,13 @@ class RolloutRunner:
 
     def next_prompts(self, count: int | None = None) -> list[PromptRecord]:
         """The next ``count`` prompt records (default ``prompts_per_rollout``), restarting
-        the prompt source at its end (a new epoch)."""
+        the prompt source at its end (a new epoch); this process's share of
+        ``count`` x the shares the source's records are split into (``prompt_share``)."""
         count = self.prompts_per_rollout if count is None else count
+        index, shares = self.prompt_share
         records: list[PromptRecord] = []
         restarted = False
-        while len(records) < count:
+        while len(records) < count * shares:
             try:
                 records.append(as_prompt_record(next(self._prompts)))
                 restarted = False
@@ -222,7 +227,7 @@ class RolloutRunner:
                     raise DataError("the prompt source yields no prompts (an iterator can be read "
                                     "only once: pass a re-iterable source)") from None
                 self._prompts, restarted = iter(self._source), True  # a new epoch
-        return records
+        return records[index * count:(index + 1) * count]
 
     def build(self, records: Sequence[PromptRecord], completions: list[Completion],
               version: int, routing: bool = False) -> RolloutBatch:

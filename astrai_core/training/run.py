@@ -178,9 +178,10 @@ def wire_components(plan: RunPlan, *, backend: Any, device: torch.device, model:
     if needs.rollouts:
         rollouts = RolloutRunner(sampler, tokenizer, rewards, sampling, group_size=needs.group_size,
                                  prompt_source=RecordStream(train_loader),
-                                 prompts_per_rollout=data.batch_size // dist.data_world,
+                                 prompts_per_rollout=data.batch_size // dist.world_size,
+                                 prompt_share=(dist.context_rank, dist.context_size),
                                  pad_token_id=pad_token_id, episodes=episodes,
-                                 seed_offset=dist.rank_slice(data.batch_size, "prompts").start,
+                                 seed_offset=dist.sampling_slice(data.batch_size).start,
                                  record_routing=needs.sampler_routing,  # router_replay: R3
                                  capabilities=capabilities,
                                  asynchronous=_asynchronous(plan))

@@ -42,10 +42,17 @@ def _run(tmp, name, case, nproc, env, **parallel):
 @pytest.mark.parametrize("case", sorted(CASES))
 def test_context_parallel_online_equals_one_process(tmp_path, plugin_env, case):
     _run(tmp_path, "one", case, 1, plugin_env)
-    done = _run(tmp_path, "cp", case, 2, plugin_env, context_parallel=2)
+    (tmp_path / "scored").mkdir()
+    done = _run(tmp_path, "cp", case, 2, {**plugin_env, "REWARD_LOG": str(tmp_path / "scored")},
+                context_parallel=2)
     events = [json.loads(line) for line in (done.stdout + done.stderr).splitlines()
               if line.startswith("{")]
     assert [e["context_parallel"] for e in events if e.get("event") == "distributed"] == [2]
+    # the ranks of the group split its prompts: each sampled and scored half of them
+    group_size = CASES[case][0]["group_size"]
+    for rank in ("0", "1"):
+        scored = (tmp_path / "scored" / rank).read_text().split()
+        assert set(scored) == {str(4 * group_size // 2)}, (rank, scored)
     one, cp = tmp_path / "one", tmp_path / "cp"
     a, b = _rollout(one), _rollout(cp)
     for name in ("response_ids", "response_mask", "prompt_ids", "group_ids", "rewards"):

@@ -51,6 +51,9 @@ _head.chunked_logprobs = _noting_chunked_logprobs
 def digit(prompts, completions, **columns):
     if os.environ.get("EXPLODE_ON_RANK", "none") == os.environ.get("RANK"):
         raise RuntimeError("dist_digit exploded on rank " + os.environ["RANK"])
+    if os.environ.get("REWARD_LOG"):  # how many completions each process scored
+        with open(os.path.join(os.environ["REWARD_LOG"], os.environ.get("RANK", "0")), "a") as f:
+            f.write(f"{len(completions)}\\n")
     return [float(any(ch.isdigit() for ch in text)) for text in completions]
 '''
 pytestmark = pytest.mark.slow  # runs of 2 processes under torchrun
