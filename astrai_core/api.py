@@ -28,6 +28,7 @@ from astrai_core.training.strategy import Strategy
 from astrai_core.rollout.batch import RolloutBatch, episode_tensors, pad_rows
 from astrai_core.rollout.episodes import episode_turn_seed
 from astrai_core.rollout.forward import policy_forward, rollout_forward
+from astrai_core.rollout.gather import context_group_rollout
 from astrai_core.rollout.metrics import rollout_metrics
 from astrai_core.rollout.runner import RolloutRunner
 
@@ -163,7 +164,7 @@ __all__ = [
     "TrainedModule", "frozen_copy", "frozen_reference",
     # rollouts
     "RolloutBatch", "RolloutRunner", "episode_tensors", "episode_turn_seed", "pad_rows",
-    "policy_forward", "rollout_forward", "rollout_metrics",
+    "context_group_rollout", "policy_forward", "rollout_forward", "rollout_metrics",
     # RL maths
     "aggregate_loss", "broadcast_to_tokens", "clipped_policy_loss", "entropy_from_logits",
     "explained_variance", "group_stats", "kl_estimate", "masked_mean", "masked_sum",

@@ -81,7 +81,7 @@ def test_preference_pairs_split_over_a_context_group_equal_one_process(tmp_path,
 
 
 def test_online_pairs_split_over_a_context_group_equal_one_process(tmp_path, plugin_env):
-    """Online dpo: the group pairs its first rank's rollout (responses of up to 13 tokens
+    """Online dpo: the group pairs its gathered rollout (responses of up to 13 tokens
     after short chat prompts: many straddle the shard boundary)."""
     for name, nproc in (("one", 1), ("cp", 2)):
         config = online_config(tmp_path, name, {"name": "dpo", "mode": "online",

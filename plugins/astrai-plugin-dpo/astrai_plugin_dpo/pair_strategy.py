@@ -21,7 +21,8 @@ import torch
 from pydantic import BaseModel, Field
 from torch import Tensor
 
-from astrai_core.api import AuxLossOption, BatchSource, FieldError, RolloutBatch, Strategy, StrategyNeeds
+from astrai_core.api import (AuxLossOption, BatchSource, FieldError, RolloutBatch, Strategy,
+                             StrategyNeeds, launched_world_size)
 from astrai_plugin_dpo.pairs import (PairSource, dataset_pair_logprobs, response_lengths,
                                      rollout_pair_logprobs)
 
@@ -58,6 +59,12 @@ class PairStrategy(Strategy):
             raise FieldError(("rollout", "max_staleness"), f"online {run_config.strategy.name} "
                              "pairs each rollout's completions on-policy; max_staleness > 0 "
                              "applies to grpo, ppo and reinforce")
+        world, batch = launched_world_size(), run_config.data.batch_size
+        if config.mode == "online" and run_config.parallel.context_parallel > 1 and \
+                world > 1 and batch % world:
+            raise FieldError(("data", "batch_size"), f"{batch} prompts per rollout cannot be "
+                             f"split evenly over the {world} processes that sample them (with "
+                             "parallel.context_parallel every rank samples a share)")
 
     def batch_source(self) -> BatchSource:
         if self.config.mode == "offline":

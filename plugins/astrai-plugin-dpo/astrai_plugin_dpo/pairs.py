@@ -9,7 +9,8 @@ import torch
 from torch import Tensor
 
 from astrai_core.api import context_target_logprobs
-from astrai_core.api import AstraiError, RolloutBatch, RolloutRunner, rollout_metrics
+from astrai_core.api import (AstraiError, RolloutBatch, RolloutRunner, context_group_rollout,
+                             rollout_metrics)
 from astrai_core.api import policy_forward
 from astrai_plugin_dpo.losses import sequence_logprobs
 
@@ -125,11 +126,10 @@ class PairSource:
 
     def next_step(self) -> list[RolloutBatch]:
         for skipped in range(self.max_skipped):
-            rollout = self.runner.draw()
-            if self.dist is not None and self.dist.context_size > 1:  # a context group's
-                # ranks split the tokens of the same rows, whatever their sampler drew
-                rollout = self.dist.context_broadcast(rollout.to("cpu"))
-            rollout = rollout.to(self.device)
+            rollout = self.runner.draw().to(self.device)
+            if self.dist is not None:  # the ranks of a context group sampled shares of
+                # its prompts; they split the tokens of all of the group's rows
+                rollout = context_group_rollout(rollout, self.dist)
             chosen, rejected = best_and_worst(rollout)
             if len(chosen) >= self.micro_batches:
                 self.stats = {**rollout_metrics(rollout), "rollout/pairs": len(chosen),

@@ -409,3 +409,21 @@ def test_online_pairs_refuse_stale_rollouts(tmp_path):
     path.write_text(yaml.safe_dump(config))
     with pytest.raises(ConfigError, match="rollout.max_staleness.*online orpo pairs"):
         train(load_config(path))
+
+
+def test_online_pairs_split_over_context_groups_need_prompts_for_every_process(tmp_path,
+                                                                              monkeypatch):
+    from astrai_core.config.plan import plan_run
+    from astrai_core.config.schema import RunConfig
+    from astrai_core.testing import write_arith_prompts
+
+    prompts = write_arith_prompts(tmp_path / "prompts.jsonl")
+    config = tiny_run_config(tmp_path, prompts, {"name": "dpo", "mode": "online"})
+    config["data"]["batch_size"] = 2
+    config["parallel"] = {"context_parallel": 2}
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    plan_run(RunConfig.model_validate(config), base_dir=tmp_path)  # a share each
+    monkeypatch.setenv("WORLD_SIZE", "4")  # 2 context groups: 4 processes sample
+    with pytest.raises(ConfigError, match="data.batch_size: 2 prompts per rollout cannot "
+                       "be split evenly over the 4 processes"):
+        plan_run(RunConfig.model_validate(config), base_dir=tmp_path)
