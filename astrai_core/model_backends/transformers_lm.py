@@ -8,9 +8,13 @@
   states, so no [B, S, V] float32 logits exist; Gemma's final logit soft-capping is
   applied inside the chunks;
 - ``return_hidden_states``: those final hidden states (a critic's value head);
-- ``attention_mask`` [B, past + S] and ``position_ids``; positions that restart without
-  a mask or cache are packed documents, which transformers' masks keep apart for the
-  families built on its mask functions;
+- ``attention_mask`` [B, past + S] and ``position_ids``; positions that restart (no
+  cache) are packed documents: for the families astrai's attention runs
+  (:mod:`~astrai_core.model_backends.hf_attention`) each document is attended on its own,
+  as in the native decoder; other families' rows (without a mask) are kept apart by
+  transformers' own masks;
+- ``context_shard``: context parallelism (``parallel.context_parallel``) for those
+  families, as in the native decoder;
 - ``kv_cache``: a :class:`TransformersKVCache` (transformers' ``DynamicCache``) made by
   :meth:`TransformersCausalLM.new_kv_cache`, for the torch sampler;
 - ``aux_loss``: the family's own load-balancing loss for MoE models (router logits); in

@@ -2,7 +2,8 @@
 the rows, attended through astrai's attention inside the family's own layers, gives the
 one-process log-probs of its positions, and the ranks' gradients sum to the one-process
 gradient: odd lengths, one KV head (replicated over the 2 ranks), packed documents that
-straddle the shard boundary, padded rows, and Gemma 3's sliding-window layers."""
+straddle the shard boundary, padded rows, Mistral's and Gemma 3's sliding windows, and
+layers recomputed in the backward (activation checkpointing)."""
 
 from __future__ import annotations
 
@@ -29,6 +30,7 @@ CASES = {
     "llama one kv head": ("llama", {"num_key_value_heads": 1}, "odd"),
     "llama packed": ("llama", {}, "packed"),
     "qwen3 packed one kv head": ("qwen3", {"num_key_value_heads": 1}, "packed"),
+    "qwen3 packed checkpointed": ("qwen3", {}, "packed"),
     "qwen3 padded": ("qwen3", {}, "padded"),
     "mistral sliding window": ("mistral", {"sliding_window": 3}, "odd"),
     "gemma3 sliding window": ("gemma3_text", {"query_pre_attn_scalar": 4}, "odd"),
@@ -51,6 +53,9 @@ def _check(rank: int, case: str) -> None:
     model_type, overrides, kind = CASES[case]
     model = TransformersCausalLM(tiny_causal_lm(model_type, seed=5, **overrides))
     assert model.astrai_attention
+    if "checkpointed" in case:  # the layers recomputed in the backward, all-to-alls too
+        model.train()
+        model.enable_activation_checkpointing()
     rows = _rows(kind)
     ids = rows["input_ids"]
     loss_mask = rows.get("attention_mask", torch.ones_like(ids))
