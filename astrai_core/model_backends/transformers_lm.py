@@ -233,18 +233,13 @@ class TransformersCausalLM(nn.Module):
             return {"input_ids": input_ids, "attention_mask": None,
                     "position_ids": context_shard.local(context_shard.positions),
                     ROWS_KEYWORD: WholeRows.of_shard(context_shard)}, local_mask
-        if kv_cache is not None or position_ids is None:
-            return kwargs, attention_mask
-        positions = position_ids.expand(input_ids.shape[0], -1)
-        layout = packed_layout(attention_mask, positions)
-        if layout is not None and self.astrai_attention:  # documents attended one by one
-            kwargs.update(attention_mask=None, position_ids=positions, **{
-                ROWS_KEYWORD: WholeRows(input_ids.shape[1], attention_mask, positions,
-                                        layout=layout)})
-        elif layout is not None and attention_mask is not None and _trailing(attention_mask):
-            # transformers finds packed documents only where no mask is given; padding
-            # after every real token changes no real token's attention, so it goes
-            kwargs["attention_mask"] = None
+        if self.astrai_attention and kv_cache is None and position_ids is not None:
+            positions = position_ids.expand(input_ids.shape[0], -1)
+            layout = packed_layout(attention_mask, positions)
+            if layout is not None:  # several documents in a row: attended one by one
+                kwargs.update(attention_mask=None, position_ids=positions, **{
+                    ROWS_KEYWORD: WholeRows(input_ids.shape[1], attention_mask, positions,
+                                            layout=layout)})
         return kwargs, attention_mask
 
     def _aux_loss(self, out: Any, attention_mask: torch.Tensor | None,
@@ -284,11 +279,6 @@ def global_switch_loss(router_logits: tuple[torch.Tensor, ...], num_experts: int
         terms.append(balancing_terms(RouterOutput(probs, selected), num_experts, valid))
     total = global_balancing_terms(torch.stack(terms).sum(0), sum_over_ranks)
     return balancing_loss(total, num_experts)
-
-
-def _trailing(attention_mask: torch.Tensor) -> bool:
-    """Whether every row's padding (0) comes after all its real tokens (1)."""
-    return bool((attention_mask[:, 1:] <= attention_mask[:, :-1]).all())
 
 
 def _cache_argument(decoder: nn.Module) -> str:

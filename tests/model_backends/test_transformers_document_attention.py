@@ -1,8 +1,7 @@
 """Packed rows in the transformers backend, for the families astrai's attention runs: each
 document of a packed row gets the log-probs of its own separate forward, a change in one
 document leaves the others' logits bit for bit, and the row is attended document by
-document (no attention over the whole row, so no [S, S] mask). The other families keep
-packed documents apart through transformers' own masks, under packed data's mask too."""
+document (no attention over the whole row, so no [S, S] mask)."""
 
 from __future__ import annotations
 
@@ -12,7 +11,7 @@ import torch.nn.functional as F
 
 from astrai_core.model_backends.hf_attention import FAMILIES
 from astrai_core.model_backends.transformers_lm import TransformersCausalLM
-from astrai_core.testing.hf_models import TINY_FAMILIES, tiny_causal_lm
+from astrai_core.testing.hf_models import tiny_causal_lm
 
 # Gemma 3: a query scaling other than 1/sqrt(head_dim), and a sliding window (4) shorter
 # than the documents; Mistral's window (6) too.
@@ -84,19 +83,3 @@ def test_changing_one_document_leaves_the_others_bit_for_bit(model_type):
         for index, span in _spans(row):
             if (row, index) != (0, 1):
                 assert torch.equal(before[row, span], after[row, span]), (row, index)
-
-
-@pytest.mark.parametrize("model_type", sorted(set(TINY_FAMILIES) - set(FAMILIES)))
-def test_other_families_keep_packed_documents_apart_under_the_packings_mask(model_type):
-    """Families outside astrai's attention: transformers' own packed masks, which it builds
-    only without an attention mask; packed data's mask (ones, then trailing padding) is
-    dropped for them, so its documents stay apart too."""
-    model = TransformersCausalLM(tiny_causal_lm(model_type)).eval()
-    assert not model.astrai_attention
-    docs = _documents()
-    with torch.no_grad():
-        logits = model(**_packed(docs))["logits"]
-        for row, row_docs in enumerate(docs):
-            for index, span in _spans(row):
-                alone = model(row_docs[index][None])["logits"][0]
-                torch.testing.assert_close(logits[row, span], alone, rtol=0, atol=1e-5)
