@@ -2,8 +2,9 @@
 
 N ranks split each row's tokens, so the run's processes must form whole groups of N, the
 global batch must split over the data-parallel groups, the strategy must run on shards
-of its rows' tokens (its needs say so), the model must be the native decoder, and the
-query heads must divide by N (Ulysses attention hands each rank H/N of them; KV heads
+of its rows' tokens (its needs say so), the model must be the native decoder or a
+transformers family whose attention astrai runs (``model_backends/hf_attention.py``), and
+the query heads must divide by N (Ulysses attention hands each rank H/N of them; KV heads
 that N does not divide are replicated, not refused).
 """
 
@@ -16,6 +17,7 @@ from astrai_core.config.model_fit import model_config_fields
 from astrai_core.config.schema import RunConfig
 from astrai_core.config.strategy_needs import StrategyNeeds
 from astrai_core.errors import FieldError
+from astrai_core.model_backends.hf_attention import FAMILIES
 
 PATH = ("parallel", "context_parallel")
 
@@ -34,9 +36,10 @@ def check_context_parallel(config: RunConfig, needs: StrategyNeeds, source: Any,
         raise FieldError(PATH, f"strategy {config.strategy.name!r} does not split its rows' "
                          "tokens over ranks yet (docs/long-context.md lists those that "
                          "do); remove context_parallel")
-    if source is not None and source.backend == TRANSFORMERS:
-        raise FieldError(PATH, "splits attention over ranks inside the native decoder; use "
-                         "model.backend: native")
+    if source is not None and source.backend == TRANSFORMERS and source.model_type not in FAMILIES:
+        raise FieldError(PATH, f"model_type {source.model_type!r} runs on the transformers "
+                         "backend, where context parallelism supports "
+                         f"{', '.join(FAMILIES)}; remove context_parallel")
     heads = _query_heads(config, source)
     if heads is not None and heads % size:
         raise FieldError(PATH, f"the model's {heads} query heads do not divide over {size} "

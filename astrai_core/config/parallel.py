@@ -24,7 +24,8 @@ class ParallelConfig(BaseModel):
         1, ge=1, description="ranks that split each row's tokens (Ulysses attention: an "
         "all-to-all trades the token shard for a head shard around attention); the "
         "processes form data-parallel groups of this many consecutive ranks; seq and sft, "
-        "native model")
+        "on the native model or, on the transformers backend, llama, mistral, qwen2, qwen3 "
+        "and gemma3_text")
     activation_checkpointing: bool = Field(
         False, description="recompute each decoder layer's activations in the backward "
         "instead of keeping them (less memory, ~1/3 more compute)")

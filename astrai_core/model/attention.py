@@ -5,12 +5,11 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 
 from astrai_core.model.config import ModelConfig
 from astrai_core.model.context_parallel import heads_to_sequence, kv_for_context, sequence_to_heads
-from astrai_core.model.document_attention import document_attention
+from astrai_core.model.document_attention import Scores, document_attention, scaled_attention
 from astrai_core.model.layers import RMSNorm
 from astrai_core.model.masks import AttentionBias
 from astrai_core.model.rope import apply_rotary_factors
@@ -51,22 +50,28 @@ class Attention(nn.Module):
         value = self._heads(x, self.v_proj, None)
         if kv_cache is not None:
             key, value = kv_cache.update(self.layer_index, key, value)
-        shard = bias.context
-        if shard is None:
-            return self.o_proj(_attend(query, key, value, bias).reshape(batch, seq, -1))
-        # context parallel: every token of this rank's heads, attended, and back
-        key, value = kv_for_context(key, value, self.num_heads, shard.size)
-        query, key, value = (sequence_to_heads(t, shard) for t in (query, key, value))
-        out = heads_to_sequence(_attend(query, key, value, bias).transpose(1, 2), shard)
-        return self.o_proj(out.transpose(1, 2).reshape(batch, seq, -1))
+        return self.o_proj(attend_rows(query, key, value, bias).reshape(batch, seq, -1))
+
+
+def attend_rows(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
+                bias: AttentionBias, scores: Scores | None = None) -> torch.Tensor:
+    """query [B, H, S, D], key/value [B, KV, S, D] of this rank's tokens -> [B, S, H, D]
+    under ``bias``; under context parallelism (``bias.context``), every token of this
+    rank's heads is attended between the two all-to-alls."""
+    shard = bias.context
+    if shard is None:
+        return _attend(query, key, value, bias, scores)
+    key, value = kv_for_context(key, value, query.shape[1], shard.size)
+    query, key, value = (sequence_to_heads(t, shard) for t in (query, key, value))
+    out = heads_to_sequence(_attend(query, key, value, bias, scores).transpose(1, 2), shard)
+    return out.transpose(1, 2)
 
 
 def _attend(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
-            bias: AttentionBias) -> torch.Tensor:
+            bias: AttentionBias, scores: Scores | None) -> torch.Tensor:
     """query [B, H, S, D], key/value [B, KV, S, D] -> [B, S, H, D]."""
     if bias.documents is not None:  # a packed row: one attention per document
-        return document_attention(query, key, value, bias.documents, bias.window)
-    out = F.scaled_dot_product_attention(
-        query, key, value, attn_mask=bias.mask, is_causal=bias.is_causal,
-        enable_gqa=query.shape[1] != key.shape[1])
+        return document_attention(query, key, value, bias.documents, bias.window, scores)
+    out = scaled_attention(query, key, value, bias.mask, is_causal=bias.is_causal,
+                           scores=scores)
     return out.transpose(1, 2)

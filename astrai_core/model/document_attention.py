@@ -40,6 +40,48 @@ class DocumentLayout:
     prefixes: list[tuple[int, int] | None] | None = None
 
 
+@dataclass(frozen=True)
+class Scores:
+    """How attention scores are made before the softmax: q·k times ``scale`` (None: the
+    default 1/sqrt(head_dim)), then, with ``softcap``, softcap * tanh(score / softcap)
+    (Gemma 2's attention logit capping)."""
+
+    scale: float | None = None
+    softcap: float | None = None
+
+    def flash_kwargs(self) -> dict[str, float]:
+        """The flash-attn arguments that differ from its defaults (none: any version)."""
+        given = {"softmax_scale": self.scale, "softcap": self.softcap}
+        return {name: value for name, value in given.items() if value is not None}
+
+
+def scaled_attention(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
+                     mask: torch.Tensor | None, *, is_causal: bool = False,
+                     scores: Scores | None = None) -> torch.Tensor:
+    """``scaled_dot_product_attention`` of query [B, H, L, D] over key/value [B, KV, T, D]
+    (``mask``: boolean, True = attend, or additive); with a softcap, which SDPA cannot
+    apply, the same attention written out."""
+    scores = scores or Scores()
+    group = query.shape[1] // key.shape[1]
+    if scores.softcap is None:
+        return F.scaled_dot_product_attention(query, key, value, attn_mask=mask,
+                                              is_causal=is_causal, scale=scores.scale,
+                                              enable_gqa=group > 1)
+    if group > 1:
+        key, value = key.repeat_interleave(group, dim=1), value.repeat_interleave(group, dim=1)
+    scale = scores.scale if scores.scale is not None else query.shape[-1] ** -0.5
+    logits = torch.matmul(query, key.transpose(-1, -2)) * scale
+    logits = torch.tanh(logits / scores.softcap) * scores.softcap
+    if is_causal:
+        mask = torch.ones(logits.shape[-2:], dtype=torch.bool, device=logits.device).tril()
+    if mask is not None and mask.dtype == torch.bool:
+        logits = logits.masked_fill(~mask, torch.finfo(logits.dtype).min)
+    elif mask is not None:
+        logits = logits + mask
+    weights = torch.softmax(logits, dim=-1, dtype=torch.float32).to(value.dtype)
+    return torch.matmul(weights, value)
+
+
 def document_layout(documents: torch.Tensor, attention_mask: torch.Tensor | None
                     ) -> DocumentLayout | None:
     """The layout of ``documents`` [B, S] (:func:`~astrai_core.model.masks.document_ids`)
@@ -67,34 +109,37 @@ def document_layout(documents: torch.Tensor, attention_mask: torch.Tensor | None
 
 
 def document_attention(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
-                       layout: DocumentLayout, window: int | None) -> torch.Tensor:
+                       layout: DocumentLayout, window: int | None,
+                       scores: Scores | None = None) -> torch.Tensor:
     """query [B, H, S, D], key/value [B, KV, S, D] -> [B, S, H, D]: causal attention
     within each segment of ``layout`` (keys at most ``window`` - 1 positions back when a
-    sliding window is given)."""
+    sliding window is given; the scores scaled and capped as ``scores`` says)."""
+    scores = scores or Scores()
     batch, heads, seq, dim = query.shape
     # Token-major [B * S, heads, D]: a document is a contiguous slice of rows.
     q, k, v = (t.transpose(1, 2).reshape(batch * seq, t.shape[1], dim) for t in (query, key, value))
     kernel = _varlen_kernel(q)
     if layout.prefixes is not None:  # shared prompts: each span over its prefix and itself
         if kernel is not None:
-            out = _varlen_prefixed(kernel, q, k, v, layout, window)
+            out = _varlen_prefixed(kernel, q, k, v, layout, window, scores)
         else:
-            out = torch.cat([_prefixed_attention(q[a:b], k, v, (a, b), prefix, window)
+            out = torch.cat([_prefixed_attention(q[a:b], k, v, (a, b), prefix, window, scores)
                              for (a, b, _), prefix in zip(layout.spans, layout.prefixes,
                                                           strict=True)])
         return out.reshape(batch, seq, heads, dim)
     if kernel is not None:
         out = kernel(q, k, v, layout.cu_seqlens, layout.cu_seqlens, layout.max_len, layout.max_len,
                      dropout_p=0.0, causal=True,
-                     window_size=(-1, -1) if window is None else (window - 1, 0))
+                     window_size=(-1, -1) if window is None else (window - 1, 0),
+                     **scores.flash_kwargs())
     else:
-        out = torch.cat([_span_attention(q[a:b], k[a:b], v[a:b], real, window)
+        out = torch.cat([_span_attention(q[a:b], k[a:b], v[a:b], real, window, scores)
                          for a, b, real in layout.spans])
     return out.reshape(batch, seq, heads, dim)
 
 
 def _span_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, real: bool,
-                    window: int | None) -> torch.Tensor:
+                    window: int | None, scores: Scores) -> torch.Tensor:
     """One segment, [L, heads, D] each -> [L, H, D]."""
     group = q.shape[1] // k.shape[1]
     if not real:  # each padding query sees only itself: softmax of one score is 1
@@ -104,21 +149,21 @@ def _span_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, real: boo
     if window is not None and window < length:
         pos = torch.arange(length, device=q.device)
         mask = (pos[None, :] <= pos[:, None]) & (pos[None, :] > pos[:, None] - window)
-    out = F.scaled_dot_product_attention(
+    out = scaled_attention(
         q.transpose(0, 1)[None], k.transpose(0, 1)[None], v.transpose(0, 1)[None],
-        attn_mask=mask, is_causal=mask is None, enable_gqa=group > 1)
+        mask, is_causal=mask is None, scores=scores)
     return out[0].transpose(0, 1)
 
 
 def _prefixed_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
                         span: tuple[int, int], prefix: tuple[int, int] | None,
-                        window: int | None) -> torch.Tensor:
+                        window: int | None, scores: Scores) -> torch.Tensor:
     """One span's queries [L, heads, D] over its prefix's keys, all visible, then its own,
     causally (k, v: the whole row's [T, KV, D]). The prefix's positions come right before
     the span's, so one causal rule on positions covers both (and the sliding window)."""
     start, end = span
     if prefix is None:
-        return _span_attention(q, k[start:end], v[start:end], True, window)
+        return _span_attention(q, k[start:end], v[start:end], True, window, scores)
     keys = torch.cat([k[prefix[0]:prefix[1]], k[start:end]])
     values = torch.cat([v[prefix[0]:prefix[1]], v[start:end]])
     offset = prefix[1] - prefix[0]
@@ -127,15 +172,15 @@ def _prefixed_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
     allowed = key_pos <= query_pos
     if window is not None:
         allowed = allowed & (key_pos > query_pos - window)
-    group = q.shape[1] // k.shape[1]
-    out = F.scaled_dot_product_attention(
+    out = scaled_attention(
         q.transpose(0, 1)[None], keys.transpose(0, 1)[None], values.transpose(0, 1)[None],
-        attn_mask=allowed, enable_gqa=group > 1)
+        allowed, scores=scores)
     return out[0].transpose(0, 1)
 
 
 def _varlen_prefixed(kernel: Callable[..., torch.Tensor], q: torch.Tensor, k: torch.Tensor,
-                     v: torch.Tensor, layout: DocumentLayout, window: int | None) -> torch.Tensor:
+                     v: torch.Tensor, layout: DocumentLayout, window: int | None,
+                     scores: Scores) -> torch.Tensor:
     """The varlen kernel over spans with prefixes (every span real): each span's keys are
     gathered as its prefix then itself, and flash-attn's causal mask, aligned to the end
     of the keys when they outnumber the queries, lets every query see the whole prefix."""
@@ -150,7 +195,8 @@ def _varlen_prefixed(kernel: Callable[..., torch.Tensor], q: torch.Tensor, k: to
     cu_k = torch.tensor([0, *key_lengths], device=q.device).cumsum(0).to(torch.int32)
     return kernel(q, k[index], v[index], cu_q, cu_k, layout.max_len, max(key_lengths),
                   dropout_p=0.0, causal=True,
-                  window_size=(-1, -1) if window is None else (window - 1, 0))
+                  window_size=(-1, -1) if window is None else (window - 1, 0),
+                  **scores.flash_kwargs())
 
 
 def _varlen_kernel(q: torch.Tensor) -> Callable[..., torch.Tensor] | None:

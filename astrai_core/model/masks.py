@@ -95,6 +95,21 @@ def build_attention_bias(
     return AttentionBias(bias, is_causal=False)
 
 
+def packed_layout(attention_mask: torch.Tensor | None, position_ids: torch.Tensor
+                  ) -> DocumentLayout | None:
+    """The per-document layout of rows ([B, S] positions, no KV cache) when some row packs
+    several documents, as :func:`build_attention_bias` finds it; None otherwise (one
+    document per row, or padding inside a document)."""
+    documents = document_ids(position_ids)
+    if not bool(documents[:, -1].any()):
+        return None
+    padded = attention_mask if attention_mask is not None and not bool(attention_mask.all()) \
+        else None
+    if not _several_documents(documents, padded):
+        return None
+    return document_layout(documents, padded)
+
+
 def given_layout_bias(layout: DocumentLayout, sliding_window: int | None,
                       seq: int) -> AttentionBias:
     """The bias of a packed row whose segments the caller gave (shared prompts)."""

@@ -8,9 +8,13 @@
   states, so no [B, S, V] float32 logits exist; Gemma's final logit soft-capping is
   applied inside the chunks;
 - ``return_hidden_states``: those final hidden states (a critic's value head);
-- ``attention_mask`` [B, past + S] and ``position_ids``; positions that restart without
-  a mask or cache are packed documents, which transformers' masks keep apart for the
-  families built on its mask functions;
+- ``attention_mask`` [B, past + S] and ``position_ids``; positions that restart (no
+  cache) are packed documents: for the families astrai's attention runs
+  (:mod:`~astrai_core.model_backends.hf_attention`) each document is attended on its own,
+  as in the native decoder; other families' rows (without a mask) are kept apart by
+  transformers' own masks;
+- ``context_shard``: context parallelism (``parallel.context_parallel``) for those
+  families, as in the native decoder;
 - ``kv_cache``: a :class:`TransformersKVCache` (transformers' ``DynamicCache``) made by
   :meth:`TransformersCausalLM.new_kv_cache`, for the torch sampler;
 - ``aux_loss``: the family's own load-balancing loss for MoE models (router logits); in
@@ -34,7 +38,11 @@ from typing import Any
 import torch
 from torch import nn
 
+from astrai_core.model.context_parallel import ContextShard
 from astrai_core.model.head import head_outputs
+from astrai_core.model.masks import packed_layout
+from astrai_core.model_backends.hf_attention import (FAMILIES, ROWS_KEYWORD, WholeRows,
+                                                     install, register, rows_forward)
 
 # Config attributes under which families spell their number of routed experts.
 _EXPERT_COUNTS = ("num_local_experts", "num_experts", "n_routed_experts")
@@ -109,9 +117,17 @@ class TransformersCausalLM(nn.Module):
         self.hf = hf_model
         self.config = BackendConfig.of(hf_model.config)
         self._cache_argument = _cache_argument(self.decoder())
+        # astrai's attention in the family's layers: packed rows per document, and
+        # context parallelism (model_backends/hf_attention.py)
+        self.astrai_attention = install(hf_model)
         # Set for the trained policy of a distributed run (distributed/fsdp.py): the MoE
         # load-balancing loss then takes the global batch's token fractions.
         self.balance_over_ranks: Callable[[torch.Tensor], torch.Tensor] | None = None
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        super().__setstate__(state)
+        if self.astrai_attention:  # a copy unpickled in another process: register it there
+            register(self.hf.config._attn_implementation)
 
     @property
     def model_type(self) -> str:
@@ -166,20 +182,23 @@ class TransformersCausalLM(nn.Module):
         temperature: float = 1.0,
         return_entropy: bool = False,
         head: Callable[[torch.Tensor, torch.Tensor], dict[str, Any]] | None = None,
+        context_shard: ContextShard | None = None,
     ) -> dict[str, Any]:
-        """As :meth:`astrai_core.model.CausalLM.forward`."""
+        """As :meth:`astrai_core.model.CausalLM.forward` (``context_shard``: input_ids are
+        this rank's shard of the rows, whose whole positions and mask the shard carries)."""
         seq = input_ids.shape[1]
         if position_ids is not None and position_ids.dim() == 1:
             position_ids = position_ids.unsqueeze(0)
         moe = self.config.num_experts > 0
-        kwargs: dict[str, Any] = {"input_ids": input_ids, "attention_mask": attention_mask,
-                                  "position_ids": position_ids,
-                                  "use_cache": kv_cache is not None}
+        kwargs, attention_mask = self._inputs(input_ids, attention_mask, position_ids,
+                                              kv_cache, context_shard)
+        kwargs["use_cache"] = kv_cache is not None
         if kv_cache is not None:
             kwargs[self._cache_argument] = kv_cache.cache
         if moe:
             kwargs["output_router_logits"] = True
-        out = self.decoder()(**kwargs)
+        with rows_forward(ROWS_KEYWORD in kwargs):
+            out = self.decoder()(**kwargs)
         if kv_cache is not None:
             kv_cache.advance(seq)
         hidden = out.last_hidden_state
@@ -196,6 +215,32 @@ class TransformersCausalLM(nn.Module):
             else torch.zeros((), device=hidden.device)
         result["router_stats"] = []
         return result
+
+    def _inputs(self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None,
+                position_ids: torch.Tensor | None, kv_cache: TransformersKVCache | None,
+                context_shard: ContextShard | None) -> tuple[dict[str, Any], torch.Tensor | None]:
+        """(the transformers model's inputs, the mask of this forward's tokens). Packed
+        rows and a context shard go through astrai's attention with the whole rows."""
+        kwargs: dict[str, Any] = {"input_ids": input_ids, "attention_mask": attention_mask,
+                                  "position_ids": position_ids}
+        if context_shard is not None:
+            if not self.astrai_attention:
+                raise ValueError(f"context parallelism needs astrai's attention, which "
+                                 f"model_type {self.model_type!r} does not use (supported: "
+                                 f"{', '.join(FAMILIES)})")
+            shard_mask = context_shard.attention_mask
+            local_mask = None if shard_mask is None else context_shard.local(shard_mask)
+            return {"input_ids": input_ids, "attention_mask": None,
+                    "position_ids": context_shard.local(context_shard.positions),
+                    ROWS_KEYWORD: WholeRows.of_shard(context_shard)}, local_mask
+        if self.astrai_attention and kv_cache is None and position_ids is not None:
+            positions = position_ids.expand(input_ids.shape[0], -1)
+            layout = packed_layout(attention_mask, positions)
+            if layout is not None:  # several documents in a row: attended one by one
+                kwargs.update(attention_mask=None, position_ids=positions, **{
+                    ROWS_KEYWORD: WholeRows(input_ids.shape[1], attention_mask, positions,
+                                            layout=layout)})
+        return kwargs, attention_mask
 
     def _aux_loss(self, out: Any, attention_mask: torch.Tensor | None,
                   device: torch.device) -> torch.Tensor:

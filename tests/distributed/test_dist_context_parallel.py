@@ -1,7 +1,8 @@
 """parallel.context_parallel: SFT whose rows' tokens are split over a context group equals
 the one-process run (packed rows, whose documents straddle the shard boundary, and padded
-rows), on 2 processes (one group of 2) and on 4 (2 data-parallel groups of 2); the plan
-refuses what it cannot split, in one line."""
+rows), on 2 processes (one group of 2) and on 4 (2 data-parallel groups of 2), with the
+native decoder and with transformers models; the plan refuses what it cannot split, in one
+line."""
 
 from __future__ import annotations
 
@@ -9,7 +10,9 @@ import json
 
 import pytest
 
+from astrai_core.checkpoints.hf_model import BACKEND_FILE
 from astrai_core.testing import read_metrics
+from astrai_core.testing.hf_models import write_hf_model_dir
 from tests.distributed.conftest import assert_close_metrics, assert_close_weights, ok, train, weights
 from tests.training.conftest import tiny_config
 
@@ -52,6 +55,26 @@ def test_context_parallel_two_processes_equal_one(tmp_path, pack):
     assert_close_weights(weights(tmp_path / "one", STEPS), weights(tmp_path / "cp", STEPS))
 
 
+@pytest.mark.parametrize("model_type", ["llama", "gemma3_text"])
+def test_a_transformers_model_on_two_processes_equals_one(tmp_path, model_type):
+    """model.backend: transformers, packed rows: astrai's attention inside the family's
+    layers (Gemma 3's sliding-window layers among them) splits the rows as the native
+    decoder does."""
+    hf = write_hf_model_dir(tmp_path / "hf", model_type)
+
+    def config(name, **parallel):
+        return {**_config(tmp_path, name, **parallel),
+                "model": {"path": str(hf), "backend": "transformers"}}
+
+    ok(train(config("one"), tmp_path, "one"))
+    _split(train(config("cp", context_parallel=2), tmp_path, "cp", 2))
+    one, cp = ([r for r in read_metrics(tmp_path / run) if "loss" in r] for run in ("one", "cp"))
+    assert len(cp) == STEPS
+    assert (tmp_path / "cp" / "checkpoints" / f"step_{STEPS}" / BACKEND_FILE).is_file()
+    assert_close_metrics(one, cp, LOSSES)
+    assert_close_weights(weights(tmp_path / "one", STEPS), weights(tmp_path / "cp", STEPS))
+
+
 def test_two_data_groups_of_two_equal_one_process(tmp_path):
     ok(train(_config(tmp_path, "one"), tmp_path, "one"))
     _split(train(_config(tmp_path, "dp2cp2", context_parallel=2), tmp_path, "dp2cp2", 4))
@@ -79,6 +102,21 @@ def test_the_plan_refuses_what_it_cannot_split(tmp_path, change, message):
     assert done.returncode == 2, done.stderr[-3000:]
     errors = [line for line in done.stderr.splitlines() if line.startswith("error:")]
     assert errors and message in errors[0], done.stderr[-3000:]
+    assert "Traceback" not in done.stderr
+
+
+def test_a_transformers_family_outside_astrais_attention_is_refused(tmp_path):
+    config = _config(tmp_path, "refused", context_parallel=2)
+    config["model"] = {"path": str(write_hf_model_dir(tmp_path / "hf", "phi3")),
+                       "backend": "transformers"}
+    done = train(config, tmp_path, "refused", 2)
+    assert done.returncode == 2, done.stderr[-3000:]
+    errors = [line for line in done.stderr.splitlines() if line.startswith("error:")]
+    assert len(errors) == 1 and "refused.yaml:" in errors[0], done.stderr[-3000:]
+    assert errors[0].endswith(
+        "parallel.context_parallel: model_type 'phi3' runs on the transformers backend, "
+        "where context parallelism supports llama, mistral, qwen2, qwen3, gemma3_text; "
+        "remove context_parallel"), errors[0]
     assert "Traceback" not in done.stderr
 
 

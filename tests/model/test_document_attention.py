@@ -193,3 +193,20 @@ def test_activation_checkpointing_keeps_the_packed_gradients():
     model.gradient_checkpointing = True
     for got, expected in zip(grads(), plain):
         assert torch.equal(got, expected)
+
+
+def test_scores_scaled_and_capped_per_document():
+    """A packed row's documents under a query scaling and Gemma 2's logit softcap: each
+    document's attention is the capped softmax written out by hand, GQA included."""
+    generator = torch.Generator().manual_seed(4)
+    q, k, v = (torch.randn(1, h, 9, 8, generator=generator) for h in (4, 2, 2))
+    positions = torch.tensor([[0, 1, 2, 3, 0, 1, 2, 3, 4]])
+    layout = doc_attn.document_layout(document_ids(positions), None)
+    scores = doc_attn.Scores(scale=0.3, softcap=2.0)
+    out = doc_attn.document_attention(q, k, v, layout, None, scores)
+    for start, end in ((0, 4), (4, 9)):
+        keys, values = (t[:, :, start:end].repeat_interleave(2, dim=1) for t in (k, v))
+        logits = 2.0 * torch.tanh(q[:, :, start:end] @ keys.transpose(-1, -2) * 0.3 / 2.0)
+        causal = torch.ones(end - start, end - start, dtype=torch.bool).tril()
+        expected = torch.softmax(logits.masked_fill(~causal, float("-inf")), -1) @ values
+        torch.testing.assert_close(out[:, start:end], expected.transpose(1, 2), rtol=0, atol=1e-6)
