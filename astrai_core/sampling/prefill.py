@@ -1,33 +1,48 @@
-"""Long prompts in the torch sampler: chunked prefill and batches bucketed by prompt length.
+"""Long prompts in the torch sampler: chunked prefill and batches with bounded padding.
 
 A prompt's prefill runs in chunks of ``chunk`` tokens, each attending to the KV cache
 filled so far, so its activations (and the attention mask of a padded batch) are those
 of ``chunk`` queries, not of the whole prompt. Only the last chunk's last position
 needs logits.
 
-Prompts share a decode batch only with prompts of the same length bucket
-(:func:`length_bucket`): all prompts up to :data:`SHORT_PROMPT` tokens, then buckets
-that double in length. A batch's rows are left-padded to its longest prompt, so within
-a bucket (past the first) the padding is less than the rows' own tokens, and one 32k
-prompt never widens the cache rows of short prompts to 32k.
+A decode batch's rows are left-padded to its longest, so the batch's KV cache holds
+rows x longest positions per layer. Rows share a batch only while that stays within
+:data:`PADDING_BOUND` times their real positions (:func:`fits`), or while every row is
+short (:data:`SHORT_PROMPT`): one 32k-token prompt among short ones decodes in its own
+batch instead of widening every short row to 32k.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 
 import torch
 from torch import Tensor
 
 PREFILL_CHUNK = 2048  # prompt tokens per prefill forward
-SHORT_PROMPT = 512    # prompts up to this many tokens share one bucket
+PADDING_BOUND = 2     # a batch's cache positions at most this many times its real ones
+SHORT_PROMPT = 512    # ... unless its rows are all this short: their padding costs little
 
 
-def length_bucket(length: int) -> int:
-    """0 for prompts up to SHORT_PROMPT tokens, then k for (SHORT_PROMPT·2^(k-1), SHORT_PROMPT·2^k]."""
-    if length <= SHORT_PROMPT:
-        return 0
-    return (-(-length // SHORT_PROMPT) - 1).bit_length()
+def fits(rows: int, width: int, real: int) -> bool:
+    """Whether ``rows`` rows left-padded to ``width`` columns, ``real`` of their positions
+    real tokens, may share a batch (see the module docstring)."""
+    return width <= SHORT_PROMPT or rows * width <= PADDING_BOUND * real
+
+
+def padded_batches(lengths: Sequence[int], max_rows: int) -> list[range]:
+    """``lengths`` (ascending) cut into consecutive batches of at most ``max_rows`` rows
+    that each :func:`fits`."""
+    batches, start, real = [], 0, 0
+    for index, length in enumerate(lengths):
+        rows = index - start + 1
+        if rows > max_rows or not fits(rows, length, real + length):
+            batches.append(range(start, index))
+            start, real = index, 0
+        real += length
+    if lengths:
+        batches.append(range(start, len(lengths)))
+    return batches
 
 
 def new_cache(model: torch.nn.Module, batch_size: int, max_length: int, device: torch.device):

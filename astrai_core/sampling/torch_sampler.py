@@ -15,15 +15,14 @@ A call given an ``interrupt`` event stops after the decode step during which the
 is set: its unfinished completions come back as they stand, ``finish_reason="abort"``
 (partial rollouts continue them later under newer weights).
 
-Long prompts (``sampling/prefill.py``): prompts share a batch only with prompts of their
-length bucket, so a 32k-token prompt does not widen the KV cache rows of short ones; a
+Long prompts (``sampling/prefill.py``): prompts share a batch only while its padding
+stays bounded, so a 32k-token prompt does not widen the KV cache rows of short ones; a
 prompt's prefill runs ``prefill_chunk`` tokens per forward; and a batch's cache holds its
 prompts and then grows a chunk of columns at a time as tokens are generated.
 """
 
 from __future__ import annotations
 
-import itertools
 import threading
 from collections import deque
 from collections.abc import Callable, Sequence
@@ -39,7 +38,8 @@ from astrai_core.model.router_replay import RoutingTape, has_moe
 from astrai_core.model.router_replay import record_routing as routing_recorder
 from astrai_core.plugins.sampler_capabilities import SamplerCapabilities
 from astrai_core.sampling.params import Completion, SamplingParams
-from astrai_core.sampling.prefill import PREFILL_CHUNK, chunked_prefill, length_bucket, new_cache
+from astrai_core.sampling.prefill import (PREFILL_CHUNK, chunked_prefill, fits, new_cache,
+                                          padded_batches)
 from astrai_core.sampling.requests import Request, expand_requests
 from astrai_core.sampling.routing import BatchRouting
 from astrai_core.sampling.rows import RowSampling
@@ -119,8 +119,10 @@ class TorchSampler:
                 if continuous:
                     _ContinuousDecode(self, ordered, on_token, interrupt).run()
                 else:  # batch by batch (routing is recorded batch by batch)
-                    for batch in _batches(ordered, self.max_batch_size):
-                        _DecodeBatch(self, batch, on_token, tape, interrupt).run()
+                    lengths = [len(r.prompt_ids) for r in ordered]
+                    for rows in padded_batches(lengths, self.max_batch_size):
+                        _DecodeBatch(self, ordered[rows.start:rows.stop], on_token, tape,
+                                     interrupt).run()
         finally:
             self.model.train(was_training)
         for request in requests:
@@ -250,7 +252,7 @@ class _DecodeBatch:
 class _ContinuousDecode:
     """More requests than batch rows: each finished row's slot is refilled at the next step
     by the next waiting request (prefilled with the others of its prompt length, then
-    merged into the running batch of its length bucket: one running batch per bucket, so
+    merged into a running batch whose padding it keeps bounded, else running on its own:
     a long prompt's cache columns are not given to short prompts' rows)."""
 
     def __init__(self, sampler: TorchSampler, requests: list[Request],
@@ -260,17 +262,16 @@ class _ContinuousDecode:
         self.max_batch_size, self.chunk = sampler.max_batch_size, sampler.prefill_chunk
         self.device = next(self.model.parameters()).device
         self.waiting = deque(requests)
-        self.batches: dict[int, RunningBatch] = {}  # length bucket -> its running batch
+        self.batches: list[RunningBatch] = []
 
     def run(self) -> None:
         while (self.waiting or self.batches) and not _interrupted(self.interrupt):
             self._admit()
-            for bucket in sorted(self.batches):
-                batch = self._step(self.batches[bucket], decode(self.model, self.batches[bucket]))
-                self._file(bucket, batch, joined=False)
+            stepped = [self._step(batch, decode(self.model, batch)) for batch in self.batches]
+            self.batches = [batch for batch in stepped if batch is not None]
 
     def _admit(self) -> None:
-        free = self.max_batch_size - sum(len(b.rows) for b in self.batches.values())
+        free = self.max_batch_size - sum(len(b.rows) for b in self.batches)
         groups: dict[int, list[Request]] = {}
         for _ in range(min(free, len(self.waiting))):
             request = self.waiting.popleft()
@@ -279,17 +280,14 @@ class _ContinuousDecode:
             sampling = RowSampling([r.params for r in group], [r.rng for r in group], self.device)
             joined, logits = prefill(self.model, group, [r.prompt_ids for r in group], sampling,
                                      chunk=self.chunk)
-            self._file(length_bucket(length), self._step(joined, logits), joined=True)
-
-    def _file(self, bucket: int, batch: RunningBatch | None, joined: bool) -> None:
-        """Keep ``batch`` as ``bucket``'s running batch (``joined``: merged into it)."""
-        if batch is None:
-            if not joined:
-                del self.batches[bucket]
-        elif joined and bucket in self.batches:
-            self.batches[bucket].extend(batch)
-        else:
-            self.batches[bucket] = batch
+            joined = self._step(joined, logits)
+            if joined is None:
+                continue
+            host = next((b for b in self.batches if _fits_with(b, len(joined.rows), length)), None)
+            if host is None:
+                self.batches.append(joined)
+            else:
+                host.extend(joined)
 
     def _step(self, batch: RunningBatch, logits: Tensor) -> RunningBatch | None:
         """Sample every row's next token; the batch without its finished rows (None: empty)."""
@@ -302,14 +300,11 @@ class _ContinuousDecode:
         return batch
 
 
-def _batches(ordered: list[Request], max_rows: int) -> list[list[Request]]:
-    """``ordered`` (sorted by prompt length) cut into batches of one length bucket and at
-    most ``max_rows`` rows each."""
-    batches = []
-    for _, bucket in itertools.groupby(ordered, key=lambda r: length_bucket(len(r.prompt_ids))):
-        rows = list(bucket)
-        batches += [rows[start:start + max_rows] for start in range(0, len(rows), max_rows)]
-    return batches
+def _fits_with(batch: RunningBatch, rows: int, length: int) -> bool:
+    """Whether ``rows`` more rows of ``length`` cached tokens may join ``batch``."""
+    width = max(batch.cache.length, length)
+    real = int(batch.mask[:, :batch.cache.length].sum()) + rows * length
+    return fits(len(batch.rows) + rows, width, real)
 
 
 # ---------------------------------------------------------------- one step, both decoders

@@ -14,7 +14,8 @@ import torch
 from astrai_core.model import CausalLM, ModelConfig
 from astrai_core.rollout import policy_forward
 from astrai_core.sampling import SamplingParams, TorchSampler
-from astrai_core.sampling.prefill import SHORT_PROMPT, chunked_prefill, length_bucket, new_cache
+from astrai_core.sampling.prefill import (PADDING_BOUND, SHORT_PROMPT, chunked_prefill, new_cache,
+                                          padded_batches)
 from astrai_core.sampling.running_batch import last_logits_only
 from tests.sampling.conftest import VOCAB, batch_of
 
@@ -75,8 +76,11 @@ def test_one_long_prompt_does_not_widen_the_short_rows(long_model, max_batch_siz
         got = TorchSampler(model=long_model, max_batch_size=max_batch_size).generate(prompts, params)
     finally:
         del long_model.forward
-    # left-padded together, the 8 rows would hold 8 x 3,000+ positions per layer
-    assert peak[0] < 2 * LONG < len(prompts) * LONG
+    # left-padded together, the 8 rows would hold 8 x 3,000+ positions per layer; here at
+    # most twice the real ones (prompts and generated tokens), plus a growth chunk a row
+    real = sum(len(p) + q.max_new_tokens for p, q in zip(prompts, params, strict=True))
+    assert peak[0] <= PADDING_BOUND * real + 64 * len(prompts)
+    assert peak[0] < len(prompts) * LONG / 3
     for prompt, param, completion in zip(prompts, params, got, strict=True):
         alone = TorchSampler(model=long_model).generate([prompt], param)[0]
         assert completion.token_ids == alone.token_ids
@@ -105,13 +109,20 @@ def test_the_cache_grows_a_chunk_at_a_time(long_model):
     assert len(prompt) + len(out.token_ids) <= peak[0] <= len(prompt) + len(out.token_ids) + 64
 
 
-def test_length_buckets():
-    assert {length_bucket(n) for n in (1, 100, SHORT_PROMPT)} == {0}
-    assert length_bucket(SHORT_PROMPT + 1) == length_bucket(2 * SHORT_PROMPT) == 1
-    assert length_bucket(2 * SHORT_PROMPT + 1) == 2
-    # past the first bucket a bucket's longest prompt is under twice its shortest
-    for n in range(SHORT_PROMPT + 1, 40 * SHORT_PROMPT, 97):
-        assert length_bucket(2 * n) > length_bucket(n)
+def test_padded_batches_bound_the_padding():
+    assert padded_batches([40] * 5 + [3000], 64) == [range(0, 5), range(5, 6)]
+    assert padded_batches([3, 200, SHORT_PROMPT], 64) == [range(0, 3)]  # short: together
+    assert padded_batches([600, 700, 1000, 1100], 64) == [range(0, 4)]  # 4 x 1100 <= 2 x 3400
+    assert padded_batches([600, 700, 1000, 3000], 64) == [range(0, 3), range(3, 4)]
+    assert padded_batches([10] * 5, 2) == [range(0, 2), range(2, 4), range(4, 5)]
+    generator = torch.Generator().manual_seed(0)
+    lengths = sorted(torch.randint(1, 5000, (300,), generator=generator).tolist())
+    batches = padded_batches(lengths, 16)
+    assert [i for rows in batches for i in rows] == list(range(len(lengths)))
+    for rows in batches:
+        part = lengths[rows.start:rows.stop]
+        assert len(part) <= 16
+        assert max(part) <= SHORT_PROMPT or len(part) * max(part) <= PADDING_BOUND * sum(part)
 
 
 # ---------------------------------------------------------------- chunked prefill
