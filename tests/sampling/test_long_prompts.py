@@ -67,8 +67,10 @@ def _with_cache_census(model):
     return peak, counting
 
 
-@pytest.mark.parametrize("max_batch_size", [64, 3], ids=["one batch", "continuous"])
+@pytest.mark.parametrize("max_batch_size", [64, 7], ids=["one batch", "continuous"])
 def test_one_long_prompt_does_not_widen_the_short_rows(long_model, max_batch_size):
+    """Continuous: the 7 short prompts fill the batch; the long one is admitted when the
+    first of them finishes, beside the 6 still running, and runs in a batch of its own."""
     prompts, params = _prompts(), _params()
     peak, counting = _with_cache_census(long_model)
     long_model.forward = counting
