@@ -11,13 +11,13 @@ import weakref
 import pytest
 import torch
 
-from astrai_core.model import CausalLM, ModelConfig
+from astrai_core.model import CausalLM
 from astrai_core.rollout import policy_forward
 from astrai_core.sampling import SamplingParams, TorchSampler
 from astrai_core.sampling.prefill import (PADDING_BOUND, SHORT_PROMPT, chunked_prefill, new_cache,
                                           padded_batches)
 from astrai_core.sampling.running_batch import last_logits_only
-from tests.sampling.conftest import VOCAB, batch_of
+from tests.sampling.conftest import VOCAB, batch_of, tiny_native
 
 LONG, SHORT, SHORTS = 3000, 40, 7
 
@@ -25,12 +25,7 @@ LONG, SHORT, SHORTS = 3000, 40, 7
 @pytest.fixture(scope="module")
 def long_model() -> CausalLM:
     """A tiny native model whose context holds the long prompt."""
-    torch.manual_seed(3)
-    config = ModelConfig(vocab_size=VOCAB, hidden_size=32, intermediate_size=64, num_layers=2,
-                         num_heads=4, num_kv_heads=2, max_position_embeddings=4096)
-    model = CausalLM(config)
-    model.reset_parameters(std=0.3)
-    return model.eval()
+    return tiny_native(seed=3, context=4096)
 
 
 def _prompts() -> list[list[int]]:
