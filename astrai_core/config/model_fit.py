@@ -3,7 +3,8 @@
 - ``model.lora.target_modules`` on the native decoder names its projections (a
   transformers family's names are resolved on its model, when it is built);
 - ``data.seq_len``, when set, fits the model's context (``max_position_embeddings``: for a
-  RoPE-scaled model, the scaled length its config states), when the run's batches are
+  RoPE-scaled model, the scaled length its config states, or its YaRN factor times the
+  original length it states), when the run's batches are
   sequences of that length (the prompt and generation lengths are checked by
   :mod:`astrai_core.config.prompt_budget`);
 - :func:`check_memory`, once the device backend is chosen and before the model loads:

@@ -1,6 +1,8 @@
 """How long a prompt may be: what the model's context leaves after the generation.
 
-A prompt and its completion share the model's context (``max_position_embeddings``), so
+A prompt and its completion share the model's context (``max_position_embeddings``; for
+a YaRN-scaled model whose config states its original length there, as Qwen2.5's does,
+that length times the YaRN factor), so
 ``data.max_prompt_len`` defaults to the context less the tokens generated after it: the
 sampler's ``max_new_tokens`` for rollouts, ``trainer.eval_max_new_tokens`` for evaluation
 by generation (the larger of the two when a run does both). A generation length that
@@ -30,8 +32,8 @@ def model_context(config: RunConfig, source: Any = None) -> tuple[int, str] | No
     model = config.model
     if model.path is None:
         fields = model.config or {}
-        return (int(fields.get("max_position_embeddings", _DEFAULT_CONTEXT)),
-                "model.config.max_position_embeddings")
+        return _scaled(fields, int(fields.get("max_position_embeddings", _DEFAULT_CONTEXT)),
+                       "model.config.max_position_embeddings")
     directory = Path(model.path) if source is None else Path(source.directory)
     path = directory / _CONFIG_FILE
     try:
@@ -40,7 +42,25 @@ def model_context(config: RunConfig, source: Any = None) -> tuple[int, str] | No
         context = fields.get("max_position_embeddings", _DEFAULT_CONTEXT)
     except (OSError, ValueError, AttributeError):
         return None
-    return (context, f"max_position_embeddings of {path}") if isinstance(context, int) else None
+    if not isinstance(context, int):
+        return None
+    return _scaled(fields, context, f"max_position_embeddings of {path}")
+
+
+def _scaled(fields: dict[str, Any], context: int, where: str) -> tuple[int, str]:
+    """(context, where) stretched by a YaRN RoPE scaling: its factor times the original
+    length it was trained at (``original_max_position_embeddings``, by default
+    ``max_position_embeddings``), when that is longer than ``max_position_embeddings``."""
+    rope = fields.get("rope_scaling") or fields.get("rope_parameters") or {}
+    if not isinstance(rope, dict) or (rope.get("rope_type") or rope.get("type")) != "yarn":
+        return context, where
+    factor, original = rope.get("factor"), rope.get("original_max_position_embeddings", context)
+    if not isinstance(factor, (int, float)) or not isinstance(original, int):
+        return context, where
+    scaled = int(factor * original)
+    if scaled <= context:
+        return context, where
+    return scaled, f"{where} with its YaRN factor {factor:g} over {original} positions"
 
 
 def _generation(config: RunConfig, needs: StrategyNeeds, sampling: dict[str, Any]

@@ -1,4 +1,4 @@
-"""Preallocated key/value cache for incremental decoding."""
+"""Key/value cache for incremental decoding, grown in chunks of columns as it fills."""
 
 from __future__ import annotations
 
@@ -12,7 +12,9 @@ class KVCache:
 
     A forward with ``kv_cache=`` writes its keys/values at [length, length + S), attends
     over [0, length + S) and then advances ``length`` by S. All rows share ``length``:
-    the caller describes left padding with the attention mask.
+    the caller describes left padding with the attention mask. ``grow`` adds columns at
+    the end (the torch sampler allocates a prompt's columns and then a chunk at a time, not
+    the longest possible sequence up front).
     """
 
     def __init__(self, config: ModelConfig, batch_size: int, max_length: int,
@@ -44,8 +46,30 @@ class KVCache:
     def select(self, rows: torch.Tensor) -> None:
         """Keep only these batch rows (e.g. drop finished sequences), in this order."""
         rows = rows.to(device=self.keys[0].device, dtype=torch.long)
-        self.keys = [k.index_select(0, rows) for k in self.keys]
-        self.values = [v.index_select(0, rows) for v in self.values]
+        for tensors in (self.keys, self.values):  # layer by layer: no second whole cache
+            for layer, tensor in enumerate(tensors):
+                tensors[layer] = tensor.index_select(0, rows)
+
+    @property
+    def allocated_positions(self) -> int:
+        """Rows x columns held per layer (filled or not): what the cache costs."""
+        return self.batch_size * self.max_length
+
+    @property
+    def nbytes(self) -> int:
+        """Bytes of every layer's keys and values."""
+        return sum(t.numel() * t.element_size() for t in (*self.keys, *self.values))
+
+    def grow(self, columns: int) -> None:
+        """Add ``columns`` empty positions at the end of every layer's keys and values.
+
+        One layer at a time, so growing costs one layer's copy beyond the cache, not a
+        second whole cache."""
+        pad = lambda t: torch.nn.functional.pad(t, (0, 0, 0, columns))  # noqa: E731  [B, H, S, D] on S
+        for tensors in (self.keys, self.values):
+            for layer, tensor in enumerate(tensors):
+                tensors[layer] = pad(tensor)
+        self.max_length += columns
 
     def reset(self) -> None:
         self.length = 0

@@ -83,7 +83,8 @@ class BackendConfig:
 
 class TransformersKVCache:
     """The native KV cache's interface over transformers' ``DynamicCache``: ``length``
-    positions are filled, ``select`` keeps batch rows, the model ``advance``s it."""
+    positions are filled, ``select`` keeps batch rows, ``grow`` makes room for more, the
+    model ``advance``s it."""
 
     def __init__(self, hf_config: Any, batch_size: int, max_length: int) -> None:
         from transformers import DynamicCache
@@ -102,6 +103,10 @@ class TransformersKVCache:
     def select(self, rows: torch.Tensor) -> None:
         self.cache.batch_select_indices(rows.to(dtype=torch.long))
         self.batch_size = int(rows.numel())
+
+    def grow(self, columns: int) -> None:
+        """Room for ``columns`` more positions (the DynamicCache grows its tensors itself)."""
+        self.max_length += columns
 
 
 class TransformersCausalLM(nn.Module):

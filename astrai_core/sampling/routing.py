@@ -4,9 +4,9 @@ Every forward of a decode batch runs under one :class:`RoutingTape` (recording, 
 replaying), and :class:`BatchRouting` files what each forward chose as small int16
 tensors on the device, with no per-token Python work:
 
-* the prefill routes every prompt position; it ran once per distinct prompt, so its
-  routing is copied to each of the prompt's ``n`` completions (the same rows the KV cache
-  is copied to);
+* the prefill routes every prompt position (chunk by chunk for a long prompt); it ran
+  once per distinct prompt, so its routing is copied to each of the prompt's ``n``
+  completions (the same rows the KV cache is copied to);
 * each decode step feeds one token per active row: its routing goes to column ``step``
   of those rows, found through ``slots`` (the batch row of each active row), which
   follows the rows dropped as they finish.
@@ -36,6 +36,7 @@ class BatchRouting:
         self.slots = torch.arange(rows, device=device)  # batch row of each active row
         self.prompt: Tensor | None = None    # [rows, L, P, k]
         self.response: Tensor | None = None  # [rows, L, max_new, k], NOT_ROUTED until fed
+        self._chunks: list[Tensor] = []      # the prefill's, chunk by chunk
         self.step = 0
 
     def _taken(self, batch: int, seq: int) -> Tensor:
@@ -44,10 +45,16 @@ class BatchRouting:
         self.tape.layers.clear()
         return routed
 
-    def prefill(self, distinct: int, prompt_len: int, copies: Tensor | None) -> None:
-        """After the prefill over ``distinct`` prompts; ``copies``: the distinct prompt of
-        every row (None when each row is its own)."""
-        routed = self._taken(distinct, prompt_len)
+    def prefill_chunk(self, distinct: int, tokens: int) -> None:
+        """After a prefill forward over ``tokens`` more positions of ``distinct`` prompts
+        (a long prompt's prefill runs in chunks)."""
+        self._chunks.append(self._taken(distinct, tokens))
+
+    def prefill(self, copies: Tensor | None) -> None:
+        """After the whole prefill; ``copies``: the distinct prompt of every row (None
+        when each row is its own)."""
+        routed = torch.cat(self._chunks, dim=2) if len(self._chunks) > 1 else self._chunks[0]
+        self._chunks = []
         self.prompt = routed if copies is None else routed.index_select(0, copies)
 
     def decoded(self) -> None:

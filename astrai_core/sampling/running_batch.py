@@ -18,6 +18,7 @@ import torch
 from torch import Tensor
 
 from astrai_core.model.kv_cache import KVCache
+from astrai_core.sampling.prefill import PREFILL_CHUNK, chunked_prefill
 from astrai_core.sampling.rows import RowSampling
 
 GROWTH = 64  # cache columns added at a time
@@ -38,8 +39,9 @@ class RunningBatch:
         length = self.cache.length
         mask = self.mask.index_select(0, index)
         first = int(mask[:, :length].argmax(dim=1).min()) if length else 0  # the earliest real column
-        self.cache.keys = [k.index_select(0, index)[:, :, first:] for k in self.cache.keys]
-        self.cache.values = [v.index_select(0, index)[:, :, first:] for v in self.cache.values]
+        for tensors in (self.cache.keys, self.cache.values):  # layer by layer: one cache at a time
+            for layer, tensor in enumerate(tensors):
+                tensors[layer] = tensor.index_select(0, index)[:, :, first:]
         self.cache.length -= first
         self.cache.max_length -= first
         self.mask = mask[:, first:]
@@ -51,20 +53,17 @@ class RunningBatch:
         if needed <= self.cache.max_length:
             return
         grow = max(GROWTH, needed - self.cache.max_length)
-        pad = lambda t: torch.nn.functional.pad(t, (0, 0, 0, grow))  # noqa: E731  [B, H, S, D] on S
-        self.cache.keys = [pad(k) for k in self.cache.keys]
-        self.cache.values = [pad(v) for v in self.cache.values]
-        self.cache.max_length += grow
+        self.cache.grow(grow)
         self.mask = torch.nn.functional.pad(self.mask, (0, grow))
 
     def extend(self, other: RunningBatch) -> None:
         """Append ``other``'s rows, right-aligning both caches at the longer length."""
         length = max(self.cache.length, other.cache.length)
         capacity = length + GROWTH
-        self.cache.keys = [_aligned(a, b, self.cache.length, other.cache.length, length, capacity)
-                           for a, b in zip(self.cache.keys, other.cache.keys, strict=True)]
-        self.cache.values = [_aligned(a, b, self.cache.length, other.cache.length, length, capacity)
-                             for a, b in zip(self.cache.values, other.cache.values, strict=True)]
+        for mine, theirs in ((self.cache.keys, other.cache.keys),
+                             (self.cache.values, other.cache.values)):
+            for layer, (a, b) in enumerate(zip(mine, theirs, strict=True)):
+                mine[layer] = _aligned(a, b, self.cache.length, other.cache.length, length, capacity)
         mask = torch.zeros(len(self.rows) + len(other.rows), capacity, dtype=torch.long,
                            device=self.mask.device)
         mask[:len(self.rows), length - self.cache.length:length] = self.mask[:, :self.cache.length]
@@ -86,10 +85,11 @@ def _aligned(a: Tensor, b: Tensor, a_len: int, b_len: int, length: int, capacity
 
 
 def prefill(model: torch.nn.Module, rows: list[Any], prompts: list[list[int]],
-            sampling: RowSampling) -> tuple[RunningBatch, Tensor]:
+            sampling: RowSampling, chunk: int = PREFILL_CHUNK) -> tuple[RunningBatch, Tensor]:
     """A new batch of ``rows`` whose ``prompts`` all have the same length, and the logits
     [B, V] of each row's first token. Rows with the same prompt share one prefill row (the
-    n completions of a prompt), its KV cache copied to each of them."""
+    n completions of a prompt), its KV cache copied to each of them. A prompt longer than
+    ``chunk`` tokens is prefilled ``chunk`` tokens per forward."""
     device = sampling.device
     length = len(prompts[0])
     index: dict[tuple[int, ...], int] = {}
@@ -97,7 +97,7 @@ def prefill(model: torch.nn.Module, rows: list[Any], prompts: list[list[int]],
     ids = torch.tensor([list(p) for p in index], dtype=torch.long, device=device)
     weight = next(model.parameters())
     cache = KVCache(model.config, len(index), length, dtype=weight.dtype, device=device)
-    logits = model(ids, kv_cache=cache, **last_logits_only(model))["logits"][:, -1]
+    logits = chunked_prefill(model, ids, cache, chunk=chunk, extra=last_logits_only(model))
     if len(index) < len(rows):
         copy = torch.tensor(copies, dtype=torch.long, device=device)
         cache.select(copy)

@@ -14,16 +14,20 @@ completion also reports the MoE experts of every position (``sampling/routing.py
 A call given an ``interrupt`` event stops after the decode step during which the event
 is set: its unfinished completions come back as they stand, ``finish_reason="abort"``
 (partial rollouts continue them later under newer weights).
+
+Long prompts (``sampling/prefill.py``): prompts share a batch only while its padding
+stays bounded, so a 32k-token prompt does not widen the KV cache rows of short ones; a
+prompt's prefill runs ``prefill_chunk`` tokens per forward; and a batch's cache holds its
+prompts and then grows a chunk of columns at a time as tokens are generated.
 """
 
 from __future__ import annotations
 
+import threading
 from collections import deque
 from collections.abc import Callable, Sequence
 from contextlib import nullcontext
 from typing import Any
-
-import threading
 
 import torch
 from pydantic import Field
@@ -34,16 +38,20 @@ from astrai_core.model.router_replay import RoutingTape, has_moe
 from astrai_core.model.router_replay import record_routing as routing_recorder
 from astrai_core.plugins.sampler_capabilities import SamplerCapabilities
 from astrai_core.sampling.params import Completion, SamplingParams
+from astrai_core.sampling.prefill import (PREFILL_CHUNK, chunked_prefill, fits, new_cache,
+                                          padded_batches)
 from astrai_core.sampling.requests import Request, expand_requests
 from astrai_core.sampling.routing import BatchRouting
 from astrai_core.sampling.rows import RowSampling
-from astrai_core.sampling.running_batch import RunningBatch, decode, last_logits_only, prefill
+from astrai_core.sampling.running_batch import (GROWTH, RunningBatch, decode, last_logits_only,
+                                                 prefill)
 
 TokenCallback = Callable[[int, int], None]  # (completion index, token id)
 
 
 class TorchSampler:
-    """``TorchSampler(model=..., tokenizer=None, max_batch_size=64)``; see the sampler contract."""
+    """``TorchSampler(model=..., tokenizer=None, max_batch_size=64, prefill_chunk=2048)``;
+    see the sampler contract."""
 
     # generates with the very model it was given (the trainer's policy, updated in place),
     # and its generate takes `interrupt`; a subclass that changes either declares its own
@@ -53,13 +61,19 @@ class TorchSampler:
         """The ``sampler:`` config section: default SamplingParams plus engine options."""
 
         max_batch_size: int = Field(64, ge=1, description="most sequences decoded together")
+        prefill_chunk: int = Field(PREFILL_CHUNK, ge=1, description="prompt tokens per prefill "
+                                   "forward: a longer prompt is prefilled in chunks")
 
-    def __init__(self, model: torch.nn.Module, tokenizer: Any = None, max_batch_size: int = 64) -> None:
+    def __init__(self, model: torch.nn.Module, tokenizer: Any = None, max_batch_size: int = 64,
+                 prefill_chunk: int = PREFILL_CHUNK) -> None:
         if max_batch_size < 1:
             raise ValueError(f"max_batch_size must be >= 1, got {max_batch_size}")
+        if prefill_chunk < 1:
+            raise ValueError(f"prefill_chunk must be >= 1, got {prefill_chunk}")
         self.model = model
         self.tokenizer = tokenizer
         self.max_batch_size = max_batch_size
+        self.prefill_chunk = prefill_chunk
         self.policy_version = 0
 
     # ---------------------------------------------------------------- weights
@@ -94,17 +108,21 @@ class TorchSampler:
             raise ValueError("record_routing: the model has no MoE layer, so no routing")
         # Similar lengths share a batch: less padding. Results do not depend on the grouping.
         ordered = sorted(requests, key=lambda r: len(r.prompt_ids))
+        # the continuous batch's cache joins and trims are the native cache's
+        continuous = (len(ordered) > self.max_batch_size and not record_routing
+                      and getattr(self.model, "new_kv_cache", None) is None)
         was_training = self.model.training
         self.model.eval()
         try:
             with torch.inference_mode(), (routing_recorder(self.model) if record_routing
                                           else nullcontext()) as tape:
-                if len(ordered) > self.max_batch_size and not record_routing:
+                if continuous:
                     _ContinuousDecode(self, ordered, on_token, interrupt).run()
-                else:  # one batch (routing is recorded batch by batch)
-                    for start in range(0, len(ordered), self.max_batch_size):
-                        _DecodeBatch(self, ordered[start:start + self.max_batch_size],
-                                     on_token, tape, interrupt).run()
+                else:  # batch by batch (routing is recorded batch by batch)
+                    lengths = [len(r.prompt_ids) for r in ordered]
+                    for rows in padded_batches(lengths, self.max_batch_size):
+                        _DecodeBatch(self, ordered[rows.start:rows.stop], on_token, tape,
+                                     interrupt).run()
         finally:
             self.model.train(was_training)
         for request in requests:
@@ -120,6 +138,7 @@ class _DecodeBatch:
                  on_token: TokenCallback | None, tape: RoutingTape | None = None,
                  interrupt: threading.Event | None = None) -> None:
         self.model = sampler.model
+        self.chunk = sampler.prefill_chunk
         self.interrupt = interrupt
         self.tokenizer = sampler.tokenizer
         self.on_token = on_token
@@ -147,19 +166,8 @@ class _DecodeBatch:
         full_mask = torch.ones(len(self.rows), prompt_len + max_new, dtype=torch.long, device=self.device)
         full_mask[:, :prompt_len] = prompt_mask
         positions = positions_from_attention_mask(prompt_mask)
-        # The n completions of a prompt share its prefill: one row per distinct prompt,
-        # its logits and KV cache copied to every completion afterwards.
-        first, copies = self._distinct_prompts()
-        cache = self._new_cache(len(first), prompt_len + max_new)
-        logits = self.model(input_ids[first], attention_mask=full_mask[first, :prompt_len] if padded
-                            else None, position_ids=positions[first], kv_cache=cache,
-                            **self._last_logits_only())["logits"][:, -1]
-        shared = len(first) < len(self.rows)
-        if self.routing is not None:
-            self.routing.prefill(len(first), prompt_len, copies if shared else None)
-        if shared:
-            cache.select(copies)
-            logits = logits.index_select(0, copies)
+        cache, logits = self._prefill(input_ids, prompt_mask if padded else None, positions,
+                                      prompt_len + min(max_new, GROWTH))
         next_position = positions[:, -1:] + 1
         while True:
             tokens = self._choose(logits)
@@ -169,12 +177,36 @@ class _DecodeBatch:
             if len(keep) < len(tokens):
                 full_mask, next_position, tokens = self._drop_finished(keep, cache, full_mask,
                                                                        next_position, tokens)
+            if cache.length + 1 > cache.max_length:  # a chunk of columns at a time
+                cache.grow(GROWTH)
             step_mask = full_mask[:, :cache.length + 1] if padded else None
             logits = self.model(tokens[:, None], attention_mask=step_mask, position_ids=next_position,
                                 kv_cache=cache)["logits"][:, -1]
             if self.routing is not None:
                 self.routing.decoded()
             next_position = next_position + 1
+
+    def _prefill(self, input_ids: Tensor, prompt_mask: Tensor | None, positions: Tensor,
+                 capacity: int):
+        """(the KV cache of every row's prompt, the logits [B, V] of every row's first token).
+
+        The n completions of a prompt share its prefill: one row per distinct prompt, its
+        logits and KV cache copied to every completion afterwards."""
+        first, copies = self._distinct_prompts()
+        cache = new_cache(self.model, len(first), capacity, self.device)
+        routing = self.routing
+        logits = chunked_prefill(
+            self.model, input_ids[first], cache,
+            attention_mask=None if prompt_mask is None else prompt_mask[first],
+            position_ids=positions[first], chunk=self.chunk, extra=last_logits_only(self.model),
+            after_chunk=None if routing is None else lambda n: routing.prefill_chunk(len(first), n))
+        shared = len(first) < len(self.rows)
+        if routing is not None:
+            routing.prefill(copies if shared else None)
+        if shared:
+            cache.select(copies)
+            logits = logits.index_select(0, copies)
+        return cache, logits
 
     def _distinct_prompts(self) -> tuple[Tensor, Tensor]:
         """(the first row of each distinct prompt, the distinct index of every row)."""
@@ -190,9 +222,6 @@ class _DecodeBatch:
         as_tensor = lambda rows: torch.tensor(rows, dtype=torch.long, device=self.device)  # noqa: E731
         return as_tensor(first), as_tensor(copies)
 
-    def _last_logits_only(self) -> dict[str, int]:
-        return last_logits_only(self.model)
-
     def _left_pad(self, length: int) -> tuple[Tensor, Tensor]:
         input_ids = torch.zeros(len(self.rows), length, dtype=torch.long)
         mask = torch.zeros(len(self.rows), length, dtype=torch.long)
@@ -201,16 +230,6 @@ class _DecodeBatch:
             input_ids[row, length - len(ids):] = torch.tensor(ids)
             mask[row, length - len(ids):] = 1
         return input_ids.to(self.device), mask.to(self.device)
-
-    def _new_cache(self, batch_size: int, max_length: int):
-        from astrai_core.model import KVCache
-
-        weight = next(self.model.parameters())
-        # a model of another backend brings its own cache (model_backends/)
-        make = getattr(self.model, "new_kv_cache", None)
-        if make is not None:
-            return make(batch_size, max_length, dtype=weight.dtype, device=self.device)
-        return KVCache(self.model.config, batch_size, max_length, dtype=weight.dtype, device=self.device)
 
     # ---------------------------------------------------------------- one step
     def _choose(self, logits: Tensor) -> Tensor:
@@ -233,39 +252,42 @@ class _DecodeBatch:
 class _ContinuousDecode:
     """More requests than batch rows: each finished row's slot is refilled at the next step
     by the next waiting request (prefilled with the others of its prompt length, then
-    merged into the running batch)."""
+    merged into a running batch whose padding it keeps bounded, else running on its own:
+    a long prompt's cache columns are not given to short prompts' rows)."""
 
     def __init__(self, sampler: TorchSampler, requests: list[Request],
                  on_token: TokenCallback | None, interrupt: threading.Event | None = None) -> None:
         self.model, self.tokenizer, self.on_token = sampler.model, sampler.tokenizer, on_token
         self.interrupt = interrupt
-        self.max_batch_size = sampler.max_batch_size
+        self.max_batch_size, self.chunk = sampler.max_batch_size, sampler.prefill_chunk
         self.device = next(self.model.parameters()).device
         self.waiting = deque(requests)
-        self.batch: RunningBatch | None = None
+        self.batches: list[RunningBatch] = []
 
     def run(self) -> None:
-        while (self.waiting or self.batch is not None) and not _interrupted(self.interrupt):
+        while (self.waiting or self.batches) and not _interrupted(self.interrupt):
             self._admit()
-            if self.batch is not None:
-                self.batch = self._step(self.batch, decode(self.model, self.batch))
+            stepped = [self._step(batch, decode(self.model, batch)) for batch in self.batches]
+            self.batches = [batch for batch in stepped if batch is not None]
 
     def _admit(self) -> None:
-        free = self.max_batch_size - (len(self.batch.rows) if self.batch is not None else 0)
+        free = self.max_batch_size - sum(len(b.rows) for b in self.batches)
         groups: dict[int, list[Request]] = {}
         for _ in range(min(free, len(self.waiting))):
             request = self.waiting.popleft()
             groups.setdefault(len(request.prompt_ids), []).append(request)
-        for group in groups.values():
+        for length, group in groups.items():
             sampling = RowSampling([r.params for r in group], [r.rng for r in group], self.device)
-            joined, logits = prefill(self.model, group, [r.prompt_ids for r in group], sampling)
+            joined, logits = prefill(self.model, group, [r.prompt_ids for r in group], sampling,
+                                     chunk=self.chunk)
             joined = self._step(joined, logits)
             if joined is None:
                 continue
-            if self.batch is None:
-                self.batch = joined
+            host = next((b for b in self.batches if _fits_with(b, len(joined.rows), length)), None)
+            if host is None:
+                self.batches.append(joined)
             else:
-                self.batch.extend(joined)
+                host.extend(joined)
 
     def _step(self, batch: RunningBatch, logits: Tensor) -> RunningBatch | None:
         """Sample every row's next token; the batch without its finished rows (None: empty)."""
@@ -276,6 +298,13 @@ class _ContinuousDecode:
         if len(keep) < len(batch.rows):
             batch.keep(keep)
         return batch
+
+
+def _fits_with(batch: RunningBatch, rows: int, length: int) -> bool:
+    """Whether ``rows`` more rows of ``length`` cached tokens may join ``batch``."""
+    width = max(batch.cache.length, length)
+    real = int(batch.mask[:, :batch.cache.length].sum()) + rows * length
+    return fits(len(batch.rows) + rows, width, real)
 
 
 # ---------------------------------------------------------------- one step, both decoders

@@ -43,15 +43,19 @@ def imported_model(hf_and_imported):
     return hf_and_imported[1]
 
 
-@pytest.fixture(scope="session")
-def native_model() -> CausalLM:
+def tiny_native(seed: int, context: int) -> CausalLM:
     """A native model built directly (no transformers), with peaked distributions."""
-    torch.manual_seed(1)
+    torch.manual_seed(seed)
     config = ModelConfig(vocab_size=VOCAB, hidden_size=32, intermediate_size=64, num_layers=2,
-                         num_heads=4, num_kv_heads=2, max_position_embeddings=256)
+                         num_heads=4, num_kv_heads=2, max_position_embeddings=context)
     model = CausalLM(config)
     model.reset_parameters(std=0.3)
     return model.eval()
+
+
+@pytest.fixture(scope="session")
+def native_model() -> CausalLM:
+    return tiny_native(seed=1, context=256)
 
 
 def batch_of(prompts: list[list[int]], completions) -> RolloutBatch:

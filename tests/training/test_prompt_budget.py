@@ -75,3 +75,48 @@ def test_a_prompt_longer_than_the_context_is_skipped_counted_and_reported_once(t
     assert f"skipped 1 prompt(s) longer than data.max_prompt_len={CONTEXT - 3}" in warnings[0]
     records = read_metrics(tmp_path / "run")
     assert [r["data/prompts_skipped"] for r in records] == [1, 1]
+
+
+def _long_context(tmp_path, context: int, **model_fields):
+    config = _config(tmp_path, data={"max_prompt_len": 32768}, sampler={"max_new_tokens": 1024})
+    config["model"]["config"].update(max_position_embeddings=context, **model_fields)
+    return config
+
+
+def test_32k_prompts_are_accepted_where_the_context_holds_them(tmp_path):
+    plan = plan_run(RunConfig.model_validate(_long_context(tmp_path, 40960)))
+    assert plan.config.data.max_prompt_len == 32768
+
+
+def test_32k_prompts_beyond_the_context_are_one_error_line(tmp_path):
+    path = write_config(tmp_path, _long_context(tmp_path, 32768))
+    done = run_astrai("train", str(path))
+    assert done.returncode == 2, done.stderr
+    errors = [line for line in done.stderr.splitlines() if line.startswith("error:")]
+    assert len(errors) == 1 and "Traceback" not in done.stderr, done.stderr
+    assert errors[0].startswith(f"error: {path}:"), errors  # the file and the line
+    assert errors[0].endswith("data.max_prompt_len: 32768 prompt tokens + sampler.max_new_tokens "
+                              "1024 = 33792 exceed the model's context of 32768 tokens "
+                              "(model.config.max_position_embeddings); lower one of them (at "
+                              "most 31744 prompt tokens fit)"), errors
+    assert not (tmp_path / "run").exists()
+
+
+def test_a_yarn_scaled_context_holds_longer_prompts(tmp_path):
+    """A config stating its original length and a YaRN factor (Qwen2.5's long-context
+    setting) holds factor x that length: the default max_prompt_len is what that leaves."""
+    yarn = {"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 32768}
+    config = _long_context(tmp_path, 32768, rope_scaling=yarn)
+    del config["data"]["max_prompt_len"]
+    plan = plan_run(RunConfig.model_validate(config))
+    assert plan.config.data.max_prompt_len == 4 * 32768 - 1024
+    # a model directory's config.json, in transformers' newer spelling
+    directory = tmp_path / "qwen"
+    directory.mkdir()
+    (directory / "config.json").write_text(json.dumps(
+        {"max_position_embeddings": 32768, "rope_parameters": {**yarn, "rope_theta": 1e6}}))
+    from astrai_core.config.prompt_budget import model_context
+
+    config["model"] = {"path": str(directory)}
+    context, where = model_context(RunConfig.model_validate(config))
+    assert context == 131072 and "YaRN factor 4" in where, where
