@@ -152,7 +152,8 @@ class VllmSampler:
         self._wake()
         if self._delta is not None:
             sent, full = self._delta.push(self.engine, self._hf_buckets(), self.fix_cpu_moe_reload)
-            metrics = {"rollout/weight_push_mb": sent / MB, "rollout/weight_push_full_mb": full / MB}
+            metrics = {"rollout/weight_push_mb": sent / MB,
+                       "rollout/weight_push_full_mb": full / MB}
         else:
             metrics = {"rollout/weight_push_mb": self._push_whole() / MB}
         self.engine.reset_prefix_cache()  # cached KV blocks hold the old weights' keys/values

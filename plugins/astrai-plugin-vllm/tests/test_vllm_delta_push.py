@@ -13,7 +13,8 @@ pytest.importorskip("vllm")
 
 import torch  # noqa: E402
 
-from astrai_core.api import PER_EXPERT, WeightPushMismatch, load_importer, process_registry  # noqa: E402
+from astrai_core.api import (PER_EXPERT, WeightPushMismatch, load_importer,  # noqa: E402
+                             process_registry)
 from astrai_core.sampling import SamplingParams  # noqa: E402
 from astrai_plugin_vllm import delta as delta_module  # noqa: E402
 from astrai_plugin_vllm.sampler import VllmSampler  # noqa: E402
