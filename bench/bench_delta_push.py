@@ -63,7 +63,7 @@ def start_samplers(kind: str, model, bucket_mb: float) -> dict:
 
         common = dict(enforce_eager=True, max_model_len=256, max_num_seqs=4,
                       cpu_kv_cache_gib=1, weight_bucket_mb=max(1, int(bucket_mb)))
-        return {push: VllmSampler(model, push=push, **common) for push in ("full", "delta")}
+        return {kind: VllmSampler(model, push=kind, **common) for kind in ("full", "delta")}
     import ray
 
     from astrai_plugin_ray.sampler import RaySampler
@@ -71,7 +71,7 @@ def start_samplers(kind: str, model, bucket_mb: float) -> dict:
     ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
     common = dict(model=model, workers=1, worker_resources={"CPU": 0.5},
                   weight_transport="collective", bucket_mb=bucket_mb)
-    return {push: RaySampler(**common, push=push) for push in ("full", "delta")}
+    return {kind: RaySampler(**common, push=kind) for kind in ("full", "delta")}
 
 
 def main() -> None:
@@ -98,8 +98,8 @@ def main() -> None:
             train_step(model, optimizer, step, args.tokens)
             for name, sampler in samplers.items():
                 pushes[name].append(push(sampler))
-        for push, sampler in samplers.items():
-            if args.sampler == "ray" or push == "delta":  # a vllm engine keeps no copy otherwise
+        for kind, sampler in samplers.items():
+            if args.sampler == "ray" or kind == "delta":  # a vllm engine keeps no copy otherwise
                 sampler.verify_weights()
     finally:
         for sampler in samplers.values():
