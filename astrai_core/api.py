@@ -81,8 +81,8 @@ from astrai_core.sampling.requests import Request, expand_requests
 from astrai_core.checkpoints.hf_model import save_hf_directory
 from astrai_core.checkpoints.hf_push import hf_name_prefix, iter_hf_push_buckets
 from astrai_core.distributed.fsdp import unsharded
-from astrai_core.distributed.weight_delta import (DeltaEncoder, DeltaManifest, WeightPushMismatch,
-                                                  apply_delta, state_digest)
+from astrai_core.distributed.weight_delta import (DeltaEncoder, DeltaManifest, DeltaMirror,
+                                                  WeightPushMismatch, apply_delta, state_digest)
 from astrai_core.distributed.weight_gather import iter_full_buckets, iter_push_buckets
 from astrai_core.model.lora import merge_and_unload, merged_state_dict
 from astrai_core.model_backends.transformers_lm import shipped_code_modules
@@ -180,7 +180,7 @@ __all__ = [
     "Completion", "NO_CAPABILITIES", "Request", "SamplerCapabilities", "SamplerProtocol",
     "SamplingParams", "expand_requests", "sampler_capabilities",
     # weights
-    "DeltaEncoder", "DeltaManifest", "WeightPushMismatch", "apply_delta", "state_digest",
+    "DeltaEncoder", "DeltaManifest", "DeltaMirror", "WeightPushMismatch", "apply_delta", "state_digest",
     "hf_name_prefix", "iter_full_buckets", "iter_hf_push_buckets", "iter_push_buckets",
     "merge_and_unload", "merged_state_dict", "save_hf_directory", "shipped_code_modules",
     "unsharded",

@@ -12,7 +12,13 @@ hashing on the trainer and applying and hashing on the worker); the first push o
 delta sampler is whole (nothing to compare against) and is reported apart. At the end
 both workers' states are checked against the trainer's by digest (``verify_weights``).
 
+``--sampler vllm`` (run in ``.venv-vllm``) pushes instead to two colocated vLLM engines
+in this process (``sampler: {name: vllm, push: full | delta}``); its time is
+``rollout/weight_push_seconds``: gather, encode, apply and verify, and the engine's
+whole reload; only the delta engine's copy is checked by digest at the end.
+
     .venv/bin/python bench/bench_delta_push.py [--layers 2] [--steps 10] [--lr 1e-6]
+    .venv-vllm/bin/python bench/bench_delta_push.py --sampler vllm
 """
 
 from __future__ import annotations
@@ -44,9 +50,28 @@ def push(sampler) -> dict[str, float]:
 
 
 def summary(pushes: list[dict[str, float]]) -> dict[str, float]:
+    key = ("rollout/weight_push_wait_seconds" if "rollout/weight_push_wait_seconds" in pushes[0]
+           else "rollout/weight_push_seconds")  # vllm: no transfer to wait for
     return {"mb_per_push": statistics.mean(p["rollout/weight_push_mb"] for p in pushes),
-            "seconds_per_push": statistics.median(p["rollout/weight_push_wait_seconds"]
-                                                  for p in pushes)}
+            "seconds_per_push": statistics.median(p[key] for p in pushes)}
+
+
+def start_samplers(kind: str, model, bucket_mb: float) -> dict:
+    """{"full": sampler, "delta": sampler} of ``kind`` (ray or vllm) on ``model``."""
+    if kind == "vllm":
+        from astrai_plugin_vllm.sampler import VllmSampler
+
+        common = dict(enforce_eager=True, max_model_len=256, max_num_seqs=4,
+                      cpu_kv_cache_gib=1, weight_bucket_mb=max(1, int(bucket_mb)))
+        return {kind: VllmSampler(model, push=kind, **common) for kind in ("full", "delta")}
+    import ray
+
+    from astrai_plugin_ray.sampler import RaySampler
+
+    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
+    common = dict(model=model, workers=1, worker_resources={"CPU": 0.5},
+                  weight_transport="collective", bucket_mb=bucket_mb)
+    return {kind: RaySampler(**common, push=kind) for kind in ("full", "delta")}
 
 
 def main() -> None:
@@ -56,36 +81,35 @@ def main() -> None:
     parser.add_argument("--lr", type=float, default=1e-6)
     parser.add_argument("--tokens", type=int, default=64, help="tokens per training batch")
     parser.add_argument("--bucket-mb", type=float, default=256.0)
+    parser.add_argument("--sampler", choices=["ray", "vllm"], default="ray")
     args = parser.parse_args()
 
-    import ray
     import torch
 
     from astrai_core.api import CausalLM, ModelConfig
-    from astrai_plugin_ray.sampler import RaySampler
 
     torch.manual_seed(0)
     model = CausalLM(ModelConfig(num_layers=args.layers, **SHAPE)).to(torch.bfloat16)
     optimizer = torch.optim.AdamW(model.parameters(), lr=args.lr)
-    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
-    common = dict(model=model, workers=1, worker_resources={"CPU": 0.5},
-                  weight_transport="collective", bucket_mb=args.bucket_mb)
-    samplers = {"full": RaySampler(**common, push="full"),
-                "delta": RaySampler(**common, push="delta")}
+    samplers = start_samplers(args.sampler, model, args.bucket_mb)
     try:
         pushes: dict[str, list[dict[str, float]]] = {"full": [], "delta": []}
         for step in range(args.steps):
             train_step(model, optimizer, step, args.tokens)
             for name, sampler in samplers.items():
                 pushes[name].append(push(sampler))
-        for sampler in samplers.values():
-            sampler.verify_weights()
+        for kind, sampler in samplers.items():
+            if args.sampler == "ray" or kind == "delta":  # a vllm engine keeps no copy otherwise
+                sampler.verify_weights()
     finally:
         for sampler in samplers.values():
             sampler.close()
-        ray.shutdown()
+        if args.sampler == "ray":
+            import ray
+
+            ray.shutdown()
     full, delta = summary(pushes["full"]), summary(pushes["delta"][1:])
-    results = {"layers": args.layers, "steps": args.steps, "lr": args.lr,
+    results = {"sampler": args.sampler, "layers": args.layers, "steps": args.steps, "lr": args.lr,
                "state_mb": sum(t.numel() * t.element_size()
                                for t in model.state_dict().values()) / MB,
                "full": full, "delta": delta, "delta_first_push": summary(pushes["delta"][:1]),

@@ -20,6 +20,10 @@ push that carries only the changed elements moves a fraction of the bytes of a f
   and tensor: corruption in transit, or a receiver that did not hold the last push.
 * :func:`state_digest` is the digest of every tensor of a state, to compare a receiver's
   whole state with the trainer's.
+* :class:`DeltaMirror` (receiver side) is for a receiver that can only load whole states
+  (an inference engine whose loader needs every tensor, every push): it keeps the last
+  push's tensors on CPU, applies each delta bucket to them and hands the whole state on.
+  A manifest crosses processes as plain lists and strings (:meth:`DeltaManifest.to_plain`).
 
 Cost per push: the trainer compares and hashes every pushed tensor on CPU (gathered
 device tensors are copied to host first) and the receiver hashes the tensors it updated.
@@ -60,6 +64,15 @@ class DeltaManifest:
 
     bucket: int
     records: tuple[DeltaRecord, ...]
+
+    def to_plain(self) -> list:
+        """``[bucket, [[name, mode, digest], ...]]``: what any serializer carries."""
+        return [self.bucket, [[r.name, r.mode, r.digest] for r in self.records]]
+
+    @classmethod
+    def from_plain(cls, plain: list | tuple) -> DeltaManifest:
+        bucket, records = plain
+        return cls(int(bucket), tuple(DeltaRecord(*record) for record in records))
 
 
 def tensor_digest(tensor: torch.Tensor) -> str:
@@ -158,3 +171,48 @@ def apply_delta(targets: Mapping[str, torch.Tensor], payload: Mapping[str, torch
                     f"does not match the trainer's after the {record.mode} update (checksum "
                     "mismatch: corrupted in transit, or the receiver missed a push)")
     return [record.name for record in manifest.records]
+
+
+class DeltaMirror:
+    """A receiver's CPU copy of the last push, for receivers that reload whole states:
+    :meth:`apply` writes each delta bucket into it (digests verified by
+    :func:`apply_delta`); ``tensors`` is the whole pushed state. Any failure drops the
+    copy, so only a whole push can start it again."""
+
+    def __init__(self, where: str = "the receiver") -> None:
+        self.tensors: dict[str, torch.Tensor] = {}
+        self.where = where
+
+    def apply(self, payload: Mapping[str, torch.Tensor], manifest: DeltaManifest,
+              fresh: bool) -> list[str]:
+        """Apply one bucket; ``fresh``: the push is whole (the first one, or the one after
+        a failure) and its bucket 0 starts a new copy. Returns the names written; raises
+        :class:`WeightPushMismatch` on a digest mismatch, a tensor this copy lacks, or a
+        delta arriving with no copy to apply it to."""
+        if fresh and manifest.bucket == 0:
+            self.tensors = {}
+        try:
+            if fresh:  # every tensor of a whole push travels whole: make room for it
+                for record in manifest.records:
+                    if record.mode != "dense":
+                        raise WeightPushMismatch(f"{self.where}: tensor {record.name!r} came as "
+                                                 "a delta in a whole push")
+                    self.tensors.setdefault(record.name, torch.empty_like(
+                        payload[record.name], device="cpu"))
+            elif not self.tensors:
+                raise WeightPushMismatch(f"{self.where} holds no copy of the last push to "
+                                         "apply a delta to (it missed the whole push)")
+            return apply_delta(self.tensors, payload, manifest, self.where)
+        except KeyError as exc:  # apply_delta's own message, or a name the payload lacks
+            self.tensors = {}
+            message = str(exc.args[0])
+            if not message.startswith(self.where):
+                message = f"{self.where}: weight push bucket {manifest.bucket} lacks {message!r}"
+            raise WeightPushMismatch(message) from None
+        except BaseException:
+            self.tensors = {}
+            raise
+
+    def digests(self, names: Iterable[str]) -> dict[str, str]:
+        """The digest of each named tensor of the copy; a name it lacks is left out."""
+        return state_digest({name: self.tensors[name] for name in names if name in self.tensors})

@@ -1,17 +1,19 @@
 """Delta weight pushes (``astrai_core.distributed.weight_delta``): a receiver fed only the
 changed elements holds the trainer's weights bit for bit, fewer bytes travel than in a
-full push, and corruption or a missed push is caught by the digests."""
+full push, and corruption or a missed push is caught by the digests; a ``DeltaMirror``
+(a receiver that reloads whole states) follows the pushes and drops its copy on a failure."""
 
 from __future__ import annotations
 
 import copy
 import hashlib
+import json
 
 import pytest
 import torch
 
-from astrai_core.api import (CausalLM, DeltaEncoder, ModelConfig, WeightPushMismatch,
-                             apply_delta, iter_push_buckets, state_digest)
+from astrai_core.api import (CausalLM, DeltaEncoder, DeltaManifest, DeltaMirror, ModelConfig,
+                             WeightPushMismatch, apply_delta, iter_push_buckets, state_digest)
 from astrai_core.testing import TINY_MODEL
 
 BUCKET = 4096  # bytes: several buckets for the tiny model
@@ -148,3 +150,60 @@ def test_any_dtype_round_trips(dtype):
     assert [r.mode for r in manifest.records] == ["sparse"]
     apply_delta(receiver, payload, manifest)
     assert torch.equal(receiver["w"], new)
+
+
+def _mirror_push(encoder: DeltaEncoder, model: CausalLM, mirror: DeltaMirror, fresh: bool,
+                 transit=lambda payload: payload) -> int:
+    """One push into ``mirror``, each manifest through JSON as it would cross processes;
+    the bytes sent."""
+    sent = 0
+    encoder.start_push()
+    for group in iter_push_buckets(model, BUCKET):
+        payload, manifest = encoder.encode(group)
+        if not manifest.records:
+            continue
+        payload = transit({k: v.clone() for k, v in payload.items()})
+        sent += sum(t.numel() * t.element_size() for t in payload.values())
+        plain = json.loads(json.dumps(manifest.to_plain()))
+        assert DeltaManifest.from_plain(plain) == manifest
+        mirror.apply(payload, DeltaManifest.from_plain(plain), fresh)
+    return sent
+
+
+def test_a_mirror_follows_whole_then_delta_pushes_bit_for_bit():
+    model = _bf16_model()
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-5)
+    encoder, mirror = DeltaEncoder(), DeltaMirror("the engine")
+    full = sum(t.numel() * t.element_size() for t in model.state_dict().values())
+    for step in range(3):
+        _train_step(model, optimizer, step)
+        sent = _mirror_push(encoder, model, mirror, fresh=step == 0)
+        assert sent == full if step == 0 else 0 < sent < full / 2
+        assert sorted(mirror.tensors) == sorted(model.state_dict())
+        for name, value in model.state_dict().items():
+            assert torch.equal(_bits(mirror.tensors[name]), _bits(value)), (step, name)
+            assert mirror.tensors[name].data_ptr() != value.data_ptr()  # a copy, not the policy
+        assert mirror.digests(model.state_dict()) == state_digest(model.state_dict())
+
+
+def test_a_mirror_drops_its_copy_on_a_mismatch_and_takes_only_a_whole_push_next():
+    model = _bf16_model()
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-5)
+    encoder, mirror = DeltaEncoder(), DeltaMirror("the engine")
+    _mirror_push(encoder, model, mirror, fresh=True)
+    _train_step(model, optimizer, 0)
+
+    def flip(payload):
+        name = next(n for n in payload if n.endswith("#values"))
+        payload[name].view(torch.uint8)[0] ^= 0x10
+        return payload
+
+    with pytest.raises(WeightPushMismatch, match=r"^the engine: weight push bucket \d+, tensor '"):
+        _mirror_push(encoder, model, mirror, fresh=False, transit=flip)
+    assert mirror.tensors == {} and mirror.digests(["embed_tokens.weight"]) == {}
+    encoder.reset()
+    _train_step(model, optimizer, 1)
+    with pytest.raises(WeightPushMismatch, match="holds no copy of the last push"):
+        _mirror_push(DeltaEncoder(), model, DeltaMirror("the engine"), fresh=False)
+    _mirror_push(encoder, model, mirror, fresh=True)  # a whole push starts a new copy
+    assert mirror.digests(model.state_dict()) == state_digest(model.state_dict())

@@ -8,7 +8,9 @@ Hugging Face directory and starts ``vllm.LLM`` on it (in this process by default
 buckets of at most ``weight_bucket_mb``, under Hugging Face names (a native policy's
 converted by its family's importer, a transformers-backend policy's as they are), and
 resets its prefix cache, whose KV blocks were
-computed with the old weights.
+computed with the old weights. ``push: delta`` sends only the values that changed since
+the last push, each updated tensor checked by digest (see :mod:`astrai_plugin_vllm.delta`);
+``verify_weights`` compares the engine's copy of the pushed state with the trainer's.
 
 In an N-process run (torchrun) every rank, or every group of ``tensor_parallel_size``
 ranks, drives its own engine colocated with its trainer shards and samples its own
@@ -26,23 +28,25 @@ from __future__ import annotations
 import os
 import tempfile
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any, Literal
 
 import torch
 from pydantic import Field
 
-from astrai_core.api import PER_EXPERT, ConfigError, iter_push_buckets, unsharded
+from astrai_core.api import PER_EXPERT, ConfigError, iter_push_buckets, state_digest, unsharded
 from astrai_core.api import hf_name_prefix, iter_hf_push_buckets
 from astrai_core.api import Completion, SamplerCapabilities, SamplingParams
 from astrai_core.api import Request, expand_requests
 from astrai_plugin_vllm import colocated
+from astrai_plugin_vllm import delta as delta_lib
 from astrai_plugin_vllm import engine as engine_lib
 from astrai_plugin_vllm import weights as weights_lib
 from astrai_plugin_vllm.logprobs import is_truncated, trainer_logprobs
 
 TokenCallback = Callable[[int, int], None]  # (completion index, token id)
+MB = 2**20
 
 
 class VllmSampler:
@@ -77,6 +81,10 @@ class VllmSampler:
             "the installed vLLM needs it (0.31-0.32 on CPU)")
         weight_bucket_mb: int = Field(512, ge=1, description="a weight push gathers and loads "
                                       "at most this many MiB of full tensors at a time")
+        push: Literal["full", "delta"] = Field(
+            "full", description="full: every tensor, every push; delta: only the values that "
+            "changed since the last push, each updated tensor checked by digest on arrival "
+            "(the engine keeps a CPU copy of the pushed state and reloads from it)")
         sleep: bool = Field(False, description="free the KV cache and offload the weights "
                             "while the trainer steps (vLLM sleep mode; accelerators only)")
         engine_kwargs: dict[str, Any] = Field(default_factory=dict,
@@ -89,7 +97,7 @@ class VllmSampler:
                  engine_seed: int = 0, enable_prefix_caching: bool = True,
                  multiprocess: bool = False, cpu_kv_cache_gib: int | None = None,
                  model_type: str | None = None, fix_cpu_moe_reload: bool | None = None,
-                 weight_bucket_mb: int = 512, sleep: bool = False,
+                 weight_bucket_mb: int = 512, push: str = "full", sleep: bool = False,
                  engine_kwargs: dict[str, Any] | None = None) -> None:
         native_dir = None
         if isinstance(model, (str, os.PathLike)):
@@ -100,8 +108,9 @@ class VllmSampler:
         self.model = model            # the policy: log-prob recomputation and weight pushes
         self.tokenizer = tokenizer
         self.policy_version = 0
-        self._push_seconds: float | None = None
+        self._metrics: dict[str, float] = {}
         self.multiprocess = multiprocess
+        self._delta = delta_lib.DeltaPusher(multiprocess) if push == "delta" else None
         self.weight_bucket_bytes = weight_bucket_mb * 2**20
         self.world_size = colocated.world()[1]
         if multiprocess and self.world_size > 1:
@@ -141,27 +150,56 @@ class VllmSampler:
                 load_state_dict_strict(self.model, state_dict, "update_weights(state_dict)")
         started = time.perf_counter()
         self._wake()
+        if self._delta is not None:
+            sent, full = self._delta.push(self.engine, self._hf_buckets(), self.fix_cpu_moe_reload)
+            metrics = {"rollout/weight_push_mb": sent / MB,
+                       "rollout/weight_push_full_mb": full / MB}
+        else:
+            metrics = {"rollout/weight_push_mb": self._push_whole() / MB}
+        self.engine.reset_prefix_cache()  # cached KV blocks hold the old weights' keys/values
+        metrics["rollout/weight_push_seconds"] = time.perf_counter() - started
+        self._metrics = metrics
+        self.policy_version += 1
+        return self.policy_version
+
+    def _push_whole(self) -> int:
+        """Every tensor of the policy into the engine (``push: full``); the bytes sent."""
+        sent = [0]
         if self._importer is None:  # transformers backend: the family's own names
-            pairs = (item for bucket in iter_hf_push_buckets(self.model, self.weight_bucket_bytes)
-                     for item in bucket.items())
+            pairs = _counted((item for bucket in self._hf_buckets() for item in bucket.items()),
+                             sent)
             payload: Any = weights_lib.serialize(dict(pairs)) if self.multiprocess else pairs
         elif self.multiprocess:  # tensors do not cross processes: one safetensors payload
             payload = weights_lib.serialize(
                 weights_lib.hf_weights(self._importer, self.model, PER_EXPERT))
         else:  # streamed: full tensors exist one bucket at a time (a collective under FSDP)
-            payload = colocated.hf_stream(self._importer, self.model.config,
-                                          iter_push_buckets(self.model, self.weight_bucket_bytes),
-                                          PER_EXPERT)
+            payload = _counted(colocated.hf_stream(
+                self._importer, self.model.config,
+                iter_push_buckets(self.model, self.weight_bucket_bytes), PER_EXPERT), sent)
         self.engine.collective_rpc("astrai_reload_weights", args=(payload, self.fix_cpu_moe_reload))
-        self.engine.reset_prefix_cache()  # cached KV blocks hold the old weights' keys/values
-        self._push_seconds = time.perf_counter() - started
-        self.policy_version += 1
-        return self.policy_version
+        return len(payload) if isinstance(payload, bytes) else sent[0]
+
+    def _hf_buckets(self) -> Any:
+        """The policy's push state under Hugging Face names, one bucket of full tensors at
+        a time (a collective under FSDP)."""
+        return iter_hf_push_buckets(self.model, self.weight_bucket_bytes, self._importer,
+                                    PER_EXPERT)
+
+    def verify_weights(self) -> None:
+        """Compare the digest of every tensor of the engine's copy of the last push with
+        the trainer's (``state_digest``); raises ``WeightPushMismatch`` naming the first
+        tensor that differs. A collective under FSDP, like :meth:`update_weights`."""
+        if self._delta is None:
+            raise ConfigError("sampler.push: verify_weights() compares the engine's copy of "
+                              "the pushed state, which only push: delta keeps")
+        self._delta.verify(self.engine, state_digest(self._hf_buckets()))
 
     def metrics(self) -> dict[str, float]:
-        """The last weight push's time (gather, conversion and load), once per push."""
-        seconds, self._push_seconds = self._push_seconds, None
-        return {} if seconds is None else {"rollout/weight_push_seconds": seconds}
+        """The last weight push's bytes (``rollout/weight_push_mb``; with ``push: delta``
+        also ``rollout/weight_push_full_mb``, what a full push sends) and time (gather,
+        conversion and load), once per push."""
+        metrics, self._metrics = self._metrics, {}
+        return metrics
 
     # ---------------------------------------------------------------- generation
     def generate(self, prompts: Sequence[Sequence[int]],
@@ -258,6 +296,14 @@ class VllmSampler:
                 shutdown.shutdown()
             del engine
         self._work_dir.cleanup()
+
+
+def _counted(pairs: Iterator[tuple[str, torch.Tensor]], total: list[int]
+             ) -> Iterator[tuple[str, torch.Tensor]]:
+    """``pairs`` as they are, their bytes added to ``total[0]`` as they go by."""
+    for name, tensor in pairs:
+        total[0] += tensor.numel() * tensor.element_size()
+        yield name, tensor
 
 
 def _vllm_params(request: Request) -> Any:

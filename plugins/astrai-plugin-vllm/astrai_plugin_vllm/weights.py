@@ -64,6 +64,39 @@ class WeightSyncExtension:
         refresh_tied_heads(self.get_model())
         return repack_cpu_moe_experts(self.get_model()) if repack_moe else 0
 
+    # ``push: delta`` (astrai_plugin_vllm.delta): a CPU copy of the last push, updated by
+    # each delta bucket; the engine reloads whole from it.
+    def astrai_apply_delta(self, payload: dict[str, torch.Tensor] | bytes, manifest: list,
+                           fresh: bool) -> str:
+        """Apply one delta bucket (tensors, or safetensors bytes) to the copy; returns ""
+        or the mismatch's message (one line, the copy dropped)."""
+        from astrai_core.api import DeltaManifest, WeightPushMismatch
+
+        if isinstance(payload, (bytes, bytearray, memoryview)):
+            from safetensors.torch import load
+
+            payload = load(bytes(payload))
+        try:
+            self._astrai_mirror().apply(payload, DeltaManifest.from_plain(manifest), fresh)
+        except WeightPushMismatch as exc:
+            return str(exc)
+        return ""
+
+    def astrai_reload_from_mirror(self, repack_moe: bool) -> int:
+        """Reload the whole engine from the copy of the last push (see astrai_reload_weights)."""
+        return self.astrai_reload_weights(list(self._astrai_mirror().tensors.items()), repack_moe)
+
+    def astrai_mirror_digests(self, names: list[str]) -> dict[str, str]:
+        """The digest of each named tensor of the copy (a name it lacks is left out)."""
+        return self._astrai_mirror().digests(names)
+
+    def _astrai_mirror(self) -> Any:
+        from astrai_core.api import DeltaMirror
+
+        if getattr(self, "_astrai_delta_mirror", None) is None:
+            self._astrai_delta_mirror = DeltaMirror("the vLLM engine")
+        return self._astrai_delta_mirror
+
 
 def refresh_tied_heads(model: torch.nn.Module) -> int:
     """Redo the post-load processing of vocabulary layers that share their weight with

@@ -6,7 +6,9 @@ Hugging Face tensors a one-process push hands vLLM (``hf_weights`` on the whole 
 shards a copy with FSDP2 and records whether the stream a sharded push hands vLLM (full
 tensors gathered bucket by bucket, converted per bucket) holds the same names and
 tensors, bit for bit. A tiny bucket puts every tensor in a bucket of its own, so tensor
-groups (a layer's experts) always span buckets."""
+groups (a layer's experts) always span buckets. ``push: delta`` from the shards: a whole
+push, then a delta after some weights changed, into an engine stand-in (the real
+extension's copy, its reload recorded) leave it holding the changed policy's tensors."""
 
 from __future__ import annotations
 
@@ -20,13 +22,15 @@ import torch
 import torch.distributed as dist
 from torch.distributed.device_mesh import init_device_mesh
 
-from astrai_core.api import PER_EXPERT, iter_push_buckets, load_importer, process_registry
+from astrai_core.api import (PER_EXPERT, iter_hf_push_buckets, iter_push_buckets, load_importer,
+                             process_registry)
 from astrai_core.distributed.context import DistContext
 from astrai_core.distributed.fsdp import shard_module
 from astrai_core.model import CausalLM, ModelConfig
 from astrai_core.model.lora import inject_lora
 from astrai_plugin_vllm.colocated import hf_stream
-from astrai_plugin_vllm.weights import hf_weights
+from astrai_plugin_vllm.delta import DeltaPusher
+from astrai_plugin_vllm.weights import WeightSyncExtension, hf_weights
 
 CONFIG = dict(vocab_size=55, hidden_size=24, intermediate_size=40, num_layers=2, num_heads=3,
               num_kv_heads=1, head_dim=8, qk_norm=True)
@@ -48,6 +52,45 @@ def build(case: str) -> CausalLM:
     return model
 
 
+class StandInEngine(WeightSyncExtension):
+    """The weight-sync extension without vLLM: its reload records what it was given."""
+
+    loaded: dict[str, torch.Tensor] = {}
+
+    def collective_rpc(self, method: str, args: tuple = ()) -> list:
+        return [getattr(self, method)(*args)]
+
+    def reload_weights(self, weights_iterator, is_checkpoint_format: bool) -> None:
+        self.loaded = {name: tensor.clone() for name, tensor in weights_iterator}
+
+    def get_model(self) -> torch.nn.Module:
+        return torch.nn.Module()
+
+
+def change_some(model: torch.nn.Module) -> None:
+    """Scale the weights above 0.05 (a few per cent of them; DTensors element-wise)."""
+    with torch.no_grad():
+        for param in model.parameters():
+            param.copy_(torch.where(param > 0.05, param * 1.5, param))
+
+
+def delta_check(reference: torch.nn.Module, sharded: torch.nn.Module, importer) -> dict:
+    """A whole push then a delta from the shards, as safetensors bytes (multiprocess)."""
+    engine, pusher = StandInEngine(), DeltaPusher(multiprocess=True)
+    pushes = [pusher.push(engine, iter_hf_push_buckets(sharded, 1, importer, PER_EXPERT), False)]
+    change_some(reference)
+    change_some(sharded)
+    pushes.append(pusher.push(engine, iter_hf_push_buckets(sharded, 1, importer, PER_EXPERT),
+                              False))
+    expected = hf_weights(importer, reference, PER_EXPERT)
+    (sent, full), (delta_sent, delta_full) = pushes
+    mirror = engine._astrai_mirror().tensors
+    return {"delta_equal": sorted(mirror) == sorted(expected) == sorted(engine.loaded)
+            and all(torch.equal(mirror[n], t) and torch.equal(engine.loaded[n], t)
+                    for n, t in expected.items()),
+            "delta_smaller": sent == full == delta_full and 0 < delta_sent < full / 2}
+
+
 def check(case: str, ctx: DistContext, importer) -> dict:
     reference = build(case)
     expected = hf_weights(importer, reference, PER_EXPERT)
@@ -59,7 +102,7 @@ def check(case: str, ctx: DistContext, importer) -> dict:
             "equal": all(torch.equal(t, expected[n]) and t.dtype == expected[n].dtype
                          for n, t in got if n in expected),
             "sharded": any(hasattr(p, "full_tensor") for p in sharded.parameters()),
-            "count": len(got)}
+            "count": len(got), **delta_check(reference, sharded, importer)}
 
 
 def main(out_dir: Path) -> None:

@@ -1,6 +1,7 @@
 """A push from FSDP2 shards hands vLLM exactly what a one-process push hands it: the same
 Hugging Face names and the same tensors, bit for bit, for tied and untied heads, a LoRA
-policy (merged) and an MoE policy, with every tensor in a bucket of its own."""
+policy (merged) and an MoE policy, with every tensor in a bucket of its own; ``push: delta``
+from the shards leaves the engine's copy equal to the changed policy's tensors."""
 
 from __future__ import annotations
 
@@ -29,5 +30,6 @@ def test_sharded_push_equals_the_unsharded_push(tmp_path):
         for case, checks in results.items():
             assert checks["sharded"], case  # the policy really was sharded
             assert checks["names"] and checks["unique"] and checks["equal"], (case, checks)
+            assert checks["delta_equal"] and checks["delta_smaller"], (case, checks)
         # a tied head travels once, as the embedding
         assert results["tied"]["count"] == results["untied"]["count"] - 1
