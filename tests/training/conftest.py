@@ -130,9 +130,8 @@ class Perturbed(TorchSampler):
         every_other_row: bool = False
         sign: int = 1
 
-    def __init__(self, model, tokenizer=None, max_batch_size=64, every_other_row=False,
-                 sign=1):
-        super().__init__(model, tokenizer, max_batch_size)
+    def __init__(self, model, tokenizer=None, every_other_row=False, sign=1, **engine):
+        super().__init__(model, tokenizer, **engine)  # the torch sampler's own options
         self.every_other_row, self.sign = every_other_row, sign
 
     def generate(self, prompts, params, on_token=None):

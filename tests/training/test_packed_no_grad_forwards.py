@@ -87,6 +87,7 @@ class _OtherRankNeedsFive:
     """A DistContext stand-in whose other rank packed its rows into 5 micro-batches."""
 
     enabled = True
+    context_size = 1  # no context parallelism: each rank's rows are its own
 
     def all_gather_object(self, count):
         return [count, 5]

@@ -32,8 +32,8 @@ class TorchCopy(TorchSampler):
     # its own copy: each publish hands it the policy's weights
     capabilities = dataclasses.replace(TorchSampler.capabilities, shares_policy=False)
 
-    def __init__(self, model, tokenizer=None, max_batch_size=64):
-        super().__init__(copy.deepcopy(model), tokenizer, max_batch_size)
+    def __init__(self, model, tokenizer=None, **engine):
+        super().__init__(copy.deepcopy(model), tokenizer, **engine)
 '''
 LIMIT = 1e-4  # the documented threshold for the torch sampler
 STEPS = 3

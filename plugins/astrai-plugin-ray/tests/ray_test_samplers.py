@@ -50,8 +50,8 @@ class SlowTorchSampler(TorchSampler):
     class Config(TorchSampler.Config):
         delay_s: float = 0.0
 
-    def __init__(self, model, tokenizer=None, max_batch_size: int = 64, delay_s: float = 0.0):
-        super().__init__(model, tokenizer, max_batch_size)
+    def __init__(self, model, tokenizer=None, delay_s: float = 0.0, **engine):
+        super().__init__(model, tokenizer, **engine)
         self.delay_s = delay_s
 
     def generate(self, prompts, params, on_token=None):
@@ -63,8 +63,8 @@ class SlowStepTorchSampler(TorchSampler):
     class Config(TorchSampler.Config):
         token_delay_s: float = 0.0
 
-    def __init__(self, model, tokenizer=None, max_batch_size: int = 64, token_delay_s: float = 0.0):
-        super().__init__(model, tokenizer, max_batch_size)
+    def __init__(self, model, tokenizer=None, token_delay_s: float = 0.0, **engine):
+        super().__init__(model, tokenizer, **engine)
         self.token_delay_s = token_delay_s
 
     def generate(self, prompts, params, on_token=None, record_routing=False, interrupt=None):
@@ -82,8 +82,8 @@ class DyingTorchSampler(TorchSampler):
     class Config(TorchSampler.Config):
         die_at_call: int = 1
 
-    def __init__(self, model, tokenizer=None, max_batch_size: int = 64, die_at_call: int = 1):
-        super().__init__(model, tokenizer, max_batch_size)
+    def __init__(self, model, tokenizer=None, die_at_call: int = 1, **engine):
+        super().__init__(model, tokenizer, **engine)
         self.die_at_call = die_at_call
         self.calls = 0
 
