@@ -45,12 +45,27 @@ class ConsoleLogger:
     log = debug = info = warn = warning = error = critical = exception = fatal = msg
 
 
+class LineLogger:
+    """A structlog logger that writes each rendered line to stderr in one write.
+
+    ``print`` writes the text and its newline separately, so the ranks of a distributed
+    run sharing one stderr pipe could splice two JSON lines into one; a single write of
+    a line shorter than the pipe's buffer is atomic.
+    """
+
+    def msg(self, message: str) -> None:
+        sys.stderr.write(message + "\n")
+        sys.stderr.flush()
+
+    log = debug = info = warn = warning = error = critical = exception = fatal = msg
+
+
 def configure_logging(log_format: str = "auto", level: str = "info") -> None:
     """Set up structlog for this process; ``auto`` picks console on a TTY, else JSON."""
     use_json = log_format == "json" or (log_format == "auto" and not sys.stderr.isatty())
     if use_json:
         renderer: Any = structlog.processors.JSONRenderer()
-        factory: Any = structlog.PrintLoggerFactory(file=sys.stderr)
+        factory: Any = lambda *args: LineLogger()  # noqa: E731
     else:
         renderer = structlog.dev.ConsoleRenderer(colors=sys.stderr.isatty())
         factory = lambda *args: ConsoleLogger()  # noqa: E731
