@@ -25,11 +25,13 @@ $(STAMP): $(SOURCES)
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PIP) install $(CONSTRAINTS) "setuptools>=75" wheel  # >=69.3: PEP 625 sdist names (make dist)
 	$(PIP) install $(CONSTRAINTS) torch==2.13.0
-	$(PIP) install $(CONSTRAINTS) --no-build-isolation -e ".[test,serve,serve-test,trackers,math]" \
+	$(PIP) install $(CONSTRAINTS) --no-build-isolation -e ".[test,serve,serve-test,tinker-test,trackers,math]" \
 		$(foreach p,$(PLUGINS),-e plugins/astrai-plugin-$(p)) \
 		$(foreach c,$(CONTRIB),-e $(dir $(c)))
 	$(PIP) install --no-deps --no-build-isolation \
 		$(foreach p,$(NODEPS_PLUGINS),-e plugins/astrai-plugin-$(p))
+	# tinker-cookbook: the unmodified recipes `astrai tinker` is tested with
+	$(PIP) install --no-deps "tinker-cookbook==0.6.1"
 	# TRL: the independent reference that the loss tests compare against (never a
 	# runtime dependency of astrai); the benchmarks use it as their peer too.
 	$(PIP) install $(CONSTRAINTS) -r bench/requirements.txt

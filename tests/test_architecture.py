@@ -182,6 +182,7 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     ("training",),
     ("online",),  # the online (RL) loop on top of the trainer's pieces
     ("strategies",),
+    ("tinker",),  # the Tinker-compatible training service
     ("cli", "api"),
     ("testing",),  # the kit drives whole runs (its fault driver calls the CLI)
 )
