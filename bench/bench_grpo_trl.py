@@ -124,16 +124,30 @@ def train_astrai(model_dir: Path, work: Path, args: argparse.Namespace, sampler:
     from astrai_core.plugins import load_plugins
     from astrai_core.training.run import train
 
+    native = work / "native"
+    importer_for_hf_dir(load_plugins(), model_dir).import_checkpoint(model_dir, native)
+    config = astrai_config(work, native, args, sampler, overrides)
+    path = work / "astrai.yaml"
+    path.write_text(yaml.safe_dump(config))
+    sys.path.insert(0, str(Path(__file__).parent))  # the reward is `bench_grpo_trl:digit_reward`
+    train(load_config(path))
+    return [json.loads(line) for line in (work / "astrai" / "metrics.jsonl").read_text()
+            .splitlines()]
+
+
+def astrai_config(work: Path, native: Path, args: argparse.Namespace, sampler: dict,
+                  overrides: dict | None = None) -> dict:
+    """The run config of :func:`train_astrai` (its prompts written to ``work``)."""
     data = work / "prompts.jsonl"
     data.write_text("".join(json.dumps({"prompt": p}) + "\n"
                             for p in prompts(args.prompts * args.steps)))
-    native = work / "native"
-    importer_for_hf_dir(load_plugins(), model_dir).import_checkpoint(model_dir, native)
     config = {
         "output_dir": str(work / "astrai"),
         "model": {"path": str(native)},
-        "data": {"sources": [{"path": str(data), "format": "prompt"}], "batch_size": args.prompts,
-                 "shuffle": False, "cache_dir": str(work / "cache")},
+        # The prompts are in the chat markup already, and TRL feeds a string prompt as
+        # raw text: the template around them again would give astrai 12 tokens to TRL's 9.
+        "data": {"sources": [{"path": str(data), "format": "prompt", "chat_template": False}],
+                 "batch_size": args.prompts, "shuffle": False, "cache_dir": str(work / "cache")},
         "strategy": {"name": "grpo", "group_size": args.group, "eps_low": 0.2, "eps_high": 0.2,
                      "loss_aggregation": "token-mean"},
         "rewards": [{"name": f"{Path(__file__).stem}:digit_reward"}],
@@ -145,12 +159,7 @@ def train_astrai(model_dir: Path, work: Path, args: argparse.Namespace, sampler:
     }
     for section, options in (overrides or {}).items():
         config.setdefault(section, {}).update(options)
-    path = work / "astrai.yaml"
-    path.write_text(yaml.safe_dump(config))
-    sys.path.insert(0, str(Path(__file__).parent))  # the reward is `bench_grpo_trl:digit_reward`
-    train(load_config(path))
-    return [json.loads(line) for line in (work / "astrai" / "metrics.jsonl").read_text()
-            .splitlines()]
+    return config
 
 
 def _engine_defaults(args: argparse.Namespace, sampler: dict) -> dict:
