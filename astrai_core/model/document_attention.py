@@ -123,9 +123,7 @@ def document_attention(query: torch.Tensor, key: torch.Tensor, value: torch.Tens
         if kernel is not None:
             out = _varlen_prefixed(kernel, q, k, v, layout, window, scores)
         else:
-            out = torch.cat([_prefixed_attention(q[a:b], k, v, (a, b), prefix, window, scores)
-                             for (a, b, _), prefix in zip(layout.spans, layout.prefixes,
-                                                          strict=True)])
+            out = _batched_prefixed(q, k, v, layout, window, scores)
         return out.reshape(batch, seq, heads, dim)
     if kernel is not None:
         out = kernel(q, k, v, layout.cu_seqlens, layout.cu_seqlens, layout.max_len, layout.max_len,
@@ -155,27 +153,55 @@ def _span_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, real: boo
     return out[0].transpose(0, 1)
 
 
-def _prefixed_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
-                        span: tuple[int, int], prefix: tuple[int, int] | None,
+def _batched_prefixed(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+                      layout: DocumentLayout, window: int | None,
+                      scores: Scores) -> torch.Tensor:
+    """Spans with prefixes without a kernel for them (q, k, v: [T, heads, D] token-major)
+    -> [T, H, D]. The spans of one shape (prefix length, own length: a group's equally
+    long completions) run as one batch of ``scaled_dot_product_attention``, their queries
+    and keys gathered by index, and the outputs go back to token order in one gather: one
+    call per shape instead of one per completion, and a backward that scatters each index
+    once instead of a full-length zero gradient per span's slice."""
+    shapes: dict[tuple[int, int], list[tuple[int, int]]] = {}
+    order, pieces = [], []  # token positions, in the order of the pieces' rows
+    for (start, end, real), prefix in zip(layout.spans, layout.prefixes or [], strict=True):
+        if not real:  # padding: as without prefixes
+            order.append(torch.arange(start, end, device=q.device))
+            pieces.append(_span_attention(q[start:end], k[start:end], v[start:end], False,
+                                          window, scores))
+            continue
+        head = (start, start) if prefix is None else prefix
+        shapes.setdefault((head[1] - head[0], end - start), []).append((head[0], start))
+    for (offset, length), starts in shapes.items():
+        firsts = torch.tensor(starts, device=q.device)  # [n, 2]: prefix start, span start
+        own = firsts[:, 1:] + torch.arange(length, device=q.device)
+        keys = torch.cat([firsts[:, :1] + torch.arange(offset, device=q.device), own], dim=1)
+        order.append(own.reshape(-1))
+        pieces.append(_prefixed_attention(q[own], k[keys], v[keys], offset, window,
+                                          scores).reshape(-1, q.shape[1], q.shape[2]))
+    positions = torch.cat(order)
+    inverse = torch.empty_like(positions)
+    inverse[positions] = torch.arange(positions.numel(), device=q.device)
+    return torch.cat(pieces).index_select(0, inverse)
+
+
+def _prefixed_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, offset: int,
                         window: int | None, scores: Scores) -> torch.Tensor:
-    """One span's queries [L, heads, D] over its prefix's keys, all visible, then its own,
-    causally (k, v: the whole row's [T, KV, D]). The prefix's positions come right before
-    the span's, so one causal rule on positions covers both (and the sliding window)."""
-    start, end = span
-    if prefix is None:
-        return _span_attention(q, k[start:end], v[start:end], True, window, scores)
-    keys = torch.cat([k[prefix[0]:prefix[1]], k[start:end]])
-    values = torch.cat([v[prefix[0]:prefix[1]], v[start:end]])
-    offset = prefix[1] - prefix[0]
-    query_pos = torch.arange(offset, offset + end - start, device=q.device)[:, None]
-    key_pos = torch.arange(offset + end - start, device=q.device)[None, :]
-    allowed = key_pos <= query_pos
-    if window is not None:
-        allowed = allowed & (key_pos > query_pos - window)
-    out = scaled_attention(
-        q.transpose(0, 1)[None], keys.transpose(0, 1)[None], values.transpose(0, 1)[None],
-        allowed, scores=scores)
-    return out[0].transpose(0, 1)
+    """Spans' queries [n, L, heads, D] over their keys [n, offset + L, KV, D]: a prefix of
+    ``offset`` keys, all visible, then the span's own, causally. The prefix's positions
+    come right before the span's, so one causal rule on positions covers both (and the
+    sliding window). -> [n, L, H, D]"""
+    length = q.shape[1]
+    mask = None
+    if offset or (window is not None and window < length):
+        query_pos = torch.arange(offset, offset + length, device=q.device)[:, None]
+        key_pos = torch.arange(offset + length, device=q.device)[None, :]
+        mask = key_pos <= query_pos
+        if window is not None:
+            mask = mask & (key_pos > query_pos - window)
+    out = scaled_attention(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), mask,
+                           is_causal=mask is None, scores=scores)
+    return out.transpose(1, 2)
 
 
 def _varlen_prefixed(kernel: Callable[..., torch.Tensor], q: torch.Tensor, k: torch.Tensor,

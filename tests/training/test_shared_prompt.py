@@ -116,6 +116,36 @@ def test_each_prompt_is_computed_once():
     assert lengths == [torch.Size([1, len(A) + len(B) + len(C) + responses])]
 
 
+def test_equally_long_completions_share_one_attention_call(monkeypatch):
+    """Without a varlen kernel, a group's completions of one length attend in one batched
+    call per layer (one call per completion made the backward scatter a full-length zero
+    gradient per completion); their log-probs and gradients still equal the unshared
+    forward's."""
+    import torch.nn.functional as F
+
+    calls: list[int] = []
+    sdpa = F.scaled_dot_product_attention
+
+    def recording(query, key, value, **kwargs):
+        calls.append(query.shape[0])
+        return sdpa(query, key, value, **kwargs)
+
+    model = _model().train()
+    completions = [[11, 12, 13], [21, 22], [14, 15, 16], [26, 27], [17, 18, 19]]
+    batch = _batch([A, B, A, B, A], completions, [0, 1, 0, 1, 0])
+    want, want_grads = _outputs(model, batch)
+    monkeypatch.setattr(F, "scaled_dot_product_attention", recording)
+    got, got_grads = _outputs(model, replace(batch, share_prompt=True))
+    layers = model.config.num_layers
+    # per layer: the rows owning prompts A and B (each prompt and completion), then A's
+    # other two completions (3 tokens each) in one call, and B's other one
+    assert sorted(calls) == sorted([1, 1, 2, 1] * layers)
+    for key, value in want.items():
+        torch.testing.assert_close(got[key], value, rtol=0, atol=TOL, msg=key)
+    for name, grad in want_grads.items():
+        torch.testing.assert_close(got_grads[name], grad, rtol=0, atol=TOL, msg=name)
+
+
 def test_completions_of_a_group_never_see_each_other():
     """Changing one completion's tokens leaves its siblings' log-probs equal bit for bit."""
     model = _model().eval()
