@@ -12,7 +12,7 @@ the machine's load hits both alike; a round is one step of each, in fresh proces
 Prints the median step time of each (the first step of every run left out) and the
 astrai / TRL ratio: the median of the per-step ratios.
 
-    .venv/bin/python bench/bench_grpo_trl.py [--steps 6] [--prompts 8] [--group 8] [--tokens 16] [--rounds 2] [--device cpu]
+    .venv/bin/python bench/bench_grpo_trl.py [--steps 6] [--prompts 8] [--group 8] [--tokens 16] [--rounds 2] [--device cpu] [--share-prompt]
 
 TRL is a benchmark-only dependency: `make bench` installs bench/requirements.txt.
 """
@@ -171,13 +171,14 @@ def _engine_defaults(args: argparse.Namespace, sampler: dict) -> dict:
 
 
 def time_astrai(model_dir: Path, work: Path, args: argparse.Namespace) -> list[float]:
-    gated = None
+    trainer: dict[str, Any] = {"share_prompt": bool(getattr(args, "share_prompt", False))}
     if args.lockstep:  # the tracker waits for the go-ahead after each timed step
         register_gate_tracker()
-        gated = {"trainer": {"report_to": [{"name": "lockstep"}]}}
+        trainer["report_to"] = [{"name": "lockstep"}]
     # No stop token (the default is the EOS): every completion is args.tokens long, as TRL's.
     records = train_astrai(model_dir, work, args,
-                           {"max_new_tokens": args.tokens, "stop_token_ids": []}, gated)
+                           {"max_new_tokens": args.tokens, "stop_token_ids": []},
+                           {"trainer": trainer})
     return [r["time/step_seconds"] for r in records if "time/step_seconds" in r]
 
 
@@ -237,6 +238,8 @@ def main() -> None:
                         help="fresh astrai and TRL processes, their steps taken in turn")
     parser.add_argument("--device", default="cpu",
                         help="device backend of both trainers (cpu, cuda, npu)")
+    parser.add_argument("--share-prompt", action="store_true",
+                        help="astrai computes each group's prompt once (trainer.share_prompt)")
     parser.add_argument("--json", type=Path, default=None, help="also write the figures here")
     parser.add_argument("--only", choices=("astrai", "trl"), help=argparse.SUPPRESS)
     parser.add_argument("--model-dir", help=argparse.SUPPRESS)
@@ -256,7 +259,7 @@ def report(args: argparse.Namespace, steps: dict[str, list[float]]) -> None:
     ratio = median_ratio(steps["astrai"], steps["trl"])
     print(f"GRPO step, {args.size} model, {args.prompts} prompts x {args.group} completions x "
           f"{args.tokens} tokens, {args.threads} thread(s), {args.device}, {args.rounds} rounds, "
-          "steps interleaved")
+          "steps interleaved" + (", astrai with trainer.share_prompt" if args.share_prompt else ""))
     print(f"  astrai: {astrai_median:.3f} s/step   (steps: {', '.join(f'{s:.2f}' for s in steps['astrai'])})")
     print(f"  TRL   : {trl_median:.3f} s/step   (steps: {', '.join(f'{s:.2f}' for s in steps['trl'])})")
     print(f"  astrai / TRL time ratio: {ratio:.2f}, the median of {len(steps['trl'])} per-step "
