@@ -63,8 +63,6 @@ def scaled_attention(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor
     apply, the same attention written out."""
     scores = scores or Scores()
     group = query.shape[1] // key.shape[1]
-    if scores.softcap is None and query.shape[2] == 1 and not is_causal:
-        return _single_query_attention(query, key, value, mask, scores.scale)
     if scores.softcap is None:
         return F.scaled_dot_product_attention(query, key, value, attn_mask=mask,
                                               is_causal=is_causal, scale=scores.scale,
@@ -82,33 +80,6 @@ def scaled_attention(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor
         logits = logits + mask
     weights = torch.softmax(logits, dim=-1, dtype=torch.float32).to(value.dtype)
     return torch.matmul(weights, value)
-
-
-def _single_query_attention(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
-                            mask: torch.Tensor | None, scale: float | None) -> torch.Tensor:
-    """One query per row (a decode step) as two small matmuls: on CPU about twice as fast
-    as ``scaled_dot_product_attention``'s kernel, whose blocking is built for long queries.
-    The query heads of a key/value head are its group's rows ([B, KV, G, D]), so grouped
-    keys are never repeated."""
-    batch, heads, _, dim = query.shape
-    kv_heads = key.shape[1]
-    grouped = query.reshape(batch, kv_heads, heads // kv_heads, dim)
-    logits = torch.matmul(grouped, key.transpose(-1, -2))
-    logits = logits * (scale if scale is not None else dim ** -0.5)
-    if mask is not None and mask.dtype == torch.bool:  # [B, 1 or H, 1, T]: True = attend
-        logits = logits.masked_fill(~_grouped_mask(mask, kv_heads), torch.finfo(logits.dtype).min)
-    elif mask is not None:
-        logits = logits + _grouped_mask(mask, kv_heads)
-    weights = torch.softmax(logits, dim=-1, dtype=torch.float32).to(value.dtype)
-    return torch.matmul(weights, value).reshape(batch, heads, 1, dim)
-
-
-def _grouped_mask(mask: torch.Tensor, kv_heads: int) -> torch.Tensor:
-    """A mask of one query ([B, 1 or H, 1, T], or fewer dims) laid out to broadcast over
-    the grouped logits [B, KV, G, T]."""
-    if mask.dim() == 4 and mask.shape[1] > 1:
-        return mask.reshape(mask.shape[0], kv_heads, -1, mask.shape[-1])
-    return mask
 
 
 def document_layout(documents: torch.Tensor, attention_mask: torch.Tensor | None

@@ -44,28 +44,3 @@ def test_decode_step_mask_equals_the_general_mask():
     allowed[..., -1] = True  # a query always sees itself
     expected = torch.zeros(3, 1, 1, 5).masked_fill_(~allowed, torch.finfo(torch.float32).min)
     assert torch.equal(fast.mask, expected)
-
-
-def test_decode_step_attention_equals_sdpa():
-    """One query per row takes two plain matmuls, not SDPA's kernel: the same attention
-    (grouped heads, every mask form a decode step can get), to float32 rounding."""
-    import torch.nn.functional as F
-
-    from astrai_core.model.document_attention import Scores, scaled_attention
-
-    torch.manual_seed(0)
-    for heads, kv_heads in ((8, 8), (8, 2), (8, 1)):
-        query = torch.randn(3, heads, 1, 16)
-        key, value = torch.randn(3, kv_heads, 12, 16), torch.randn(3, kv_heads, 12, 16)
-        attend = torch.ones(3, 1, 1, 12, dtype=torch.bool)
-        attend[0, ..., :5] = False  # a left-padded row
-        additive = torch.zeros(attend.shape).masked_fill(~attend, torch.finfo(torch.float32).min)
-        per_head = attend.expand(3, heads, 1, 12).clone()
-        per_head[1, heads - 1, 0, :3] = False  # one head of one row sees less
-        for mask in (None, attend, additive, per_head):
-            for scale in (None, 0.3):
-                expected = F.scaled_dot_product_attention(query, key, value, attn_mask=mask,
-                                                          scale=scale, enable_gqa=heads > kv_heads)
-                got = scaled_attention(query, key, value, mask, scores=Scores(scale=scale))
-                assert got.shape == expected.shape
-                torch.testing.assert_close(got, expected, rtol=0, atol=2e-6)
