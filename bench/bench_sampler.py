@@ -188,10 +188,10 @@ def main() -> None:
     from astrai_core.sampling import TorchSampler
 
     device = resolve_device(process_registry(), args.device).device(0)
-    args.device = str(device)
     prompts = make_prompts(args.batch, SIZE["vocab_size"])
     with tempfile.TemporaryDirectory() as tmp:
         native = build_models(args.model_type, torch.device("cpu"), tmp)
+        # the stop token of the third scenario, from a greedy run here; the peers run on `device`
         eos = pick_eos(run_astrai(TorchSampler(model=native, max_batch_size=args.batch), prompts,
                                   args.new_tokens, sample=False))
         print(f"model {args.model_type} ({args.size}) {native.num_parameters() / 1e6:.2f}M params, "
