@@ -197,10 +197,10 @@ def test_the_sampler_part_reads_the_benchmark_figures(tmp_path, gpu_check):
 
     same = [[1, 2, 3]]
     figures = {"device": "cuda:0", "scenarios": {
-        "greedy": bench_sampler.report("greedy", {"transformers": (2.0, same),
-                                                  "astrai": (1.0, same)}, sample=False),
-        "stop": bench_sampler.report("stop", {"transformers": (1.0, same),
-                                              "astrai": (1.0, [[1, 2, 4]])}, sample=False)}}
+        "greedy": bench_sampler.report("greedy", {"transformers": ([2.0], same),
+                                                  "astrai": ([1.0], same)}, sample=False),
+        "stop": bench_sampler.report("stop", {"transformers": ([1.0], same),
+                                              "astrai": ([1.0], [[1, 2, 4]])}, sample=False)}}
     (tmp_path / "sampler.json").write_text(json.dumps(figures))
     ctx = parts.Context(python=sys.executable, vllm_python=sys.executable, out=tmp_path,
                         backend="cuda", device={})
