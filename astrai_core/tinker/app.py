@@ -8,9 +8,7 @@ with a 4xx: at submission as the HTTP status, later as the future's result.
 from __future__ import annotations
 
 import asyncio
-import json
 from contextlib import asynccontextmanager
-from typing import Any
 
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response
@@ -19,25 +17,12 @@ from astrai_core.tinker import routes_train, routes_sample
 from astrai_core.tinker.auth import KeyCheck
 from astrai_core.tinker.engine_types import Engine, EngineRequestError
 from astrai_core.tinker.futures import FutureStore
+from astrai_core.tinker.http_json import error, read_json
 from astrai_core.tinker.protowire import ProtoError
 from astrai_core.tinker.service import Limits, TinkerService
 
 OPEN_PATHS = {"/api/v1/healthz"}
 POLL_WAIT_S = 20.0  # how long retrieve_future holds a pending request before try_again
-
-
-def error(status: int, message: str, category: str = "user", headers: dict | None = None) -> JSONResponse:
-    return JSONResponse({"error": message, "category": category}, status_code=status, headers=headers)
-
-
-async def read_json(request: Request) -> dict[str, Any]:
-    try:
-        body = json.loads(await request.body() or b"{}")
-    except ValueError as exc:
-        raise EngineRequestError(f"request body is not JSON: {exc}") from None
-    if not isinstance(body, dict):
-        raise EngineRequestError("request body must be a JSON object")
-    return body
 
 
 def create_app(engine: Engine, *, api_key: str | None = None, limits: Limits | None = None) -> FastAPI:
@@ -87,10 +72,10 @@ def _service_routes(app: FastAPI, keys: KeyCheck, state: dict[str, TinkerService
         return {"status": "ok"}
 
     @app.post("/api/v1/auth/token")
-    async def auth_token(request: Request) -> Any:
+    async def auth_token(request: Request) -> Response:
         if not keys.is_key(request.headers.get("x-api-key")):  # a token cannot renew itself
             return error(401, "exchange the API key itself for a token")
-        return {"jwt": keys.mint()}
+        return JSONResponse({"jwt": keys.mint()})
 
     @app.post("/api/v1/client/config")
     async def client_config() -> dict:

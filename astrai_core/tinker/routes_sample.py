@@ -6,6 +6,7 @@ from fastapi import FastAPI, Request
 
 from astrai_core.tinker import paths
 from astrai_core.tinker.engine_types import EngineRequestError, SamplerTarget
+from astrai_core.tinker.http_json import read_json
 from astrai_core.tinker.futures import PROTO, Payload
 from astrai_core.tinker.service import TinkerService
 from astrai_core.tinker.wire_sample import ModelInputIn, encode_sample, model_input_tokens, sample_spec
@@ -39,8 +40,6 @@ def _check_prompt(svc: TinkerService, base_name: str, prompt: list[int], num_sam
 
 
 def register(app: FastAPI, state: dict[str, TinkerService]) -> None:
-    from astrai_core.tinker.app import read_json
-
     @app.post("/api/v1/create_sampling_session")
     async def create_sampling_session(request: Request) -> dict:
         svc, body = state["svc"], await read_json(request)

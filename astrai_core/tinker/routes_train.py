@@ -9,6 +9,7 @@ from fastapi import FastAPI, Request
 
 from astrai_core.tinker import paths
 from astrai_core.tinker.engine_types import AdamSpec, DatumIn, EngineRequestError, LoraSpec
+from astrai_core.tinker.http_json import read_json
 from astrai_core.tinker.futures import PROTO, Payload, json_payload
 from astrai_core.tinker.service import ModelRecord, TinkerService
 from astrai_core.tinker.wire_fwdbwd import decode_request, encode_output
@@ -60,8 +61,6 @@ def register(app: FastAPI, state: dict[str, TinkerService]) -> None:
 
 
 def _register_models(app: FastAPI, state: dict[str, TinkerService]) -> None:
-    from astrai_core.tinker.app import read_json
-
     @app.post("/api/v1/create_model")
     async def create_model(request: Request) -> dict:
         svc, body = state["svc"], await read_json(request)
@@ -100,8 +99,6 @@ def _register_models(app: FastAPI, state: dict[str, TinkerService]) -> None:
 
 
 def _register_steps(app: FastAPI, state: dict[str, TinkerService]) -> None:
-    from astrai_core.tinker.app import read_json
-
     @app.post("/api/v1/forward_backward")
     async def forward_backward(request: Request) -> dict:
         svc = state["svc"]
@@ -136,8 +133,6 @@ def _register_steps(app: FastAPI, state: dict[str, TinkerService]) -> None:
 
 
 def _register_weights(app: FastAPI, state: dict[str, TinkerService]) -> None:
-    from astrai_core.tinker.app import read_json
-
     @app.post("/api/v1/save_weights")
     async def save_weights(request: Request) -> dict:
         svc, body = state["svc"], await read_json(request)

@@ -77,3 +77,21 @@ def test_missing_future_unknown_model_and_bad_paths(server):
         assert http.get("/api/v1/healthz", headers={"X-API-Key": ""}).json() == {"status": "ok"}
         assert http.post("/api/v1/telemetry", json={"events": []}).json() == {"status": "accepted"}
         assert http.post("/api/v1/create_session", headers={"X-API-Key": "tml-wrong"}).status_code == 401
+
+
+def test_token_exchange_and_body_limit(tokenizer_dir, tmp_path):
+    from astrai_core.tinker.service import Limits
+    from tests.tinker.conftest import live_tinker
+    from tests.tinker.fake_engine import FakeEngine
+
+    with live_tinker(FakeEngine(tokenizer_dir, tmp_path), limits=Limits(max_body_bytes=1000)) as live:
+        with httpx.Client(base_url=live.base_url) as http:
+            token = http.post("/api/v1/auth/token", headers={"X-API-Key": "tml-test-key"}).json()["jwt"]
+            assert http.post("/api/v1/create_session", json={}, headers={"X-API-Key": token}).status_code == 200
+            assert http.post("/api/v1/auth/token", headers={"X-API-Key": token}).status_code == 401
+            forged = token[:-2] + ("AA" if not token.endswith("AA") else "BB")
+            refused = http.post("/api/v1/create_session", json={}, headers={"X-API-Key": forged})
+            assert refused.status_code == 401 and "invalid_token" in refused.headers["WWW-Authenticate"]
+            big = http.post("/api/v1/create_session", content=b"{" + b" " * 2000 + b"}",
+                            headers={"X-API-Key": "tml-test-key", "Content-Type": "application/json"})
+            assert big.status_code == 413 and "over the server's limit of 1000 bytes" in big.json()["error"]
