@@ -39,6 +39,7 @@ def create_app(engine: Engine, *, api_key: str | None = None, limits: Limits | N
             await asyncio.to_thread(state["svc"].close)
 
     app = FastAPI(title="astrai tinker", docs_url=None, redoc_url=None, openapi_url=None, lifespan=lifespan)
+    app.state.max_body_bytes = limits.max_body_bytes
 
     @app.middleware("http")
     async def _guard(request: Request, call_next):

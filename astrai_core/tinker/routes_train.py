@@ -9,7 +9,7 @@ from fastapi import FastAPI, Request
 
 from astrai_core.tinker import paths
 from astrai_core.tinker.engine_types import AdamSpec, DatumIn, EngineRequestError, LoraSpec
-from astrai_core.tinker.http_json import read_json
+from astrai_core.tinker.http_json import read_body, read_json
 from astrai_core.tinker.futures import PROTO, Payload, json_payload
 from astrai_core.tinker.service import ModelRecord, TinkerService
 from astrai_core.tinker.wire_fwdbwd import decode_request, encode_output
@@ -102,7 +102,7 @@ def _register_steps(app: FastAPI, state: dict[str, TinkerService]) -> None:
     @app.post("/api/v1/forward_backward")
     async def forward_backward(request: Request) -> dict:
         svc = state["svc"]
-        req = decode_request(await request.body())
+        req = decode_request(await read_body(request))
         record = svc.model(req.model_id)
         try:
             check_datums(record, req.datums, svc.limits.max_datums, svc.limits.max_datum_tokens)

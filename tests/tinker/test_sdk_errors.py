@@ -95,3 +95,20 @@ def test_token_exchange_and_body_limit(tokenizer_dir, tmp_path):
             big = http.post("/api/v1/create_session", content=b"{" + b" " * 2000 + b"}",
                             headers={"X-API-Key": "tml-test-key", "Content-Type": "application/json"})
             assert big.status_code == 413 and "over the server's limit of 1000 bytes" in big.json()["error"]
+
+
+def test_a_chunked_body_is_counted_as_it_arrives(tokenizer_dir, tmp_path):
+    from astrai_core.tinker.service import Limits
+    from tests.tinker.conftest import live_tinker
+    from tests.tinker.fake_engine import FakeEngine
+
+    def chunks():
+        yield b"{"
+        for _ in range(20):
+            yield b" " * 100
+        yield b"}"
+
+    with live_tinker(FakeEngine(tokenizer_dir, tmp_path), limits=Limits(max_body_bytes=1000)) as live:
+        with httpx.Client(base_url=live.base_url, headers={"X-API-Key": "tml-test-key"}) as http:
+            big = http.post("/api/v1/session_heartbeat", content=chunks())
+            assert big.status_code == 413 and "limit of 1000 bytes" in big.json()["error"]
