@@ -107,6 +107,6 @@ def run(args: argparse.Namespace) -> int:
     state_dir = Path(args.state_dir).expanduser()
     state_dir.mkdir(parents=True, exist_ok=True)
     engine = build_engine(models, state_dir, args.device)
-    app = create_app(engine, api_key=api_key, limits=limits)
+    app = create_app(engine, api_key=api_key, limits=limits, state_dir=state_dir)
     uvicorn.Server(uvicorn.Config(app, host=args.host, port=args.port, log_level="info")).run()
     return 0

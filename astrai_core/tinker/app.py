@@ -9,12 +9,14 @@ from __future__ import annotations
 
 import asyncio
 from contextlib import asynccontextmanager
+from pathlib import Path
 
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response
 
 from astrai_core.tinker import routes_train, routes_sample
 from astrai_core.tinker.auth import KeyCheck
+from astrai_core.tinker.ckpt_index import CheckpointIndex
 from astrai_core.tinker.engine_types import Engine, EngineRequestError
 from astrai_core.tinker.futures import FutureStore
 from astrai_core.tinker.http_json import error, read_json
@@ -25,14 +27,18 @@ OPEN_PATHS = {"/api/v1/healthz"}
 POLL_WAIT_S = 20.0  # how long retrieve_future holds a pending request before try_again
 
 
-def create_app(engine: Engine, *, api_key: str | None = None, limits: Limits | None = None) -> FastAPI:
+def create_app(engine: Engine, *, api_key: str | None = None, limits: Limits | None = None,
+               state_dir: Path | None = None) -> FastAPI:
+    """The app serving ``engine``; ``state_dir``: where the engine saves, to find what a
+    checkpoint was trained on after a restart."""
     keys = KeyCheck(api_key)
     limits = limits or Limits()
     state: dict[str, TinkerService] = {}
 
     @asynccontextmanager
     async def lifespan(_app: FastAPI):
-        state["svc"] = TinkerService(engine, FutureStore(asyncio.get_running_loop()), limits)
+        state["svc"] = TinkerService(engine, FutureStore(asyncio.get_running_loop()), limits,
+                                     CheckpointIndex(state_dir))
         try:
             yield
         finally:

@@ -19,11 +19,10 @@ def _sampler_for(svc: TinkerService, model_path: str | None, base_model: str | N
         key = paths.key_of(model_path)
         if paths.kind_of(key) != "sampler_weights":
             raise EngineRequestError(f"{model_path}: sample from weights saved with save_weights_for_sampler")
-        owner = svc.models.get(key.split("/")[0])
-        base = base_model or (owner.base.name if owner else None)
-        if base is None and len(svc.bases) == 1:
-            base = next(iter(svc.bases))
-        return svc.new_sampler(svc.base(base).name, key)
+        found = svc.index.lookup(key)
+        if found is None:
+            raise EngineRequestError(f"{model_path}: no such checkpoint on this server", status=404)
+        return svc.new_sampler(svc.base(base_model or found[0]).name, key)
     return svc.new_sampler(svc.base(base_model).name, None)
 
 

@@ -141,6 +141,7 @@ def _register_weights(app: FastAPI, state: dict[str, TinkerService]) -> None:
 
         def work() -> Payload:
             key = svc.engine.save_weights(record.model_id, name, for_sampler=False)
+            svc.index.record(key, record.base.name, record.lora)
             return json_payload({"path": paths.path_for(key), "type": "save_weights"})
         return {"request_id": svc.enqueue(record.model_id, work, model_seq=_model_seq(body)),
                 "model_id": record.model_id}
@@ -154,6 +155,7 @@ def _register_weights(app: FastAPI, state: dict[str, TinkerService]) -> None:
 
         def work() -> Payload:
             key = svc.engine.save_weights(record.model_id, name, for_sampler=True)
+            svc.index.record(key, record.base.name, record.lora)
             out: dict[str, Any] = {"path": paths.path_for(key), "type": "save_weights_for_sampler"}
             if not named:
                 out["sampling_session_id"] = svc.new_sampler(record.base.name, key)
@@ -182,12 +184,12 @@ def _register_weights(app: FastAPI, state: dict[str, TinkerService]) -> None:
 
 
 def _model_from_checkpoint(svc: TinkerService, body: dict[str, Any], key: str) -> ModelRecord:
-    """Create-via-load: the checkpoint's owner gives the base and the adapter's rank."""
-    source = svc.models.get(key.split("/")[0])
-    base_name = body.get("base_model") or (source.base.name if source else None)
-    if base_name is None and len(svc.bases) == 1:
-        base_name = next(iter(svc.bases))
-    lora = source.lora if source else LoraSpec(rank=int(body.get("lora_rank") or 32))
+    """Create-via-load: the checkpoint's record gives the base and the adapter's shape."""
+    found = svc.index.lookup(key)
+    if found is None:
+        raise EngineRequestError(f"{paths.path_for(key)}: no such checkpoint on this server", status=404)
+    base_name, lora = found
+    base_name = body.get("base_model") or base_name
     record = svc.reserve_model(str(body["session_id"]), int(body.get("model_seq_id", 0)), svc.base(base_name), lora)
     svc.gate.open(record.model_id, 1)
     model_id, base = record.model_id, record.base.name

@@ -12,6 +12,7 @@ import uuid
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
+from astrai_core.tinker.ckpt_index import CheckpointIndex
 from astrai_core.tinker.engine_types import BaseModelFacts, Engine, EngineRequestError, LoraSpec
 from astrai_core.tinker.futures import FutureStore, Payload, failure
 from astrai_core.tinker.scheduler import FairScheduler, SeqGate
@@ -54,8 +55,10 @@ class SessionRecord:
 
 
 class TinkerService:
-    def __init__(self, engine: Engine, futures: FutureStore, limits: Limits) -> None:
+    def __init__(self, engine: Engine, futures: FutureStore, limits: Limits,
+                 index: CheckpointIndex | None = None) -> None:
         self.engine = engine
+        self.index = index or CheckpointIndex(None)
         self.futures = futures
         self.limits = limits
         self.scheduler = FairScheduler()

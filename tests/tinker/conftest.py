@@ -28,7 +28,7 @@ class LiveTinker:
         self.socket.bind(("127.0.0.1", 0))
         self.socket.listen(128)
         self.base_url = f"http://127.0.0.1:{self.socket.getsockname()[1]}"
-        app = create_app(engine, api_key=api_key, limits=limits)
+        app = create_app(engine, api_key=api_key, limits=limits, state_dir=engine.state_dir)
         self.server = uvicorn.Server(uvicorn.Config(app, log_level="warning", lifespan="on"))
         self.thread = threading.Thread(target=self.server.run, kwargs={"sockets": [self.socket]}, daemon=True)
         self.thread.start()

@@ -80,3 +80,25 @@ def test_save_state_then_load_in_a_new_client(server, fake):
     a = trainer.forward(ROWS, "cross_entropy").result().metrics["loss:sum"]
     b = resumed.forward(ROWS, "cross_entropy").result().metrics["loss:sum"]
     assert a == b
+
+
+def test_a_new_server_resumes_from_saved_state(tokenizer_dir, tmp_path):
+    from tests.tinker.conftest import live_tinker
+    from tests.tinker.fake_engine import FakeEngine
+
+    with live_tinker(FakeEngine(tokenizer_dir, tmp_path)) as first:
+        trainer = first.client().create_lora_training_client(base_model=BASE, rank=3, seed=5).result()
+        trainer.forward_backward(ROWS, "cross_entropy").result()
+        trainer.optim_step(types.AdamParams(learning_rate=0.1)).result()
+        path = trainer.save_state("resume").result().path
+        sampler_path = trainer.save_weights_for_sampler("s").result().path
+        want = trainer.forward(ROWS, "cross_entropy").result().metrics["loss:sum"]
+    with live_tinker(FakeEngine(tokenizer_dir, tmp_path)) as second:
+        service = second.client()
+        resumed = service.create_training_client_from_state_with_optimizer(path).result()
+        assert resumed.get_info().lora_rank == 3 and resumed.get_info().model_data.model_name == BASE
+        assert resumed.forward(ROWS, "cross_entropy").result().metrics["loss:sum"] == want
+        sampler = service.create_sampling_client(model_path=sampler_path).result()
+        assert sampler.get_base_model() == BASE
+        with pytest.raises(Exception, match="no such checkpoint on this server"):
+            service.create_training_client_from_state(path.replace("resume", "other")).result()
