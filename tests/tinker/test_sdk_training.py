@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import time
+
 import numpy as np
 import pytest
 
@@ -102,3 +104,49 @@ def test_a_new_server_resumes_from_saved_state(tokenizer_dir, tmp_path):
         assert sampler.get_base_model() == BASE
         with pytest.raises(Exception, match="no such checkpoint on this server"):
             service.create_training_client_from_state(path.replace("resume", "other")).result()
+
+
+def test_custom_loss_runs_through_forward_and_cross_entropy(server, fake):
+    import torch
+
+    trainer = server.client().create_lora_training_client(base_model=BASE, rank=2).result()
+
+    def neg_mean_logprob(data, logprobs_list):
+        loss = -torch.stack([lp.mean() for lp in logprobs_list]).sum()
+        return loss, {"custom:sum": float(loss.detach())}
+
+    out = trainer.forward_backward_custom(ROWS, neg_mean_logprob).result()
+    assert out.metrics["custom:sum"] == pytest.approx(out.metrics["loss:sum"])
+    assert [c for c, _ in fake.log] == ["forward", "forward_backward"]
+    assert fake.grad[trainer.model_id] != 0
+
+
+def test_a_pickled_sampling_client_joins_its_session(server, fake):
+    import pickle
+
+    service = server.client()
+    trainer = service.create_lora_training_client(base_model=BASE, rank=2).result()
+    sampler = trainer.save_weights_and_get_sampling_client().result()
+    clone = pickle.loads(pickle.dumps(sampler))
+    params = types.SamplingParams(max_tokens=3)
+    a = sampler.sample(types.ModelInput.from_ints([5]), 1, params).result()
+    b = clone.sample(types.ModelInput.from_ints([5]), 1, params).result()
+    assert a.sequences[0].tokens == b.sequences[0].tokens
+    assert a.sequences[0].sequence_id != b.sequences[0].sequence_id
+
+
+def test_closing_a_session_unloads_its_models(server, fake):
+    import httpx
+
+    service = server.client()
+    trainer = service.create_lora_training_client(base_model=BASE, rank=2).result()
+    session = trainer.model_id.split(":")[0]
+    service.close("success").result()
+    with httpx.Client(base_url=server.base_url, headers={"X-API-Key": "tml-test-key"}) as http:
+        for _ in range(100):
+            if trainer.model_id not in fake.w:
+                break
+            time.sleep(0.05)
+        assert trainer.model_id not in fake.w
+        assert http.post("/api/v1/session_heartbeat", json={"session_id": session}).status_code == 410
+        assert http.post("/api/v1/get_info", json={"model_id": trainer.model_id}).status_code == 404
