@@ -25,6 +25,14 @@ from astrai_core.tinker.service import Limits, TinkerService
 
 OPEN_PATHS = {"/api/v1/healthz"}
 POLL_WAIT_S = 20.0  # how long retrieve_future holds a pending request before try_again
+SESSION_IDLE_S = 300.0  # the SDK heartbeats every 10 s; a session silent this long is finished
+
+
+async def _reap_idle_sessions(svc: TinkerService) -> None:
+    """Finish abandoned sessions (a client that died), so their adapters are freed."""
+    while True:
+        await asyncio.sleep(SESSION_IDLE_S / 10)
+        svc.reap(SESSION_IDLE_S)
 
 
 def create_app(engine: Engine, *, api_key: str | None = None, limits: Limits | None = None,
@@ -37,12 +45,14 @@ def create_app(engine: Engine, *, api_key: str | None = None, limits: Limits | N
 
     @asynccontextmanager
     async def lifespan(_app: FastAPI):
-        state["svc"] = TinkerService(engine, FutureStore(asyncio.get_running_loop()), limits,
-                                     CheckpointIndex(state_dir))
+        svc = state["svc"] = TinkerService(engine, FutureStore(asyncio.get_running_loop()), limits,
+                                           CheckpointIndex(state_dir))
+        reaper = asyncio.create_task(_reap_idle_sessions(svc))
         try:
             yield
         finally:
-            await asyncio.to_thread(state["svc"].close)
+            reaper.cancel()
+            await asyncio.to_thread(svc.close)
 
     app = FastAPI(title="astrai tinker", docs_url=None, redoc_url=None, openapi_url=None, lifespan=lifespan)
     app.state.max_body_bytes = limits.max_body_bytes
@@ -116,11 +126,7 @@ def _service_routes(app: FastAPI, keys: KeyCheck, state: dict[str, TinkerService
 
     @app.post("/api/v1/sessions/{session_id}/finish")
     async def finish(session_id: str) -> dict:
-        svc = state["svc"]
-        svc.session(session_id).finished = True
-        for model_id in [m for m, rec in svc.models.items() if rec.session_id == session_id]:
-            svc.drop_model(model_id)
-            svc.enqueue(model_id, routes_train.unload_work(svc, model_id))
+        state["svc"].finish_session(session_id)
         return {}
 
 

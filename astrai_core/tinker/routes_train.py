@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from typing import Any
 
 from fastapi import FastAPI, Request
@@ -15,13 +14,6 @@ from astrai_core.tinker.service import ModelRecord, TinkerService
 from astrai_core.tinker.wire_fwdbwd import decode_request, encode_output
 
 _ADAM_FIELDS = ("learning_rate", "beta1", "beta2", "eps", "weight_decay", "grad_clip_norm")
-
-
-def unload_work(svc: TinkerService, model_id: str) -> Callable[[], Payload]:
-    def work() -> Payload:
-        svc.engine.unload_model(model_id)
-        return json_payload({"model_id": model_id, "type": "unload_model"})
-    return work
 
 
 def check_datums(record: ModelRecord, datums: list[DatumIn], max_datums: int,
@@ -94,8 +86,7 @@ def _register_models(app: FastAPI, state: dict[str, TinkerService]) -> None:
     async def unload_model(request: Request) -> dict:
         svc = state["svc"]
         model_id = svc.model(str((await read_json(request)).get("model_id"))).model_id
-        svc.drop_model(model_id)
-        return {"request_id": svc.enqueue(model_id, unload_work(svc, model_id)), "model_id": model_id}
+        return {"request_id": svc.unload(model_id), "model_id": model_id}
 
 
 def _register_steps(app: FastAPI, state: dict[str, TinkerService]) -> None:

@@ -16,6 +16,7 @@ import structlog
 log = structlog.get_logger(__name__)
 
 Job = Callable[[], None]
+REMEMBERED = 4096  # request ids kept per model to answer a retried request with
 
 
 class FairScheduler:
@@ -34,10 +35,6 @@ class FairScheduler:
                 self._turns.append(tenant)
             queue.append(job)
             self._cond.notify()
-
-    def pending(self) -> int:
-        with self._cond:
-            return sum(len(q) for q in self._queues.values())
 
     def _take(self) -> Job | None:
         with self._cond:
@@ -81,18 +78,21 @@ class SeqGate:
         self.lock = threading.Lock()
         self._next: dict[str, int] = {}
         self._held: dict[str, dict[int, Job | None]] = {}
-        self._seen: dict[tuple[str, int], str] = {}
+        self._seen: dict[str, dict[int, str]] = {}  # per model: seq_id -> request id
 
     def open(self, model_id: str, next_seq: int) -> None:
         self._next[model_id] = next_seq
         self._held[model_id] = {}
 
     def seen(self, model_id: str, seq: int) -> str | None:
-        return self._seen.get((model_id, seq))
+        return self._seen.get(model_id, {}).get(seq)
 
     def arrive(self, model_id: str, seq: int, request_id: str, job: Job | None) -> list[Job]:
         """Record request ``seq`` (``job`` None: refused, its turn passes); the jobs now due."""
-        self._seen[(model_id, seq)] = request_id
+        seen = self._seen.setdefault(model_id, {})
+        seen[seq] = request_id
+        if len(seen) > REMEMBERED:  # a retry follows its request closely; the oldest go
+            del seen[next(iter(seen))]
         expected = self._next.get(model_id)
         if expected is None or seq < expected:  # unordered, or a number already passed
             return [job] if job is not None else []
@@ -110,3 +110,4 @@ class SeqGate:
     def close(self, model_id: str) -> None:
         self._next.pop(model_id, None)
         self._held.pop(model_id, None)
+        self._seen.pop(model_id, None)

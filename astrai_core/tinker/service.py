@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 
 from astrai_core.tinker.ckpt_index import CheckpointIndex
 from astrai_core.tinker.engine_types import BaseModelFacts, Engine, EngineRequestError, LoraSpec
-from astrai_core.tinker.futures import FutureStore, Payload, failure
+from astrai_core.tinker.futures import FutureStore, Payload, failure, json_payload
 from astrai_core.tinker.scheduler import FairScheduler, SeqGate
 
 MIB = 1 << 20
@@ -118,6 +118,30 @@ class TinkerService:
         with self._lock:
             self.models.pop(model_id, None)
         self.gate.close(model_id)
+
+    def unload(self, model_id: str) -> str:
+        """Forget the model now and free its adapter in turn; the unload's request id."""
+        self.drop_model(model_id)
+
+        def work() -> Payload:
+            self.engine.unload_model(model_id)
+            return json_payload({"model_id": model_id, "type": "unload_model"})
+        return self.enqueue(model_id, work)
+
+    def finish_session(self, session_id: str) -> None:
+        """Mark the session finished and unload its models."""
+        self.session(session_id).finished = True
+        for model_id in [m for m, rec in list(self.models.items()) if rec.session_id == session_id]:
+            self.unload(model_id)
+
+    def reap(self, max_idle_s: float) -> list[str]:
+        """Finish the sessions not heard from (no heartbeat, no request) for ``max_idle_s``."""
+        now = time.monotonic()
+        stale = [s for s, rec in list(self.sessions.items())
+                 if not rec.finished and now - rec.last_seen > max_idle_s]
+        for session_id in stale:
+            self.finish_session(session_id)
+        return stale
 
     # -- sampling sessions ----------------------------------------------------------------
     def new_sampler(self, base_model: str, key: str | None) -> str:
