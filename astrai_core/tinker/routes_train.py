@@ -126,33 +126,11 @@ def _register_steps(app: FastAPI, state: dict[str, TinkerService]) -> None:
 def _register_weights(app: FastAPI, state: dict[str, TinkerService]) -> None:
     @app.post("/api/v1/save_weights")
     async def save_weights(request: Request) -> dict:
-        svc, body = state["svc"], await read_json(request)
-        record = svc.model(str(body.get("model_id")))
-        name = paths.check_name(str(body.get("path") or f"step-{body.get('seq_id', 0)}"))
-
-        def work() -> Payload:
-            key = svc.engine.save_weights(record.model_id, name, for_sampler=False)
-            svc.index.record(key, record.base.name, record.lora)
-            return json_payload({"path": paths.path_for(key), "type": "save_weights"})
-        return {"request_id": svc.enqueue(record.model_id, work, model_seq=_model_seq(body)),
-                "model_id": record.model_id}
+        return _save(state["svc"], await read_json(request), for_sampler=False)
 
     @app.post("/api/v1/save_weights_for_sampler")
     async def save_for_sampler(request: Request) -> dict:
-        svc, body = state["svc"], await read_json(request)
-        record = svc.model(str(body.get("model_id")))
-        named = body.get("path") is not None
-        name = paths.check_name(str(body["path"]) if named else f"ephemeral-{body.get('seq_id', 0)}")
-
-        def work() -> Payload:
-            key = svc.engine.save_weights(record.model_id, name, for_sampler=True)
-            svc.index.record(key, record.base.name, record.lora)
-            out: dict[str, Any] = {"path": paths.path_for(key), "type": "save_weights_for_sampler"}
-            if not named:
-                out["sampling_session_id"] = svc.new_sampler(record.base.name, key)
-            return json_payload(out)
-        return {"request_id": svc.enqueue(record.model_id, work, model_seq=_model_seq(body)),
-                "model_id": record.model_id}
+        return _save(state["svc"], await read_json(request), for_sampler=True)
 
     @app.post("/api/v1/load_weights")
     async def load_weights(request: Request) -> dict:
@@ -190,3 +168,22 @@ def _model_from_checkpoint(svc: TinkerService, body: dict[str, Any], key: str) -
         return json_payload({"model_id": model_id, "type": "create_model"})
     svc.enqueue(model_id, create)
     return record
+
+
+def _save(svc: TinkerService, body: dict[str, Any], *, for_sampler: bool) -> dict:
+    """save_state, or save_weights_for_sampler: unnamed, it also opens a sampling session."""
+    record = svc.model(str(body.get("model_id")))
+    named = body.get("path") is not None
+    default = f"{'ephemeral' if for_sampler else 'step'}-{body.get('seq_id', 0)}"
+    name = paths.check_name(str(body["path"]) if named else default)
+    kind = "save_weights_for_sampler" if for_sampler else "save_weights"
+
+    def work() -> Payload:
+        key = svc.engine.save_weights(record.model_id, name, for_sampler=for_sampler)
+        svc.index.record(key, record.base.name, record.lora)
+        out: dict[str, Any] = {"path": paths.path_for(key), "type": kind}
+        if for_sampler and not named:
+            out["sampling_session_id"] = svc.new_sampler(record.base.name, key)
+        return json_payload(out)
+    return {"request_id": svc.enqueue(record.model_id, work, model_seq=_model_seq(body)),
+            "model_id": record.model_id}

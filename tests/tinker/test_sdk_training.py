@@ -22,6 +22,15 @@ def datum(tokens: list[int], targets: list[int], weights: list[float] | None = N
 ROWS = [datum([1, 2, 3, 4], [2, 3, 4, 5], [0.0, 1.0, 1.0, 1.0]), datum([7, 8, 9], [8, 9, 10])]
 
 
+def trained_client(server):
+    """A service client and a training client one step past its start."""
+    service = server.client()
+    trainer = service.create_lora_training_client(base_model=BASE, rank=2).result()
+    trainer.forward_backward(ROWS, "cross_entropy").result()
+    trainer.optim_step(types.AdamParams(learning_rate=0.1)).result()
+    return service, trainer
+
+
 def test_ten_steps_loss_falls_and_outputs_round_trip(server, fake):
     service = server.client()
     trainer = service.create_lora_training_client(base_model=BASE, rank=4).result()
@@ -45,10 +54,7 @@ def test_ten_steps_loss_falls_and_outputs_round_trip(server, fake):
 
 
 def test_sample_from_saved_weights_with_logprobs(server, fake):
-    service = server.client()
-    trainer = service.create_lora_training_client(base_model=BASE, rank=2).result()
-    trainer.forward_backward(ROWS, "cross_entropy").result()
-    trainer.optim_step(types.AdamParams(learning_rate=0.1)).result()
+    service, trainer = trained_client(server)
     path = trainer.save_weights_for_sampler("snap").result().path
     assert path == f"tinker://{trainer.model_id}/sampler_weights/snap"
     sampler = service.create_sampling_client(model_path=path).result()
@@ -70,10 +76,7 @@ def test_sample_from_saved_weights_with_logprobs(server, fake):
 
 
 def test_save_state_then_load_in_a_new_client(server, fake):
-    service = server.client()
-    trainer = service.create_lora_training_client(base_model=BASE, rank=2).result()
-    trainer.forward_backward(ROWS, "cross_entropy").result()
-    trainer.optim_step(types.AdamParams(learning_rate=0.1)).result()
+    service, trainer = trained_client(server)
     path = trainer.save_state("ckpt").result().path
     assert path == f"tinker://{trainer.model_id}/weights/ckpt"
     w_saved = fake.w[trainer.model_id]
