@@ -99,6 +99,8 @@ def _service_routes(app: FastAPI, keys: KeyCheck, state: dict[str, TinkerService
         lim = state["svc"].limits
         return {"pjwt_auth_enabled": True, "use_pyqwest_transport": False, "proto_compress_fwdbwd": False,
                 "fwdbwd_max_chunk_len": lim.max_datums, "sample_use_retrieve_futures": True,
+                # the SDK splits a forward_backward into requests of at most this many bytes
+                "fwdbwd_max_chunk_bytes_count": min(5_000_000, lim.max_body_bytes // 2),
                 "custom_loss_server_side": False, "sample_join_sampling_session": True}
 
     @app.post("/api/v1/client/dynamic_config")

@@ -4,6 +4,7 @@ and a server that keeps working afterwards."""
 from __future__ import annotations
 
 import httpx
+import numpy as np
 import pytest
 
 tinker = pytest.importorskip("tinker")
@@ -112,3 +113,31 @@ def test_a_chunked_body_is_counted_as_it_arrives(tokenizer_dir, tmp_path):
         with httpx.Client(base_url=live.base_url, headers={"X-API-Key": "tml-test-key"}) as http:
             big = http.post("/api/v1/session_heartbeat", content=chunks())
             assert big.status_code == 413 and "limit of 1000 bytes" in big.json()["error"]
+
+
+def test_the_sdk_splits_calls_to_fit_the_datum_limit(tokenizer_dir, tmp_path):
+    from astrai_core.tinker.service import Limits
+    from tests.tinker.conftest import live_tinker
+    from tests.tinker.fake_engine import FakeEngine
+
+    rows = [datum([i + 1, i + 2], [i + 2, i + 3]) for i in range(7)]
+    engine = FakeEngine(tokenizer_dir, tmp_path)
+    with live_tinker(engine, limits=Limits(max_datums=2, max_datum_tokens=4)) as live:
+        trainer = live.client().create_lora_training_client(base_model=BASE, rank=2).result()
+        out = trainer.forward_backward(rows, "cross_entropy").result(timeout=60)
+        assert len(out.loss_fn_outputs) == 7 and len(engine.returned) == 4  # 2+2+2+1, in order
+        np.testing.assert_array_equal(
+            np.concatenate([o["logprobs"].to_numpy() for o in out.loss_fn_outputs]),
+            np.concatenate([o["logprobs"] for _, r in engine.returned for o in r.outputs]))
+        with pytest.raises(tinker.BadRequestError, match="datum 0: 5 tokens; 1 to 4 allowed"):
+            trainer.forward([datum([1, 2, 3, 4, 5], [1, 2, 3, 4, 5])], "cross_entropy").result()
+
+
+def test_a_body_that_is_not_protobuf_is_a_400(server):
+    headers = {"X-API-Key": "tml-test-key", "Content-Type": "application/x-protobuf"}
+    with httpx.Client(base_url=server.base_url, headers=headers) as http:
+        refused = http.post("/api/v1/forward_backward", content=b"\x0a\xff\xff\xff")
+        assert refused.status_code == 400 and "not a valid protobuf message" in refused.json()["error"]
+        refused = http.post("/api/v1/optim_step", content=b"not json")
+        assert refused.status_code == 400 and "not JSON" in refused.json()["error"]
+    assert_still_serves(server)
