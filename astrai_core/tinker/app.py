@@ -76,6 +76,13 @@ def create_app(engine: Engine, *, api_key: str | None = None, limits: Limits | N
     async def _bad_proto(_request: Request, exc: ProtoError) -> JSONResponse:
         return error(400, f"request body is not a valid protobuf message: {exc}")
 
+    # A field of the wrong type (rank "abc", a list where a number goes) fails while a
+    # route reads it: the client's mistake, answered 400 (a 5xx would make the SDK retry).
+    @app.exception_handler(ValueError)
+    @app.exception_handler(TypeError)
+    async def _bad_field(_request: Request, exc: Exception) -> JSONResponse:
+        return error(400, f"malformed request: {exc}")
+
     _service_routes(app, keys, state)
     _future_routes(app, state)
     routes_train.register(app, state)

@@ -140,4 +140,11 @@ def test_a_body_that_is_not_protobuf_is_a_400(server):
         assert refused.status_code == 400 and "not a valid protobuf message" in refused.json()["error"]
         refused = http.post("/api/v1/optim_step", content=b"not json")
         assert refused.status_code == 400 and "not JSON" in refused.json()["error"]
+        session = http.post("/api/v1/create_session", json={}).json()["session_id"]
+        refused = http.post("/api/v1/create_model", json={"session_id": session, "base_model": "tiny/base",
+                                                          "lora_config": {"rank": "abc"}})
+        assert refused.status_code == 400 and refused.json()["error"].startswith("malformed request:")
+        refused = http.post("/api/v1/asample", json={"base_model": "tiny/base", "prompt": {"chunks": 5},
+                                                     "sampling_params": {}})
+        assert refused.status_code == 400 and refused.json()["error"].startswith("malformed request:")
     assert_still_serves(server)
