@@ -108,5 +108,7 @@ def run(args: argparse.Namespace) -> int:
     state_dir.mkdir(parents=True, exist_ok=True)
     engine = build_engine(models, state_dir, args.device)
     app = create_app(engine, api_key=api_key, limits=limits, state_dir=state_dir)
-    uvicorn.Server(uvicorn.Config(app, host=args.host, port=args.port, log_level="info")).run()
+    # long polls end within seconds: a stop does not wait on them for long
+    uvicorn.Server(uvicorn.Config(app, host=args.host, port=args.port, log_level="info",
+                                  timeout_graceful_shutdown=5)).run()
     return 0

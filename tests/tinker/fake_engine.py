@@ -94,6 +94,7 @@ class FakeEngine:
 
     def sample(self, target: SamplerTarget, prompt: list[int], num_samples: int, spec: SampleSpec, *,
                prompt_logprobs: bool = False) -> SampleOut:
+        self.last_sample = (prompt, num_samples, spec, prompt_logprobs)
         w = 0.0 if target.weights is None else json.loads((self.state_dir / f"{target.weights}.json").read_text())["w"]
         time.sleep(self.delay.get(target.weights or BASE, 0.0))
         n = spec.max_tokens or 4

@@ -10,6 +10,7 @@ import pytest
 tinker = pytest.importorskip("tinker")
 from tinker import types  # noqa: E402
 
+from astrai_core.tinker.engine_types import SampleSpec  # noqa: E402
 from tests.tinker.fake_engine import BASE  # noqa: E402
 
 
@@ -31,7 +32,8 @@ def trained_client(server):
     return service, trainer
 
 
-def test_ten_steps_loss_falls_and_outputs_round_trip(server, fake):
+def test_ten_steps_loss_falls_and_outputs_round_trip(server, fake, monkeypatch):
+    monkeypatch.setenv("TINKER_TELEMETRY", "1")  # the SDK's telemetry is accepted and dropped
     service = server.client()
     trainer = service.create_lora_training_client(base_model=BASE, rank=4).result()
     info = trainer.get_info()
@@ -61,6 +63,8 @@ def test_sample_from_saved_weights_with_logprobs(server, fake):
     params = types.SamplingParams(max_tokens=5, temperature=0.7, top_p=0.9, top_k=10, stop=["xyz"])
     result = sampler.sample(types.ModelInput.from_ints([3, 4, 5]), 3, params, include_prompt_logprobs=True).result()
     engine_out = fake.returned[-1][1]
+    assert fake.last_sample == ([3, 4, 5], 3, SampleSpec(max_tokens=5, temperature=0.7, top_p=0.9, top_k=10,
+                                                         stop_strings=("xyz",)), True)
     assert len(result.sequences) == 3 and len({s.sequence_id for s in result.sequences}) == 3
     for got, want in zip(result.sequences, engine_out.sequences, strict=True):
         assert got.tokens == want.tokens and got.stop_reason == want.stop_reason
@@ -70,7 +74,9 @@ def test_sample_from_saved_weights_with_logprobs(server, fake):
     # the engine sampled the saved weights, not the base
     assert fake.returned[-1][0] == f"{trainer.model_id}/sampler_weights/snap"
     again = trainer.save_weights_and_get_sampling_client().result()
-    assert again.sample(types.ModelInput.from_ints([1]), 1, params).result().sequences[0].tokens
+    stop_ids = types.SamplingParams(max_tokens=2, seed=7, stop=[9, 10])
+    assert again.sample(types.ModelInput.from_ints([1]), 1, stop_ids).result().sequences[0].tokens
+    assert fake.last_sample[2] == SampleSpec(max_tokens=2, seed=7, stop_tokens=(9, 10))
     base = service.create_sampling_client(base_model=BASE).result()
     assert base.compute_logprobs(types.ModelInput.from_ints([1, 2, 3])).result()[0] is None
 
