@@ -11,12 +11,14 @@ import asyncio
 import itertools
 import json
 import threading
-from collections import OrderedDict
+import time
+from collections import OrderedDict, deque
 from dataclasses import dataclass, field
 
 PROTO = "application/x-protobuf"
 JSON = "application/json"
 KEEP_DONE = 20_000  # finished results kept for polling; the oldest go first
+KEEP_SERVED_S = 60.0  # a result already read stays this long, for a client whose read broke off
 
 
 @dataclass
@@ -55,11 +57,13 @@ class FutureStore:
         self._feeds: dict[tuple[str, int], _Feed] = {}
         self._ids = itertools.count()
         self._cursor = itertools.count(1)
+        self._served: deque[tuple[float, str]] = deque()  # (when read, request id)
 
     def create(self, feed: tuple[str, int] | None = None) -> str:
         """A new pending future (call on the event loop); ``feed``: a sampling session's."""
         request_id = f"req-{next(self._ids)}"
         with self._lock:
+            self._forget_served()
             self._entries[request_id] = _Entry(asyncio.Event(), feed)
             if feed is not None and feed not in self._feeds:
                 self._feeds[feed] = _Feed()
@@ -92,7 +96,14 @@ class FutureStore:
                 await asyncio.wait_for(entry.event.wait(), timeout)
             except asyncio.TimeoutError:
                 return None
+        if entry.payload is not None:
+            self._served.append((time.monotonic(), request_id))
         return entry.payload
+
+    def _forget_served(self) -> None:
+        cutoff = time.monotonic() - KEEP_SERVED_S
+        while self._served and self._served[0][0] < cutoff:
+            self._entries.pop(self._served.popleft()[1], None)
 
     async def completions(self, feed_key: tuple[str, int], prev_cursor: int,
                           timeout: float) -> tuple[list[dict], int]:

@@ -37,3 +37,22 @@ def test_the_adapter_limit_is_a_429_naming_it(fake):
         svc.reserve_model(session, 1, svc.base(BASE), LoraSpec(rank=2))
     assert caught.value.status == 429
     svc.close()
+
+
+def test_a_result_once_read_is_forgotten_after_a_while(monkeypatch):
+    from astrai_core.tinker import futures
+    from astrai_core.tinker.futures import json_payload
+
+    async def scenario() -> None:
+        store = FutureStore(asyncio.get_running_loop())
+        first = store.create()
+        assert await store.wait(first, 0.01) is None  # pending: try again
+        store.resolve(first, json_payload({"ok": 1}))
+        assert (await store.wait(first, 1.0)).body == b'{"ok": 1}'
+        assert (await store.wait(first, 1.0)).body == b'{"ok": 1}'  # a broken-off read may repeat
+        monkeypatch.setattr(futures, "KEEP_SERVED_S", 0.0)
+        store.create()
+        with pytest.raises(KeyError):
+            await store.wait(first, 0.01)
+
+    asyncio.run(scenario())
