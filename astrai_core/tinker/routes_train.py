@@ -62,18 +62,9 @@ def _register_models(app: FastAPI, state: dict[str, TinkerService]) -> None:
         lora = LoraSpec(rank=int(cfg.get("rank", 32)), seed=cfg.get("seed"),
                         train_attn=bool(cfg.get("train_attn", True)), train_mlp=bool(cfg.get("train_mlp", True)),
                         train_unembed=bool(cfg.get("train_unembed", True)))
-        record = svc.reserve_model(str(body.get("session_id")), int(body.get("model_seq_id", 0)),
-                                   svc.base(body.get("base_model")), lora)
-        svc.gate.open(record.model_id, 1)
-
-        def work() -> Payload:
-            try:
-                svc.engine.create_model(record.model_id, record.base.name, lora)
-            except Exception:
-                svc.drop_model(record.model_id)
-                raise
-            return json_payload({"model_id": record.model_id, "type": "create_model"})
-        return {"request_id": svc.enqueue(record.model_id, work), "model_id": record.model_id}
+        record, request_id = svc.create_model(str(body.get("session_id")), int(body.get("model_seq_id", 0)),
+                                              svc.base(body.get("base_model")), lora)
+        return {"request_id": request_id, "model_id": record.model_id}
 
     @app.post("/api/v1/get_info")
     async def get_info(request: Request) -> dict:
@@ -137,9 +128,9 @@ def _register_weights(app: FastAPI, state: dict[str, TinkerService]) -> None:
         svc, body = state["svc"], await read_json(request)
         key = paths.key_of(str(body.get("path")))
         with_optimizer = bool(body.get("optimizer"))
-        if body.get("session_id") is not None:  # a new model made from the checkpoint
+        if body.get("session_id") is not None:  # a new model made from the checkpoint: its request 0
             record = _model_from_checkpoint(svc, body, key)
-            model_seq = None
+            model_seq = (record.model_id, 0)
         else:
             record = svc.model(str(body.get("model_id")))
             model_seq = _model_seq(body)
@@ -159,14 +150,8 @@ def _model_from_checkpoint(svc: TinkerService, body: dict[str, Any], key: str) -
         raise EngineRequestError(f"{paths.path_for(key)}: no such checkpoint on this server", status=404)
     base_name, lora = found
     base_name = body.get("base_model") or base_name
-    record = svc.reserve_model(str(body["session_id"]), int(body.get("model_seq_id", 0)), svc.base(base_name), lora)
-    svc.gate.open(record.model_id, 1)
-    model_id, base = record.model_id, record.base.name
-
-    def create() -> Payload:
-        svc.engine.create_model(model_id, base, lora)
-        return json_payload({"model_id": model_id, "type": "create_model"})
-    svc.enqueue(model_id, create)
+    record, _ = svc.create_model(str(body["session_id"]), int(body.get("model_seq_id", 0)),
+                                 svc.base(base_name), lora, first_seq=0)
     return record
 
 

@@ -37,6 +37,7 @@ class ModelRecord:
     session_id: str
     base: BaseModelFacts
     lora: LoraSpec
+    create_request: str = ""
 
 
 @dataclass
@@ -97,9 +98,11 @@ class TinkerService:
         return record
 
     # -- training models ------------------------------------------------------------------
-    def reserve_model(self, session_id: str, model_seq_id: int, base: BaseModelFacts,
-                      lora: LoraSpec) -> ModelRecord:
-        """Register ``{session}:train:{n}`` before its creation job runs (limits checked)."""
+    def create_model(self, session_id: str, model_seq_id: int, base: BaseModelFacts, lora: LoraSpec,
+                     *, first_seq: int = 1) -> tuple[ModelRecord, str]:
+        """Register ``{session}:train:{n}`` (limits checked) and queue its creation; the
+        record and the creation's request id (the first one's, for a retried request).
+        ``first_seq``: the ``seq_id`` of the model's first request after creation."""
         self.session(session_id)
         if not 1 <= lora.rank <= base.max_lora_rank:
             raise EngineRequestError(f"lora rank {lora.rank} is out of range: {base.name} takes "
@@ -107,12 +110,23 @@ class TinkerService:
         model_id = f"{session_id}:train:{model_seq_id}"
         with self._lock:
             if model_id in self.models:
-                return self.models[model_id]
+                record = self.models[model_id]
+                return record, record.create_request
             if len(self.models) >= self.limits.max_adapters:
                 raise EngineRequestError(f"this server holds at most {self.limits.max_adapters} "
                                          "adapters (--max-adapters); unload one first", status=429)
             record = self.models[model_id] = ModelRecord(model_id, session_id, base, lora)
-        return record
+            self.gate.open(model_id, first_seq)
+
+        def work() -> Payload:
+            try:
+                self.engine.create_model(model_id, base.name, lora)
+            except Exception:
+                self.drop_model(model_id)
+                raise
+            return json_payload({"model_id": model_id, "type": "create_model"})
+        record.create_request = self.enqueue(model_id, work)
+        return record, record.create_request
 
     def drop_model(self, model_id: str) -> None:
         with self._lock:
@@ -129,8 +143,13 @@ class TinkerService:
         return self.enqueue(model_id, work)
 
     def finish_session(self, session_id: str) -> None:
-        """Mark the session finished and unload its models."""
-        self.session(session_id).finished = True
+        """Mark the session finished and unload its models (again: nothing more happens)."""
+        record = self.sessions.get(session_id)
+        if record is None:
+            raise EngineRequestError(f"unknown session {session_id!r}", status=404)
+        if record.finished:
+            return
+        record.finished = True
         for model_id in [m for m, rec in list(self.models.items()) if rec.session_id == session_id]:
             self.unload(model_id)
 

@@ -35,8 +35,9 @@ def test_out_of_order_requests_wait_and_retries_run_once(server, fake):
     with httpx.Client(base_url=server.base_url, headers={"X-API-Key": "tml-test-key"}, timeout=60) as http:
         session = http.post("/api/v1/create_session", json={"tags": [], "sdk_version": "x",
                                                             "user_metadata": None}).json()["session_id"]
-        created = http.post("/api/v1/create_model", json={"session_id": session, "model_seq_id": 0,
-                                                          "base_model": BASE, "lora_config": {"rank": 2}}).json()
+        create = {"session_id": session, "model_seq_id": 0, "base_model": BASE, "lora_config": {"rank": 2}}
+        created = http.post("/api/v1/create_model", json=create).json()
+        assert http.post("/api/v1/create_model", json=create).json() == created  # a retry: the same request
         model_id = _result(http, created["request_id"]).json()["model_id"]
         second = http.post("/api/v1/optim_step", json={"model_id": model_id, "seq_id": 2,
                                                        "adam_params": {"learning_rate": 0.1}}).json()

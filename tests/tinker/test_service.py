@@ -18,9 +18,7 @@ def test_idle_sessions_are_finished_and_their_models_unloaded(fake):
     loop = asyncio.new_event_loop()
     svc = TinkerService(fake, FutureStore(loop), Limits())
     idle, alive = svc.new_session(), svc.new_session()
-    models = [svc.reserve_model(s, 0, svc.base(BASE), LoraSpec(rank=2)).model_id for s in (idle, alive)]
-    for model_id in models:
-        fake.create_model(model_id, BASE, LoraSpec(rank=2))
+    models = [svc.create_model(s, 0, svc.base(BASE), LoraSpec(rank=2))[0].model_id for s in (idle, alive)]
     svc.sessions[idle].last_seen -= 1000
     assert svc.reap(300) == [idle]
     svc.close()  # runs the queued unload
@@ -32,9 +30,9 @@ def test_idle_sessions_are_finished_and_their_models_unloaded(fake):
 def test_the_adapter_limit_is_a_429_naming_it(fake):
     svc = TinkerService(fake, FutureStore(asyncio.new_event_loop()), Limits(max_adapters=1))
     session = svc.new_session()
-    svc.reserve_model(session, 0, svc.base(BASE), LoraSpec(rank=2))
+    svc.create_model(session, 0, svc.base(BASE), LoraSpec(rank=2))
     with pytest.raises(Exception, match="at most 1 adapters") as caught:
-        svc.reserve_model(session, 1, svc.base(BASE), LoraSpec(rank=2))
+        svc.create_model(session, 1, svc.base(BASE), LoraSpec(rank=2))
     assert caught.value.status == 429
     svc.close()
 
