@@ -87,11 +87,20 @@ def limits_of(args: argparse.Namespace):
                   max_datums=args.max_datums, max_datum_tokens=args.max_datum_tokens)
 
 
-def build_engine(models: dict[str, str], state_dir: Path, device: str):
-    """The engine serving ``models`` (name -> checkpoint) with checkpoints under ``state_dir``."""
-    from astrai_core.tinker.engine import build_engine as build
+def build_engine(models: dict[str, str], state_dir: Path, args: argparse.Namespace):
+    """The torch engine holding each ``--model`` once, saving under ``state_dir``."""
+    from astrai_core.devices.select import resolve_device
+    from astrai_core.plugins import process_registry
+    from astrai_core.tinker.bases import load_base
+    from astrai_core.tinker.engine import EngineLimits, TorchEngine
 
-    return build(models, state_dir, device=device)
+    registry = process_registry()
+    device = resolve_device(registry, args.device).device()
+    bases = [load_base(name, path, device=device, registry=registry) for name, path in models.items()]
+    # the engine also counts adapters loaded for sampling, so it gets room beyond the tenants
+    limits = EngineLimits(max_adapters=2 * args.max_adapters, max_datums=args.max_datums,
+                          max_tokens_per_datum=args.max_datum_tokens)
+    return TorchEngine(bases, state_dir, limits)
 
 
 def run(args: argparse.Namespace) -> int:
@@ -106,7 +115,7 @@ def run(args: argparse.Namespace) -> int:
     check_port_free(args.host, args.port)
     state_dir = Path(args.state_dir).expanduser()
     state_dir.mkdir(parents=True, exist_ok=True)
-    engine = build_engine(models, state_dir, args.device)
+    engine = build_engine(models, state_dir, args)
     app = create_app(engine, api_key=api_key, limits=limits, state_dir=state_dir)
     # long polls end within seconds: a stop does not wait on them for long
     uvicorn.Server(uvicorn.Config(app, host=args.host, port=args.port, log_level="info",
