@@ -57,3 +57,44 @@ def test_a_busy_port_is_one_line_and_its_own_exit_status(tmp_path):
     assert _errors(result) == [f"error: --port {port}: cannot listen on 127.0.0.1:{port} (Address "
                                "already in use); pick another --port"]
     assert not (tmp_path / "state").exists()  # nothing written before the server could start
+
+
+def test_the_command_serves_the_sdk_on_a_tiny_model(hf_dir, tmp_path):
+    """``astrai tinker`` as a user starts it: the SDK creates a client, takes a step, samples."""
+    import subprocess
+    import sys
+    import time
+
+    tinker = pytest.importorskip("tinker")
+    pytest.importorskip("fastapi")
+    from tinker import types
+
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    server = subprocess.Popen([sys.executable, "-m", "astrai_core.cli.main", "tinker", "--model",
+                               f"tiny/llama={hf_dir}", "--port", str(port), "--api-key", "tml-k",
+                               "--state-dir", str(tmp_path / "state"), "--device", "cpu"],
+                              stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    try:
+        deadline = time.monotonic() + 120
+        while True:
+            try:
+                socket.create_connection(("127.0.0.1", port), timeout=1).close()
+                break
+            except OSError:
+                assert server.poll() is None and time.monotonic() < deadline, server.stderr.read()
+                time.sleep(0.2)
+        service = tinker.ServiceClient(base_url=f"http://127.0.0.1:{port}", api_key="tml-k")
+        trainer = service.create_lora_training_client(base_model="tiny/llama", rank=2).result()
+        row = types.Datum(model_input=types.ModelInput.from_ints([3, 4, 5]),
+                          loss_fn_inputs={"target_tokens": [4, 5, 6], "weights": [1.0, 1.0, 1.0]})
+        assert trainer.forward_backward([row], "cross_entropy").result().metrics["loss:sum"] > 0
+        trainer.optim_step(types.AdamParams(learning_rate=1e-3)).result()
+        sampler = trainer.save_weights_and_get_sampling_client().result()
+        sample = sampler.sample(types.ModelInput.from_ints([3, 4]), 1, types.SamplingParams(max_tokens=3)).result()
+        assert len(sample.sequences[0].tokens) <= 3 and (tmp_path / "state").is_dir()
+        service.close("success").result()
+    finally:
+        server.terminate()
+        server.wait(30)
