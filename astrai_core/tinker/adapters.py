@@ -33,13 +33,17 @@ def requested_targets(spec: LoraSpec) -> list[str]:
 
 def model_targets(model: nn.Module, names: list[str]) -> list[str]:
     """``names`` in the model's own module names (a transformers family's, e.g. Phi-3's
-    fused ``qkv_proj``)."""
-    from astrai_core.model_backends.lora_targets import family_targets
+    fused ``qkv_proj``); a family with none of the native names (GPT-NeoX's
+    ``query_key_value``) takes peft's default targets for its model type."""
+    from astrai_core.model_backends.lora_targets import family_targets, peft_default_targets
     from astrai_core.model_backends.transformers_lm import is_transformers_model
 
-    if not is_transformers_model(model):
+    if not is_transformers_model(model) or not names:
         return names
     found, _ = family_targets(model.hf, model.model_type, names)
+    if not found:
+        found, _ = family_targets(model.hf, model.model_type,
+                                  peft_default_targets(model.model_type))
     return found
 
 
@@ -50,12 +54,19 @@ class AdapterSlots:
         self.model = model
         self.configs: dict[str, Any] = {}
         self._next = 0
+        # resolved now, on the bare model: once peft wraps a linear layer, its leaf name
+        # is the wrapper's and the family's names are no longer found by type
+        self._targets = {(attn, mlp): model_targets(model, requested_targets(
+            LoraSpec(rank=1, train_attn=attn, train_mlp=mlp)))
+            for attn in (False, True) for mlp in (False, True)}
         for param in model.parameters():
             param.requires_grad_(False)
 
-    def add(self, spec: LoraSpec, targets: list[str]) -> str:
+    def add(self, spec: LoraSpec) -> str:
         """Inject a fresh adapter (peft's init, seeded by ``spec.seed``); returns its slot."""
         from peft import LoraConfig, inject_adapter_in_model
+
+        targets = self.targets(spec)
 
         slot = f"t{self._next}"
         self._next += 1
@@ -72,6 +83,10 @@ class AdapterSlots:
             param.data = param.data.float()
         self.activate(None)
         return slot
+
+    def targets(self, spec: LoraSpec) -> list[str]:
+        """The model's module names ``spec`` adapts (empty: it trains nothing)."""
+        return self._targets[(spec.train_attn, spec.train_mlp)]
 
     def remove(self, slot: str) -> None:
         for _, layer in lora_layers(self.model):

@@ -18,7 +18,6 @@ import torch
 
 from astrai_core.model.head import target_logprobs
 from astrai_core.tinker import weight_files as files
-from astrai_core.tinker.adapters import model_targets, requested_targets
 from astrai_core.tinker.bases import LoadedBase
 from astrai_core.tinker.batch import build_batch, check_datums
 from astrai_core.tinker.engine_types import (AdamSpec, BaseModelFacts, DatumIn,
@@ -61,12 +60,11 @@ class TorchEngine:
             if not 1 <= lora.rank <= base.facts.max_lora_rank:
                 raise EngineRequestError(f"LoRA rank {lora.rank}: {base_model} takes ranks "
                                          f"1 to {base.facts.max_lora_rank}")
-            targets = model_targets(base.model, requested_targets(lora))
-            if not targets:
+            if not base.slots.targets(lora):
                 raise EngineRequestError("the LoRA config trains nothing: set train_attn "
                                          "or train_mlp")
             self._room_for_adapter()
-            self.tenants[model_id] = Tenant.create(model_id, base, lora, targets)
+            self.tenants[model_id] = Tenant.create(model_id, base, lora)
 
     def unload_model(self, model_id: str) -> None:
         with self._lock:
@@ -166,8 +164,7 @@ class TorchEngine:
     def _recreate(self, tenant: Tenant, spec: LoraSpec) -> Tenant:
         """The tenant with a fresh adapter of ``spec``'s shape (loading weights of another rank)."""
         tenant.base.slots.remove(tenant.slot)
-        targets = model_targets(tenant.base.model, requested_targets(spec))
-        new = Tenant.create(tenant.model_id, tenant.base, spec, targets)
+        new = Tenant.create(tenant.model_id, tenant.base, spec)
         self.tenants[tenant.model_id] = new
         return new
 
@@ -200,7 +197,7 @@ class TorchEngine:
                                      f"not {base.facts.name}")
         self._room_for_adapter()
         spec = files.spec_of(record)
-        slot = base.slots.add(spec, model_targets(base.model, requested_targets(spec)))
+        slot = base.slots.add(spec)
         params = {files.canonical(n, slot): p for n, p in base.slots.parameters(slot).items()}
         with torch.no_grad():
             for name, param in params.items():

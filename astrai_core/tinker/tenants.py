@@ -29,8 +29,8 @@ class Tenant:
     optimizer: torch.optim.AdamW
 
     @classmethod
-    def create(cls, model_id: str, base: LoadedBase, spec: LoraSpec, targets: list[str]) -> Tenant:
-        slot = base.slots.add(spec, targets)
+    def create(cls, model_id: str, base: LoadedBase, spec: LoraSpec) -> Tenant:
+        slot = base.slots.add(spec)
         params = list(base.slots.parameters(slot).values())
         return cls(model_id, base, slot, spec, torch.optim.AdamW(params, lr=0.0))
 
