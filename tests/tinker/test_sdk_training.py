@@ -38,6 +38,7 @@ def test_ten_steps_loss_falls_and_outputs_round_trip(server, fake, monkeypatch):
     trainer = service.create_lora_training_client(base_model=BASE, rank=4).result()
     info = trainer.get_info()
     assert info.model_id.endswith(":train:0") and info.lora_rank == 4 and info.model_data.model_name == BASE
+    assert trainer.get_tokenizer().eos_token == "</s>"  # the base's tokenizer, read from its directory
     losses = []
     for _ in range(10):
         fb = trainer.forward_backward(ROWS, "cross_entropy")
