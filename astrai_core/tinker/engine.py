@@ -122,26 +122,17 @@ class TorchEngine:
 
     # ---------------------------------------------------------------- weights
     def save_weights(self, model_id: str, name: str, *, for_sampler: bool) -> str:
-        from astrai_core.checkpoints.lora_files import adapter_to_hf
-
         with self._lock:
             tenant = self._tenant(model_id)
             key = files.weights_key(model_id, name, for_sampler)
             base, state = tenant.base, tenant.adapter_state()
-
-            def write_peft(directory: Path) -> None:
-                directory.mkdir()
-                config = base.slots.configs[tenant.slot]
-                config.base_model_name_or_path = base.facts.name
-                config.save_pretrained(str(directory))
-                from safetensors.torch import save_file
-                save_file(adapter_to_hf(base.model, base.model_type, state),
-                          str(directory / "adapter_model.safetensors"), metadata={"format": "pt"})
-
+            peft = None
+            if for_sampler:  # peft's files, Hugging Face module names
+                peft = files.PeftFiles(base.slots.configs[tenant.slot], base.facts.name,
+                                       base.model, base.model_type, state)
             optimizer = None if for_sampler else tenant.optimizer_state()
             files.write_weights(self.state_dir.joinpath(*key.split("/")), tenant.spec,
-                                base.facts.name, state, optimizer,
-                                write_peft if for_sampler else None)
+                                base.facts.name, state, optimizer, peft)
             return key
 
     def load_weights(self, model_id: str, key: str, *, with_optimizer: bool) -> None:

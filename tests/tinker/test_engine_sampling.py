@@ -91,3 +91,19 @@ def test_sampler_weights_load_in_peft_on_the_hugging_face_base(trained, hf_dir, 
         with model.disable_adapter():
             bare = model(torch.tensor([tokens])).logits[0, :-1].float()
     assert not torch.allclose(torch.log_softmax(bare, -1), torch.log_softmax(logits, -1), atol=1e-3)
+
+
+def test_stop_strings_end_a_completion(trained, hf_dir):
+    from astrai_core.data.tokenizer import load_tokenizer
+
+    engine, key = trained
+    target = SamplerTarget(BASE, key)
+    free = engine.sample(target, PROMPT, 1, SampleSpec(max_tokens=16, seed=5)).sequences[0]
+    tokenizer = load_tokenizer(hf_dir)
+    texts = [tokenizer.decode([t], skip_special_tokens=True).strip() for t in free.tokens]
+    at = next(i for i, text in enumerate(texts) if i > 0 and text)
+    stopped = engine.sample(target, PROMPT, 1, SampleSpec(max_tokens=16, seed=5,
+                                                          stop_strings=(texts[at],))).sequences[0]
+    assert stopped.stop_reason == "stop"
+    assert len(stopped.tokens) <= at + 1 < len(free.tokens)
+    assert stopped.tokens == free.tokens[:len(stopped.tokens)]
