@@ -18,7 +18,9 @@ from torch import Tensor
 from astrai_core.tinker.engine_types import DatumIn, EngineRequestError
 from astrai_core.tinker.losses import LOSS_INPUTS
 
-FLOAT_INPUTS = ("weights", "logprobs", "advantages")
+# per-token clip thresholds a policy loss takes in loss_fn_inputs, in place of loss_fn_config's
+OPTIONAL_INPUTS = {"ppo": ("clip_low_threshold", "clip_high_threshold"),
+                   "cispo": ("clip_low_threshold", "clip_high_threshold")}
 
 
 @dataclass
@@ -37,6 +39,12 @@ def check_datums(datums: list[DatumIn], loss_fn: str, vocab_size: int,
     if not datums:
         raise EngineRequestError("no datums: a request needs at least one")
     needed = ("target_tokens",) + LOSS_INPUTS[loss_fn]
+    optional = OPTIONAL_INPUTS.get(loss_fn, ())
+    for key in optional:
+        given = sum(key in d.loss_fn_inputs for d in datums)
+        if 0 < given < len(datums):
+            raise EngineRequestError(f"loss_fn_inputs[{key!r}]: given in {given} of "
+                                     f"{len(datums)} datums; give it in all or none")
     for index, datum in enumerate(datums):
         length = len(datum.tokens)
         if length == 0:
@@ -45,7 +53,7 @@ def check_datums(datums: list[DatumIn], loss_fn: str, vocab_size: int,
             raise EngineRequestError(f"datum {index}: {length} tokens, more than the "
                                      f"{max_tokens} a datum may have")
         _check_ids(np.asarray(datum.tokens), vocab_size, f"datum {index}: model_input")
-        for key in needed:
+        for key in needed + tuple(k for k in optional if k in datum.loss_fn_inputs):
             if key not in datum.loss_fn_inputs:
                 raise EngineRequestError(f"datum {index}: loss_fn_inputs has no {key!r}, "
                                          f"which {loss_fn} needs ({', '.join(needed)})")
@@ -73,7 +81,9 @@ def build_batch(datums: list[DatumIn], loss_fn: str, device: torch.device) -> Ba
     input_ids = torch.zeros(rows, width + 1, dtype=torch.long)
     target_ids = torch.zeros(rows, width, dtype=torch.long)
     attention = torch.zeros(rows, width + 1, dtype=torch.long)
-    inputs = {key: torch.zeros(rows, width, dtype=torch.float32) for key in LOSS_INPUTS[loss_fn]}
+    keys = LOSS_INPUTS[loss_fn] + tuple(k for k in OPTIONAL_INPUTS.get(loss_fn, ())
+                                        if k in datums[0].loss_fn_inputs)
+    inputs = {key: torch.zeros(rows, width, dtype=torch.float32) for key in keys}
     for row, (datum, length) in enumerate(zip(datums, lengths)):
         input_ids[row, :length] = torch.as_tensor(datum.tokens, dtype=torch.long)
         attention[row, :length] = 1

@@ -9,6 +9,7 @@ so no tenant changes another's outputs. Calls are serialised by a lock.
 from __future__ import annotations
 
 import threading
+from collections import OrderedDict
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -30,7 +31,8 @@ from astrai_core.tinker.tenants import Tenant
 
 @dataclass(frozen=True)
 class EngineLimits:
-    max_adapters: int = 64        # tenants plus adapters loaded for sampling, per engine
+    max_adapters: int = 64        # tenants (training adapters) per engine
+    max_sampler_adapters: int = 8  # saved adapters kept loaded for sampling (least recent out)
     max_datums: int = 4096        # datums per forward/forward_backward request
     max_tokens_per_datum: int | None = None  # None: the base's context length
 
@@ -44,7 +46,7 @@ class TorchEngine:
         self.state_dir = Path(state_dir)
         self.limits = limits
         self.tenants: dict[str, Tenant] = {}
-        self.sampler_slots: dict[str, tuple[LoadedBase, str]] = {}
+        self.sampler_slots: OrderedDict[str, tuple[LoadedBase, str]] = OrderedDict()
         self._tokenizers: dict[str, Any] = {}
         self._lock = threading.RLock()
 
@@ -122,26 +124,17 @@ class TorchEngine:
 
     # ---------------------------------------------------------------- weights
     def save_weights(self, model_id: str, name: str, *, for_sampler: bool) -> str:
-        from astrai_core.checkpoints.lora_files import adapter_to_hf
-
         with self._lock:
             tenant = self._tenant(model_id)
             key = files.weights_key(model_id, name, for_sampler)
             base, state = tenant.base, tenant.adapter_state()
-
-            def write_peft(directory: Path) -> None:
-                directory.mkdir()
-                config = base.slots.configs[tenant.slot]
-                config.base_model_name_or_path = base.facts.name
-                config.save_pretrained(str(directory))
-                from safetensors.torch import save_file
-                save_file(adapter_to_hf(base.model, base.model_type, state),
-                          str(directory / "adapter_model.safetensors"), metadata={"format": "pt"})
-
+            peft = None
+            if for_sampler:  # peft's files, Hugging Face module names
+                peft = files.PeftFiles(base.slots.configs[tenant.slot], base.facts.name,
+                                       base.model, base.model_type, state)
             optimizer = None if for_sampler else tenant.optimizer_state()
             files.write_weights(self.state_dir.joinpath(*key.split("/")), tenant.spec,
-                                base.facts.name, state, optimizer,
-                                write_peft if for_sampler else None)
+                                base.facts.name, state, optimizer, peft)
             return key
 
     def load_weights(self, model_id: str, key: str, *, with_optimizer: bool) -> None:
@@ -190,12 +183,15 @@ class TorchEngine:
     def _sampler_slot(self, base: LoadedBase, key: str) -> str:
         """The slot holding the adapter saved under ``key`` (loaded on first use)."""
         if key in self.sampler_slots:
+            self.sampler_slots.move_to_end(key)
             return self.sampler_slots[key][1]
         record, adapter, _ = files.read_weights(files.key_directory(self.state_dir, key), False)
         if record["base_model"] != base.facts.name:
             raise EngineRequestError(f"weights {key!r} are for {record['base_model']}, "
                                      f"not {base.facts.name}")
-        self._room_for_adapter()
+        while len(self.sampler_slots) >= max(self.limits.max_sampler_adapters, 1):
+            old_base, old_slot = self.sampler_slots.popitem(last=False)[1]
+            old_base.slots.remove(old_slot)
         spec = files.spec_of(record)
         slot = base.slots.add(spec)
         params = {files.canonical(n, slot): p for n, p in base.slots.parameters(slot).items()}
@@ -219,7 +215,7 @@ class TorchEngine:
         return self.tenants[model_id]
 
     def _room_for_adapter(self) -> None:
-        if len(self.tenants) + len(self.sampler_slots) >= self.limits.max_adapters:
+        if len(self.tenants) >= self.limits.max_adapters:
             raise EngineRequestError(f"this server holds at most {self.limits.max_adapters} "
                                      "adapters; unload a model first", status=429)
 
@@ -232,6 +228,20 @@ class TorchEngine:
         if base.facts.name not in self._tokenizers:
             self._tokenizers[base.facts.name] = load_tokenizer(base.facts.tokenizer_path)
         return self._tokenizers[base.facts.name]
+
+
+def build_engine(models: dict[str, str], state_dir: str | Path, *,
+                 device: torch.device | str = "cpu", dtype: torch.dtype = torch.float32,
+                 limits: EngineLimits = EngineLimits(), max_lora_rank: int | None = None,
+                 cache_dir: str | None = None) -> TorchEngine:
+    """An engine offering ``models`` (``--model NAME=PATH`` pairs), each loaded once on
+    ``device``; a path that cannot be loaded raises AstraiError naming ``NAME=PATH``."""
+    from astrai_core.tinker.bases import DEFAULT_MAX_LORA_RANK, load_base
+
+    rank = max_lora_rank or DEFAULT_MAX_LORA_RANK
+    bases = [load_base(name, path, dtype=dtype, device=device, max_lora_rank=rank,
+                       cache_dir=cache_dir) for name, path in models.items()]
+    return TorchEngine(bases, state_dir, limits)
 
 
 def check_ids(ids: list[int], vocab_size: int, where: str) -> None:

@@ -9,6 +9,9 @@ padding); the step's loss is its sum (``loss:sum``), as Tinker defines it:
 - ``ppo``: ``-min(r A, clip(r, low, high) A)``, r = exp(logp - q); astrai's PPO-clip;
 - ``cispo``: ``-sg(clip(r, low, high)) * logp * A``; astrai's CISPO;
 - ``dro``: ``-(logp A - beta/2 (logp - q)^2)``.
+
+ppo and cispo clip at loss_fn_config's ``clip_low_threshold``/``clip_high_threshold``
+(0.8/1.2), or per token at the datums' loss inputs of those names.
 """
 
 from __future__ import annotations
@@ -64,9 +67,17 @@ def importance_sampling(logp: Tensor, inputs: dict[str, Tensor], mask: Tensor,
     return torch.where(mask, -ratio * inputs["advantages"], 0.0)
 
 
+def _clip_bounds(inputs: dict[str, Tensor], config: dict[str, float]
+                 ) -> tuple[Tensor | float, Tensor | float]:
+    """(eps_low, eps_high) of the clip range: per token when the datums carry
+    ``clip_low_threshold``/``clip_high_threshold``, else loss_fn_config's."""
+    low = inputs.get("clip_low_threshold", config["clip_low_threshold"])
+    high = inputs.get("clip_high_threshold", config["clip_high_threshold"])
+    return 1.0 - low, high - 1.0
+
+
 def ppo(logp: Tensor, inputs: dict[str, Tensor], mask: Tensor, config: dict[str, float]) -> Tensor:
-    loss = PPOClip(eps_low=1.0 - config["clip_low_threshold"],
-                   eps_high=config["clip_high_threshold"] - 1.0)
+    loss = PPOClip(*_clip_bounds(inputs, config))
     per_token, _ = loss(logprobs=logp, old_logprobs=inputs["logprobs"],
                         advantages=inputs["advantages"], response_mask=mask)
     return per_token
@@ -74,8 +85,7 @@ def ppo(logp: Tensor, inputs: dict[str, Tensor], mask: Tensor, config: dict[str,
 
 def cispo(logp: Tensor, inputs: dict[str, Tensor], mask: Tensor,
           config: dict[str, float]) -> Tensor:
-    loss = CISPO(eps_low=1.0 - config["clip_low_threshold"],
-                 eps_high=config["clip_high_threshold"] - 1.0)
+    loss = CISPO(*_clip_bounds(inputs, config))
     per_token, _ = loss(logprobs=logp, old_logprobs=inputs["logprobs"],
                         advantages=inputs["advantages"], response_mask=mask)
     return per_token

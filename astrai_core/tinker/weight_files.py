@@ -11,9 +11,10 @@ and renamed, its manifest last, and verified against that manifest when read.
 
 from __future__ import annotations
 
+import copy
 import json
 import re
-from dataclasses import asdict
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
@@ -55,9 +56,33 @@ def key_directory(state_dir: Path, key: str) -> Path:
     return directory
 
 
+@dataclass
+class PeftFiles:
+    """An adapter to write in peft's format: its peft config and its tensors (native
+    names) on ``model``, whose Hugging Face names ``model_type`` gives."""
+
+    config: Any
+    base_name: str
+    model: Any
+    model_type: str
+    adapter: dict[str, torch.Tensor]
+
+    def write(self, directory: Path) -> None:
+        from safetensors.torch import save_file
+
+        from astrai_core.checkpoints.lora_files import ADAPTER_WEIGHTS, adapter_to_hf
+
+        directory.mkdir()
+        config = copy.copy(self.config)
+        config.base_model_name_or_path = self.base_name
+        config.save_pretrained(str(directory))
+        save_file(adapter_to_hf(self.model, self.model_type, self.adapter),
+                  str(directory / ADAPTER_WEIGHTS), metadata={"format": "pt"})
+
+
 def write_weights(target: Path, spec: LoraSpec, base_name: str, adapter: dict[str, torch.Tensor],
                   optimizer: dict[str, torch.Tensor] | None,
-                  peft_writer: Any = None) -> None:
+                  peft: PeftFiles | None = None) -> None:
     """Write one saved-weights directory at ``target`` (replacing an older one)."""
     from safetensors.torch import save_file
 
@@ -72,8 +97,8 @@ def write_weights(target: Path, spec: LoraSpec, base_name: str, adapter: dict[st
                       str(staging / OPTIMIZER_FILE), metadata={"format": "pt"})
         record = {"base_model": base_name, "lora": asdict(spec)}
         (staging / SPEC_FILE).write_text(json.dumps(record, indent=2) + "\n")
-        if peft_writer is not None:
-            peft_writer(staging / PEFT_DIR)
+        if peft is not None:
+            peft.write(staging / PEFT_DIR)
         write_manifest(staging)
 
 

@@ -80,3 +80,17 @@ def test_sampler_weights_hold_no_optimizer(engine):
     with pytest.raises(EngineRequestError, match="without optimizer state"):
         engine.load_weights("m", key, with_optimizer=True)
     engine.load_weights("m", key, with_optimizer=False)
+
+
+def test_build_engine_offers_its_models_and_names_a_bad_path(hf_dir, tmp_path):
+    from astrai_core.errors import AstraiError
+    from astrai_core.tinker.engine import build_engine
+
+    engine = build_engine({"a": str(hf_dir), "b": str(hf_dir)}, tmp_path / "state",
+                          max_lora_rank=16, cache_dir=str(tmp_path / "imports"))
+    facts = {f.name: f for f in engine.base_models()}
+    assert set(facts) == {"a", "b"}
+    assert facts["a"].vocab_size == 64 and facts["a"].max_lora_rank == 16
+    assert facts["a"].tokenizer_path == str(hf_dir)
+    with pytest.raises(AstraiError, match=r"--model x=/no/such/dir: .*does not exist"):
+        build_engine({"x": "/no/such/dir"}, tmp_path / "state")

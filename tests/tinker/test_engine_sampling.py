@@ -91,3 +91,37 @@ def test_sampler_weights_load_in_peft_on_the_hugging_face_base(trained, hf_dir, 
         with model.disable_adapter():
             bare = model(torch.tensor([tokens])).logits[0, :-1].float()
     assert not torch.allclose(torch.log_softmax(bare, -1), torch.log_softmax(logits, -1), atol=1e-3)
+
+
+def test_stop_strings_end_a_completion(trained, hf_dir):
+    from astrai_core.data.tokenizer import load_tokenizer
+
+    engine, key = trained
+    target = SamplerTarget(BASE, key)
+    free = engine.sample(target, PROMPT, 1, SampleSpec(max_tokens=16, seed=5)).sequences[0]
+    tokenizer = load_tokenizer(hf_dir)
+    texts = [tokenizer.decode([t], skip_special_tokens=True).strip() for t in free.tokens]
+    at = next(i for i, text in enumerate(texts) if i > 0 and text)
+    stopped = engine.sample(target, PROMPT, 1, SampleSpec(max_tokens=16, seed=5,
+                                                          stop_strings=(texts[at],))).sequences[0]
+    assert stopped.stop_reason == "stop"
+    assert len(stopped.tokens) <= at + 1 < len(free.tokens)
+    assert stopped.tokens == free.tokens[:len(stopped.tokens)]
+
+
+def test_saved_adapters_for_sampling_are_evicted_least_recent_first(make_engine):
+    engine = make_engine(max_sampler_adapters=2, max_adapters=1)
+    engine.create_model("m", BASE, LoraSpec(rank=4, seed=4))
+    datums, _, _ = sft_datums()
+    spec = SampleSpec(max_tokens=4, temperature=0.0)
+    keys, first = [], {}
+    for step in range(4):  # more saves than slots, each sampled: the RL loop's pattern
+        engine.forward_backward("m", datums, "cross_entropy")
+        engine.optim_step("m", AdamSpec(learning_rate=2e-2))
+        keys.append(engine.save_weights("m", f"s{step}", for_sampler=True))
+        first[keys[-1]] = engine.sample(SamplerTarget(BASE, keys[-1]), PROMPT, 1, spec)
+    assert list(engine.sampler_slots) == keys[-2:]
+    slots = len(engine.bases[BASE].slots.configs)
+    assert slots == 3  # the tenant and two sampler adapters
+    again = engine.sample(SamplerTarget(BASE, keys[0]), PROMPT, 1, spec)  # reloaded from disk
+    assert again == first[keys[0]]

@@ -13,7 +13,7 @@ from astrai_core.rl.policy_losses import CISPO, PPOClip
 from astrai_core.strategies.language_modeling import next_token_loss
 from astrai_core.tinker.adapters import LORA_ALPHA
 from astrai_core.tinker.bases import load_base
-from astrai_core.tinker.engine_types import AdamSpec, LoraSpec
+from astrai_core.tinker.engine_types import AdamSpec, DatumIn, EngineRequestError, LoraSpec
 from tests.tinker.conftest import BASE, policy_datums, sft_datums
 
 ADAM = AdamSpec(learning_rate=5e-3)
@@ -197,3 +197,29 @@ def test_policy_loss_gradients_are_those_of_the_definition(make_engine, hf_dir, 
     for name, param in reference.named_parameters():
         if "lora_" in name:
             torch.testing.assert_close(grads[name], param.grad, rtol=1e-4, atol=1e-6)
+
+
+@pytest.mark.parametrize("loss_fn", ["ppo", "cispo"])
+def test_per_token_clip_thresholds(make_engine, loss_fn):
+    """Thresholds given per token in loss_fn_inputs clip each token at its own range."""
+    engine = make_engine()
+    engine.create_model("m", BASE, LoraSpec(rank=4, seed=2))
+    data = policy_datums()
+    rng = np.random.default_rng(5)
+    lows = [rng.uniform(0.7, 1.0, len(d.tokens)).astype(np.float32) for d in data]
+    highs = [rng.uniform(1.0, 1.3, len(d.tokens)).astype(np.float32) for d in data]
+    clipped = [DatumIn(d.tokens, {**d.loss_fn_inputs, "clip_low_threshold": lo,
+                                  "clip_high_threshold": hi})
+               for d, lo, hi in zip(data, lows, highs)]
+    out = engine.forward("m", clipped, loss_fn)
+    for datum, o, lo, hi in zip(data, out.outputs, lows, highs):
+        logp = torch.as_tensor(o["logprobs"])
+        q = torch.as_tensor(datum.loss_fn_inputs["logprobs"])
+        adv = torch.as_tensor(datum.loss_fn_inputs["advantages"])
+        ratio = torch.exp(logp - q)
+        bounded = torch.clamp(ratio, torch.as_tensor(lo), torch.as_tensor(hi))
+        expected = (-torch.minimum(ratio * adv, bounded * adv) if loss_fn == "ppo"
+                    else -(bounded * logp * adv))
+        np.testing.assert_allclose(o["elementwise_loss"], expected.numpy(), atol=1e-6)
+    with pytest.raises(EngineRequestError, match="given in 1 of 2 datums"):
+        engine.forward("m", [clipped[0], data[1]], loss_fn)
