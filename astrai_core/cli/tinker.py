@@ -88,19 +88,16 @@ def limits_of(args: argparse.Namespace):
 
 
 def build_engine(models: dict[str, str], state_dir: Path, args: argparse.Namespace):
-    """The torch engine holding each ``--model`` once, saving under ``state_dir``."""
+    """The torch engine holding each ``--model`` once on ``--device``, saving under ``state_dir``."""
     from astrai_core.devices.select import resolve_device
     from astrai_core.plugins import process_registry
-    from astrai_core.tinker.bases import load_base
-    from astrai_core.tinker.engine import EngineLimits, TorchEngine
+    from astrai_core.tinker.engine import EngineLimits
+    from astrai_core.tinker.engine import build_engine as build
 
-    registry = process_registry()
-    device = resolve_device(registry, args.device).device()
-    bases = [load_base(name, path, device=device, registry=registry) for name, path in models.items()]
-    # the engine also counts adapters loaded for sampling, so it gets room beyond the tenants
-    limits = EngineLimits(max_adapters=2 * args.max_adapters, max_datums=args.max_datums,
+    device = resolve_device(process_registry(), args.device).device()
+    limits = EngineLimits(max_adapters=args.max_adapters, max_datums=args.max_datums,
                           max_tokens_per_datum=args.max_datum_tokens)
-    return TorchEngine(bases, state_dir, limits)
+    return build(models, state_dir, device=device, limits=limits)
 
 
 def run(args: argparse.Namespace) -> int:
