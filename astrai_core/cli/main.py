@@ -30,6 +30,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "import": ("import_cmd", "Hugging Face checkpoint directory -> native checkpoint directory"),
     "export": ("export_cmd", "native checkpoint -> Hugging Face directory that transformers loads"),
     "serve": ("serve", "OpenAI-compatible HTTP server (astrai-core[serve])"),
+    "tinker": ("tinker", "local server for the Tinker SDK: LoRA tenants on one base (astrai-core[serve])"),
     "manifest": ("manifest_cmd", "accept a checkpoint without manifest.json (older astrai)"),
 }
 

@@ -51,7 +51,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     add_verify_argument(parser)
 
 
-def _require_serve_extra() -> None:
+def require_serve_extra() -> None:
     from astrai_core.errors import AstraiError
 
     try:
@@ -129,7 +129,7 @@ def check_port_free(host: str, port: int) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    _require_serve_extra()
+    require_serve_extra()
     import uvicorn
 
     from astrai_core.plugins import process_registry
