@@ -9,6 +9,7 @@ import torch
 from pydantic import BaseModel
 
 from astrai_core.config.strategy_needs import StrategyNeeds
+from astrai_core.data.image_batch import batch_images
 from astrai_core.distributed.context_rows import context_parallel_logprobs
 from astrai_core.model.head import target_logprobs
 from astrai_core.rl.options import AuxLossOption
@@ -65,9 +66,11 @@ class LanguageModeling(Strategy):
             loss, count = _mean_over_targets(output["logprobs"], output["trained"])
         else:
             # the chunked head scores every next token: no [B, S, V] logits (model/head.py)
+            images = batch_images(batch)  # a vision-language model's rows: their pixels
             output = target_logprobs(self.run.model, ids, ids[:, 1:],
                                      attention_mask=batch.get("attention_mask"),
-                                     position_ids=batch.get("position_ids"))
+                                     position_ids=batch.get("position_ids"),
+                                     **({"images": images} if images else {}))
             loss, count = next_token_loss(output["logprobs"], batch["loss_mask"])
         # loss_weight: the mean runs over `count` targets, so accumulated micro-batches are
         # weighted by their targets and grad_accum_steps equals one big batch.

@@ -1,0 +1,73 @@
+"""Image tensors in a training batch, one row per example.
+
+A document of a row with images carries them as ``image/<name>`` arrays (per image, or
+per token for ``token_type_ids``). A batch keeps every tensor row-aligned, so that cutting
+it into ranks' shares or micro-batches by rows keeps each row's images with it:
+``image/<name>`` is [B, most images of a row, ...] zero-padded, with ``image/<name>.rows``
+[B] the row's own count; per-token tensors are [B, S] like ``input_ids``.
+:func:`model_images` turns these back into what the model's processor would have given
+for the batch (model_backends/transformers_lm.py calls it).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+
+PREFIX = "image/"
+ROWS = ".rows"
+PER_TOKEN = ("token_type_ids", "mm_token_type_ids")
+# Families whose image inputs are [B, images, ...] (a row's images together, zero images
+# as padding), not every image of the batch end to end.
+BATCH_FIRST = ("idefics2", "idefics3", "smolvlm")
+
+
+def has_images(rows: list[list[dict[str, np.ndarray]]]) -> bool:
+    return any(key.startswith(PREFIX) for row in rows for doc in row for key in doc)
+
+
+def collate_images(rows: list[list[dict[str, np.ndarray]]], width: int
+                   ) -> dict[str, torch.Tensor]:
+    """The ``image/`` tensors of a batch of one-document rows (see the module docstring)."""
+    names = sorted({key for row in rows for doc in row for key in doc if key.startswith(PREFIX)})
+    out: dict[str, torch.Tensor] = {}
+    for key in names:
+        values = [row[0].get(key) for row in rows]
+        if key.removeprefix(PREFIX) in PER_TOKEN:
+            padded = np.zeros((len(rows), width), dtype=np.int64)
+            for b, value in enumerate(values):
+                if value is not None:
+                    padded[b, :len(value)] = value
+            out[key] = torch.from_numpy(padded)
+            continue
+        sample = next(v for v in values if v is not None)
+        counts = [0 if v is None else len(v) for v in values]
+        padded = np.zeros((len(rows), max(counts), *sample.shape[1:]), dtype=sample.dtype)
+        for b, value in enumerate(values):
+            if value is not None:
+                padded[b, :len(value)] = value
+        out[key] = torch.from_numpy(padded)
+        out[key + ROWS] = torch.tensor(counts, dtype=torch.long)
+    return out
+
+
+def batch_images(batch: dict[str, torch.Tensor]) -> dict[str, torch.Tensor] | None:
+    """The ``image/`` entries of a batch (None: a batch without images)."""
+    images = {key: value for key, value in batch.items() if key.startswith(PREFIX)}
+    return images or None
+
+
+def model_images(images: dict[str, torch.Tensor], model_type: str) -> dict[str, torch.Tensor]:
+    """The batch's image tensors as the family's forward takes them (the processor's
+    names and shapes)."""
+    out = {}
+    for key, value in images.items():
+        if key.endswith(ROWS):
+            continue
+        name = key.removeprefix(PREFIX)
+        counts = images.get(key + ROWS)
+        if counts is None or model_type in BATCH_FIRST:
+            out[name] = value
+        else:  # every image of the batch end to end, row by row
+            out[name] = torch.cat([value[b, :int(n)] for b, n in enumerate(counts.tolist())])
+    return out
