@@ -191,3 +191,23 @@ def tiny_image(seed: int = 0, size: tuple[int, int] = (IMAGE_SIZE, IMAGE_SIZE)) 
     pixels = np.random.default_rng(seed).integers(0, 256, (size[1], size[0], 3), dtype=np.uint8)
     return Image.fromarray(pixels)
 
+
+
+def write_image_chats(directory: Path, rows: int = 8) -> Path:
+    """``chat.jsonl`` in ``directory``: ``rows`` one-turn chats "<image>i+1=?" -> "i+1",
+    each with its own PNG (``i.png``, beside the file, referenced by a relative path in
+    OpenAI's image_url shape)."""
+    import json
+
+    directory = Path(directory)
+    directory.mkdir(parents=True, exist_ok=True)
+    lines = []
+    for i in range(rows):
+        tiny_image(i).save(directory / f"{i}.png")
+        user = [{"type": "image_url", "image_url": {"url": f"{i}.png"}},
+                {"type": "text", "text": f"{i}+1=?"}]
+        lines.append(json.dumps({"messages": [{"role": "user", "content": user},
+                                              {"role": "assistant", "content": str(i + 1)}]}))
+    path = directory / "chat.jsonl"
+    path.write_text("\n".join(lines) + "\n")
+    return path
