@@ -5,8 +5,8 @@ per token for ``token_type_ids``). A batch keeps every tensor row-aligned, so th
 it into ranks' shares or micro-batches by rows keeps each row's images with it:
 ``image/<name>`` is [B, most images of a row, ...] zero-padded, with ``image/<name>.rows``
 [B] the row's own count; per-token tensors are [B, S] like ``input_ids``.
-:func:`model_images` turns these back into what the model's processor would have given
-for the batch (model_backends/transformers_lm.py calls it).
+:func:`batch_images` turns these back into what the model's processor would have given
+for the batch, the ``images`` a transformers-backend model's forward takes.
 """
 
 from __future__ import annotations
@@ -51,15 +51,18 @@ def collate_images(rows: list[list[dict[str, np.ndarray]]], width: int
     return out
 
 
-def batch_images(batch: dict[str, torch.Tensor]) -> dict[str, torch.Tensor] | None:
-    """The ``image/`` entries of a batch (None: a batch without images)."""
+def has_image_inputs(batch: dict[str, torch.Tensor]) -> bool:
+    """Whether a collated batch carries image tensors."""
+    return any(key.startswith(PREFIX) for key in batch)
+
+
+def batch_images(batch: dict[str, torch.Tensor], model_type: str
+                 ) -> dict[str, torch.Tensor] | None:
+    """The batch's image tensors as ``model_type``'s forward takes them (the processor's
+    names and shapes); None for a batch without images."""
     images = {key: value for key, value in batch.items() if key.startswith(PREFIX)}
-    return images or None
-
-
-def model_images(images: dict[str, torch.Tensor], model_type: str) -> dict[str, torch.Tensor]:
-    """The batch's image tensors as the family's forward takes them (the processor's
-    names and shapes)."""
+    if not images:
+        return None
     out = {}
     for key, value in images.items():
         if key.endswith(ROWS):

@@ -42,7 +42,6 @@ from typing import Any
 import torch
 from torch import nn
 
-from astrai_core.data.image_batch import PREFIX, model_images
 from astrai_core.model.context_parallel import ContextShard
 from astrai_core.model.head import head_outputs
 from astrai_core.model.masks import packed_layout
@@ -205,8 +204,7 @@ class TransformersCausalLM(nn.Module):
                                               kv_cache, context_shard)
         kwargs["use_cache"] = kv_cache is not None
         if images:  # the vision tower's inputs; the base model puts its features in place
-            kwargs.update(model_images(images, self.model_type) if any(
-                key.startswith(PREFIX) for key in images) else images)
+            kwargs.update(images)
         if kv_cache is not None:
             kwargs[self._cache_argument] = kv_cache.cache
         if moe:

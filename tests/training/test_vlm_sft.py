@@ -101,3 +101,38 @@ def test_packing_image_rows_is_refused_when_asked_for(tmp_path):
     config["data"]["pack"] = True
     with pytest.raises(DataError, match="has rows with images, which are not packed"):
         train(RunConfig.model_validate(config))
+
+
+def test_lora_sft_adapts_the_language_model_and_loads_in_peft(tmp_path):
+    """The default LoRA targets are the language model's projections (not SigLIP's
+    q_proj/k_proj/v_proj), the run trains, and peft loads the adapter on transformers'
+    model with astrai's logits on an image batch."""
+    from peft import PeftModel
+    from transformers import AutoModelForImageTextToText, AutoProcessor
+
+    from astrai_core.api import load_pretrained
+
+    config = vlm_config(tmp_path, "gemma3")
+    config["model"]["lora"] = {"r": 4, "alpha": 8}
+    config["trainer"]["lr"] = 3e-2
+    train(RunConfig.model_validate(config))
+    losses = [record["loss"] for record in read_metrics(tmp_path / "run")]
+    assert losses[-1] < 0.8 * losses[0]
+    step = tmp_path / "run" / "checkpoints" / f"step_{STEPS}"
+    targets = json.loads((step / "adapter" / "adapter_config.json").read_text())["target_modules"]
+    assert targets and all(t.startswith("model.language_model.") for t in targets)
+
+    processor = AutoProcessor.from_pretrained(str(tmp_path / "model"))
+    chat = [{"role": "user", "content": [{"type": "image"}, {"type": "text", "text": "3+1=?"}]}]
+    text = processor.apply_chat_template(chat, tokenize=False, add_generation_prompt=True)
+    batch = processor(text=[text], images=[[tiny_image(3)]], return_tensors="pt")
+    base = AutoModelForImageTextToText.from_pretrained(str(tmp_path / "model"),
+                                                       dtype=torch.float32)
+    reference = PeftModel.from_pretrained(base, str(step / "adapter")).eval()
+    ours = load_pretrained(step).eval()
+    images = {k: v for k, v in batch.items() if k not in ("input_ids", "attention_mask")}
+    with torch.no_grad():
+        expected = reference(**batch).logits
+        got = ours(batch["input_ids"], attention_mask=batch["attention_mask"],
+                   images=images)["logits"]
+    torch.testing.assert_close(got, expected, rtol=0, atol=1e-5)
