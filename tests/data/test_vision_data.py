@@ -11,6 +11,7 @@ import re
 
 import numpy as np
 import pytest
+import torch
 
 from astrai_core.data.tokenize import tokenize_source
 from astrai_core.data.tokenizer import load_tokenizer
@@ -119,3 +120,39 @@ def test_image_rows_need_a_model_with_a_processor(tmp_path):
                                         "image processor"):
         tokenize_source(_write(tmp_path, rows), "chat", load_tokenizer(ARITH_TOKENIZER),
                         tmp_path / "cache")
+
+
+def test_a_datasets_image_column_mapped_with_columns_reaches_the_batch(tmp_path, gemma):
+    """A save_to_disk dataset whose images are an Image column (renamed to ``images`` by
+    the ``columns`` option): the stored PNG bytes, not a decoded copy, reach the
+    processor, and the batch carries the processor's pixels."""
+    import datasets
+
+    from astrai_core.data import build_train_loader
+    from astrai_core.data.config import DataConfig
+
+    pictures = [[{"bytes": _png(4), "path": None}, {"bytes": _png(5, (20, 40)), "path": None}]]
+    user = [{"type": "image"}, {"type": "text", "text": "2+2=?"}, {"type": "image"}]
+    table = datasets.Dataset.from_dict({
+        "messages": [[{"role": "user", "content": user},  # Arrow: every content a list
+                      {"role": "assistant", "content": [{"type": "text", "text": "4"}]}]],
+        "pictures": pictures}).cast_column("pictures", datasets.List(datasets.Image()))
+    table.save_to_disk(str(tmp_path / "set"))
+    config = DataConfig.model_validate({
+        "sources": [{"path": str(tmp_path / "set"), "format": "chat",
+                     "columns": {"pictures": "images"}}],
+        "seq_len": 64, "batch_size": 1, "cache_dir": str(tmp_path / "cache")})
+    tokenizer = load_tokenizer(gemma)
+    batch = next(build_train_loader(config, tokenizer))
+    processor = tokenizer.astrai_processor
+    plain = [{"role": "user", "content": [{"type": "image"}, {"type": "text", "text": "2+2=?"},
+                                          {"type": "image"}]},
+             {"role": "assistant", "content": "4"}]
+    text = processor.apply_chat_template(plain, tokenize=False)
+    expected = processor(text=[text], images=[[tiny_image(4), tiny_image(5, (20, 40))]],
+                         return_tensors="pt")
+    length = expected["input_ids"].shape[1]
+    assert batch["input_ids"][0, :length].tolist() == expected["input_ids"][0].tolist()
+    assert batch["image/pixel_values.rows"].tolist() == [2]
+    assert torch.equal(batch["image/pixel_values"][0], expected["pixel_values"])
+    assert torch.equal(batch["image/token_type_ids"][0, :length], expected["token_type_ids"][0])
