@@ -76,6 +76,13 @@ def test_sft_on_image_chats_matches_transformers_and_trains(tmp_path, family):
         assert same != trained, part
     old, new = before.get_decoder(), after.get_decoder()
     assert not all(torch.equal(a, b) for a, b in zip(old.parameters(), new.parameters()))
+    # the checkpoint carries the processor: it trains on image rows as model.path
+    from astrai_core.data.tokenizer import load_tokenizer
+
+    step = tmp_path / "run" / "checkpoints" / f"step_{STEPS}"
+    processor = load_tokenizer(step).astrai_processor
+    assert processor.to_json_string() == load_tokenizer(tmp_path / "model"
+                                                        ).astrai_processor.to_json_string()
 
 
 def test_a_missing_image_is_one_line_and_exit_code_2(tmp_path):
