@@ -11,6 +11,8 @@ for the batch, the ``images`` a transformers-backend model's forward takes.
 
 from __future__ import annotations
 
+from typing import Any
+
 import numpy as np
 import torch
 
@@ -26,9 +28,10 @@ def has_images(rows: list[list[dict[str, np.ndarray]]]) -> bool:
     return any(key.startswith(PREFIX) for row in rows for doc in row for key in doc)
 
 
-def collate_images(rows: list[list[dict[str, np.ndarray]]], width: int
+def collate_images(rows: list[list[dict[str, np.ndarray]]], width: int, left: bool = False
                    ) -> dict[str, torch.Tensor]:
-    """The ``image/`` tensors of a batch of one-document rows (see the module docstring)."""
+    """The ``image/`` tensors of a batch of one-document rows (see the module docstring);
+    ``left``: per-token tensors are left-padded, as a sampler's prompts are."""
     names = sorted({key for row in rows for doc in row for key in doc if key.startswith(PREFIX)})
     out: dict[str, torch.Tensor] = {}
     for key in names:
@@ -37,7 +40,8 @@ def collate_images(rows: list[list[dict[str, np.ndarray]]], width: int
             padded = np.zeros((len(rows), width), dtype=np.int64)
             for b, value in enumerate(values):
                 if value is not None:
-                    padded[b, :len(value)] = value
+                    start = width - len(value) if left else 0
+                    padded[b, start:start + len(value)] = value
             out[key] = torch.from_numpy(padded)
             continue
         sample = next(v for v in values if v is not None)
@@ -74,3 +78,27 @@ def batch_images(batch: dict[str, torch.Tensor], model_type: str
         else:  # every image of the batch end to end, row by row
             out[name] = torch.cat([value[b, :int(n)] for b, n in enumerate(counts.tolist())])
     return out
+
+
+def prompt_images(images: list[dict[str, Any] | None], width: int, model_type: str,
+                  device: torch.device) -> dict[str, torch.Tensor]:
+    """The image inputs of a sampler's batch of left-padded prompts (``width`` columns),
+    from each prompt's processor output for it alone (tensors or arrays, ``[1, ...]``
+    per token and for Idefics3's images, as the processor returns them)."""
+    rows = []
+    for tensors in images:
+        doc = {}
+        for name, value in (tensors or {}).items():
+            array = np.asarray(value.cpu() if isinstance(value, torch.Tensor) else value)
+            doc[PREFIX + name] = array[0] if one_row(name, array) else array
+        rows.append([doc])
+    batch = collate_images(rows, width, left=True)
+    out = batch_images(batch, model_type) or {}
+    return {name: value.to(device) for name, value in out.items()}
+
+
+def one_row(name: str, value: np.ndarray) -> bool:
+    """Whether the processor gave ``name`` for one row as [1, ...] (per token, or
+    Idefics3's [1, images, ...]), an axis a batch row does not keep."""
+    return name in PER_TOKEN or name == "pixel_attention_mask" or (
+        name == "pixel_values" and value.ndim == 5)

@@ -19,10 +19,9 @@ from typing import Any
 import numpy as np
 
 from astrai_core.data import render
+from astrai_core.data.image_batch import one_row
 
 TENSORS_FILE = "images.safetensors"
-# What a processor returns per token rather than per image: padded like input_ids.
-PER_TOKEN = ("token_type_ids", "mm_token_type_ids")
 _TEXT_INPUTS = ("input_ids", "attention_mask")
 
 
@@ -68,17 +67,9 @@ def render_vision_chat(processor: Any, messages: list[dict], images: list[Any]
     if whole["input_ids"][0].tolist() != out_ids:
         raise ValueError("the processor's tokens for an image depend on the text around "
                          "it, so the assistant's tokens cannot be placed")
-    tensors = {name: np.ascontiguousarray(value[0] if _one_row(name, value) else value)
+    tensors = {name: np.ascontiguousarray(value[0] if one_row(name, value) else value)
                for name, value in whole.items() if name not in _TEXT_INPUTS}
     return out_ids, out_mask, tensors
-
-
-def _one_row(name: str, value: np.ndarray) -> bool:
-    """Whether the processor gave ``name`` for the one row as [1, ...] (per token, or
-    Idefics3's [1, images, ...]): stored without that axis, so every tensor is per image
-    or per token."""
-    return name in PER_TOKEN or name == "pixel_attention_mask" or (
-        name == "pixel_values" and value.ndim == 5)
 
 
 def _call(processor: Any, text: str, images: list[Any]) -> Any:
