@@ -63,10 +63,11 @@ def has_image_inputs(batch: dict[str, torch.Tensor]) -> bool:
 def batch_images(batch: dict[str, torch.Tensor], model_type: str
                  ) -> dict[str, torch.Tensor] | None:
     """The batch's image tensors as ``model_type``'s forward takes them (the processor's
-    names and shapes); None for a batch without images."""
+    names and shapes); None for a batch without images (its per-token image types are
+    then all 0, text: nothing to pass)."""
     images = {key: value for key, value in batch.items() if key.startswith(PREFIX)}
-    if not images:
-        return None
+    if not any(int(value.sum()) for key, value in images.items() if key.endswith(ROWS)):
+        return None  # a rank's share or a micro-batch of text rows only: no pixels to run
     out = {}
     for key, value in images.items():
         if key.endswith(ROWS):

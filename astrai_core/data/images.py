@@ -52,6 +52,16 @@ def has_images(messages: list[dict]) -> bool:
         part.get("type") in IMAGE_PART_TYPES for part in m["content"]) for m in messages)
 
 
+def holds_image_parts(value: Any) -> bool:
+    """Whether ``value`` (a row, or any part of one) holds an image part anywhere."""
+    if isinstance(value, dict):
+        return value.get("type") in IMAGE_PART_TYPES or any(
+            holds_image_parts(v) for v in value.values())
+    if isinstance(value, list):
+        return any(holds_image_parts(v) for v in value)
+    return False
+
+
 def split_images(messages: list[dict], row_images: list[Any] | None
                  ) -> tuple[list[dict], list[Any]]:
     """(the messages with every image part as ``{"type": "image"}``, as chat templates

@@ -31,12 +31,13 @@ from typing import Any
 import numpy as np
 
 from astrai_core.data import render
-from astrai_core.data.images import PartsError, has_images, open_row_images, split_images
+from astrai_core.data.images import (PartsError, has_images, holds_image_parts,
+                                     open_row_images, split_images)
+from astrai_core.data.sources import read_rows, require_file
+from astrai_core.data.tokenizer import tokenizer_fingerprint
 from astrai_core.data.vision_render import (TENSORS_FILE, RowTensors, RowTensorsWriter,
                                             processor_fingerprint, processor_of,
                                             render_vision_chat)
-from astrai_core.data.sources import read_rows, require_file
-from astrai_core.data.tokenizer import tokenizer_fingerprint
 from astrai_core.errors import DataError
 from astrai_core.log import get_logger
 
@@ -209,6 +210,9 @@ def _encode_rows(path: Path, fmt: str, tokenizer: Any, field: str,
         yield from _encode_text(rows, tokenizer)
         return
     for line_number, row in rows:
+        if fmt != "chat" and holds_image_parts(row):
+            raise DataError(f"data file {path}, line {line_number}: images are read in chat "
+                            f"rows (format: chat), not yet in {fmt} rows")
         try:
             if fmt == "chat" and (has_images(row["messages"]) or row.get("images")):
                 ids, targets, tensors = _vision_chat(tokenizer, row, path, line_number)

@@ -156,3 +156,33 @@ def test_a_datasets_image_column_mapped_with_columns_reaches_the_batch(tmp_path,
     assert batch["image/pixel_values.rows"].tolist() == [2]
     assert torch.equal(batch["image/pixel_values"][0], expected["pixel_values"])
     assert torch.equal(batch["image/token_type_ids"][0, :length], expected["token_type_ids"][0])
+
+
+def test_images_in_other_formats_are_refused_until_they_are_read(tmp_path, gemma):
+    row = {"prompt": [{"role": "user", "content": [{"type": "image", "path": "a.png"}]}],
+           "completion": [{"role": "assistant", "content": "4"}]}
+    path = _write(tmp_path, [row])
+    with pytest.raises(DataError, match=r"line 1: images are read in chat rows \(format: "
+                                        r"chat\), not yet in prompt_completion rows"):
+        tokenize_source(path, "prompt_completion", load_tokenizer(gemma), tmp_path / "cache")
+
+
+@pytest.mark.parametrize("model_type", ["gemma3", "idefics3"])
+def test_a_share_of_a_batch_with_text_rows_only_runs_no_pixels(model_type):
+    """Rows cut from a batch (a rank's share) may hold no image: no empty pixel tensor
+    reaches the vision tower; a row with images keeps its own, in row order."""
+    from astrai_core.data.image_batch import batch_images, collate_images
+
+    pixels = np.arange(2 * 3 * 2 * 2, dtype=np.float32).reshape(2, 3, 2, 2)
+    rows = [[{"input_ids": np.zeros(3)}], [{"input_ids": np.zeros(3),
+                                            "image/pixel_values": pixels,
+                                            "image/token_type_ids": np.ones(3, dtype=np.int64)}]]
+    batch = collate_images(rows, width=4)
+    text_only = {key: value[:1] for key, value in batch.items()}
+    assert batch_images(text_only, model_type) is None
+    images = batch_images(batch, model_type)
+    expected = torch.from_numpy(pixels)
+    if model_type == "idefics3":  # [B, images, ...], a row without images all zeros
+        expected = torch.stack([torch.zeros_like(expected), expected])
+    assert torch.equal(images["pixel_values"], expected)
+    assert images["token_type_ids"].tolist() == [[0, 0, 0, 0], [1, 1, 1, 0]]
