@@ -60,10 +60,15 @@ def write_backend_record(model: nn.Module, directory: Path) -> None:
 def load_transformers_model(directory: str | os.PathLike, *, dtype: torch.dtype | None = None,
                             trust_remote_code: bool = False,
                             device: torch.device | str | None = None) -> TransformersCausalLM:
-    """The Hugging Face directory's causal LM behind the native interface (eval mode)."""
-    from transformers import AutoModelForCausalLM
+    """The Hugging Face directory's causal LM (or vision-language model) behind the native
+    interface (eval mode)."""
+    from transformers import AutoModelForCausalLM, AutoModelForImageTextToText
+
+    from astrai_core.model_backends.vision import is_vision_language
 
     directory = Path(directory)
+    auto = AutoModelForImageTextToText if is_vision_language(read_json(
+        directory / "config.json")) else AutoModelForCausalLM
     check_safetensors(directory)
     if trust_remote_code:
         log.warning("model.trust_remote_code is on: running the model code shipped in the "
@@ -73,7 +78,7 @@ def load_transformers_model(directory: str | os.PathLike, *, dtype: torch.dtype 
     bar = hf_logging.is_progress_bar_enabled()
     hf_logging.disable_progress_bar()  # astrai's own log says what is loaded
     try:
-        hf_model = AutoModelForCausalLM.from_pretrained(
+        hf_model = auto.from_pretrained(
             str(directory), dtype=dtype or torch.float32, use_safetensors=True,
             trust_remote_code=trust_remote_code)
     except ValueError as exc:  # an unknown model_type, or code it would have to trust

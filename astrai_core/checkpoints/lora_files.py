@@ -332,18 +332,32 @@ def _targets_of(model: nn.Module, section: Any) -> dict[str, Any]:
     and the linear modules it has."""
     from astrai_core.log import get_logger
     from astrai_core.model_backends.lora_targets import (default_targets, family_targets,
-                                                         linear_leaves)
+                                                         linear_leaves, lora_scope,
+                                                         scoped_targets)
     from astrai_core.model_backends.transformers_lm import is_transformers_model
 
     settings = section.adapter_settings()
     if not is_transformers_model(model):
         return settings
-    head = model.hf.get_output_embeddings()
+    head, scope = model.hf.get_output_embeddings(), lora_scope(model.hf)
     log = get_logger("astrai.lora")
     if section.target_modules is None:
-        found, origin = default_targets(model.hf, model.model_type, settings["target_modules"], head)
+        found, origin = default_targets(scope, model.model_type, settings["target_modules"], head)
         log.info("LoRA target modules", model_type=model.model_type, targets=found, chosen=origin)
-        return {**settings, "target_modules": found}
+    elif section.target_modules == "all-linear":
+        found = linear_leaves(scope, head)
+    else:
+        found, missing = family_targets(scope, model.model_type, section.target_modules)
+        if not found:
+            raise CheckpointError(f"model.lora.target_modules: model_type {model.model_type!r} "
+                                  f"has no linear module {', '.join(missing)} to adapt; its "
+                                  f"linear modules: {', '.join(linear_leaves(scope, head))} "
+                                  "(or all-linear)")
+        if missing:
+            log.warning("LoRA adapts no module for these target_modules: the family has no "
+                        "linear module of that name", model_type=model.model_type,
+                        skipped=missing)
+    return {**settings, "target_modules": scoped_targets(model.hf, found)}
     if section.target_modules == "all-linear":
         return {**settings, "target_modules": linear_leaves(model.hf, head)}
     found, missing = family_targets(model.hf, model.model_type, section.target_modules)

@@ -8,7 +8,8 @@ backend runs it:
 - ``native``: astrai's own decoder. A native checkpoint always; a Hugging Face directory
   whose ``model_type`` has an importer that accepts its config, imported on the fly into
   a cache (:mod:`astrai_core.checkpoints.import_cache`), the same files as ``astrai import``;
-- ``transformers``: any ``AutoModelForCausalLM`` in a Hugging Face directory, wrapped to
+- ``transformers``: any ``AutoModelForCausalLM`` (or vision-language
+  ``AutoModelForImageTextToText``) in a Hugging Face directory, wrapped to
   the native model's interface (:mod:`astrai_core.model_backends`).
 
 The default is native where an importer exists and accepts the config, else transformers.
@@ -89,15 +90,23 @@ def describe(path: str, backend: str | None, registry: Any,
 
 
 def check_transformers_can_build(hf_config: dict[str, Any], trust_remote_code: bool) -> None:
-    """transformers has a causal LM class for the config's model_type, or the directory
-    ships one (``auto_map``) and ``model.trust_remote_code`` lets it run."""
+    """transformers has a causal LM class (or, for a vision-language config, an
+    image-text-to-text class) for the config's model_type, or the directory ships one
+    (``auto_map``) and ``model.trust_remote_code`` lets it run."""
     import transformers
-    from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
+    from transformers.models.auto.modeling_auto import (
+        MODEL_FOR_CAUSAL_LM_MAPPING_NAMES, MODEL_FOR_IMAGE_TEXT_TO_TEXT_MAPPING_NAMES)
+
+    from astrai_core.model_backends.vision import is_vision_language
 
     model_type = hf_config["model_type"]
-    if model_type in MODEL_FOR_CAUSAL_LM_MAPPING_NAMES:
+    known = MODEL_FOR_IMAGE_TEXT_TO_TEXT_MAPPING_NAMES if is_vision_language(hf_config) \
+        else MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
+    if model_type in known:
         return
-    if "AutoModelForCausalLM" in (hf_config.get("auto_map") or {}):
+    auto = "AutoModelForImageTextToText" if is_vision_language(hf_config) \
+        else "AutoModelForCausalLM"
+    if auto in (hf_config.get("auto_map") or {}):
         if not trust_remote_code:
             raise FieldError(("model", "trust_remote_code"), f"model_type {model_type!r} "
                              "runs only with the model code its directory ships (auto_map); "
@@ -105,7 +114,7 @@ def check_transformers_can_build(hf_config: dict[str, Any], trust_remote_code: b
                              "rights, if you trust its source")
         return
     raise FieldError(PATH, f"model_type {model_type!r} is not a causal LM that transformers "
-                     f"{transformers.__version__} knows (AutoModelForCausalLM), and its "
+                     f"{transformers.__version__} knows ({auto}), and its "
                      "directory ships no model code")
 
 

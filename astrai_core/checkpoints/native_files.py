@@ -35,6 +35,8 @@ TOKENIZER_FILES = (
     "tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "added_tokens.json",
     "vocab.json", "merges.txt", "vocab.txt", "tokenizer.model", "chat_template.jinja",
     "chat_template.json",
+    # a vision-language model's processor (image sizes, normalisation, tokens per image)
+    "processor_config.json", "preprocessor_config.json",
 )
 
 

@@ -54,6 +54,11 @@ class ModelSection(Section):
         default=None, description="tokenizer directory (default: the checkpoint's own files)"
     )
     dtype: Literal["float32", "bfloat16", "float16"] = "float32"
+    freeze: list[Literal["vision", "projector"]] = Field(
+        default_factory=lambda: ["vision"], description="parts of a vision-language model "
+        "(transformers backend) that do not train: vision (the image encoder), projector "
+        "(image features into the language model); [] trains every part. No effect on a "
+        "text-only model")
     lora: LoraSection | None = Field(
         default=None, description="train a LoRA adapter (peft) instead of every weight")
 

@@ -19,6 +19,29 @@ from astrai_core.log import get_logger
 log = get_logger(__name__)
 
 
+def check_image_rows(source: TokenizedSource, cfg: DataConfig, field: str) -> None:
+    """Rows with images are trained whole, one per batch row: packing them is refused
+    when ``data.pack: true`` is set (a row's image features fill its image tokens, and
+    packed rows would need every document's images placed and attended apart; left
+    unset, such data is not packed), and so is cutting one at ``seq_len`` (its image
+    tokens would no longer match its images)."""
+    if not has_image_rows(source):
+        return
+    if cfg.pack and "pack" in cfg.model_fields_set:
+        raise DataError(f"{field}: {source.path} has rows with images, which are not packed "
+                        "(data.pack: true); leave data.pack out or set it false")
+    lengths = source.fields["input"].lengths()
+    for row in source.images.names:
+        if lengths[row] > cfg.seq_len:
+            raise DataError(f"{field}: {source.path}, row {row + 1} with images is "
+                            f"{int(lengths[row])} tokens, over data.seq_len {cfg.seq_len}; "
+                            "rows with images are never cut: raise data.seq_len")
+
+
+def has_image_rows(source: TokenizedSource) -> bool:
+    return source.images is not None and bool(source.images.names)
+
+
 def _pad_id(tokenizer: Any) -> int:
     # Padding is told apart by attention_mask, so the id only has to be a valid one.
     return tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
@@ -30,7 +53,10 @@ def _loader(cfg: DataConfig, tokenizer: Any, fmt: str, sources: list[TokenizedSo
     """A loader of the batch kind of ``fmt`` reading ``sources``."""
     kind = BATCH_KIND[fmt]
     if kind == "sequence":
-        examples = [SequenceExamples(s.fields["input"], cfg.seq_len, cfg.overflow) for s in sources]
+        for source, field in zip(sources, fields):
+            check_image_rows(source, cfg, field)
+        examples = [SequenceExamples(s.fields["input"], cfg.seq_len, cfg.overflow, s.images)
+                    for s in sources]
     elif kind == "preference":  # pairs are never split: a piece would lose its prompt
         examples = [(SequenceExamples(s.fields["chosen"], cfg.seq_len),
                      SequenceExamples(s.fields["rejected"], cfg.seq_len)) for s in sources]
@@ -44,8 +70,9 @@ def _loader(cfg: DataConfig, tokenizer: Any, fmt: str, sources: list[TokenizedSo
     stream = ExampleStream(sizes, weights, seed=cfg.seed, shuffle=shuffle,
                            finite=finite)
     if kind == "sequence":
+        pack = cfg.pack and not any(has_image_rows(s) for s in sources)
         return SequenceLoader(examples, stream, batch_size=batch_size, seq_len=cfg.seq_len,
-                              pack=cfg.pack, pad_id=_pad_id(tokenizer))
+                              pack=pack, pad_id=_pad_id(tokenizer))
     if kind == "preference":
         return PreferenceLoader(examples, stream, batch_size=batch_size, pad_id=_pad_id(tokenizer),
                                 margins=[s.margins for s in sources])

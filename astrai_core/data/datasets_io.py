@@ -13,6 +13,7 @@ see docs/data-sources.md).
 
 from __future__ import annotations
 
+import base64
 import hashlib
 import inspect
 import json
@@ -46,7 +47,7 @@ def needs_datasets(source: Any) -> bool:
 
 def materialize(source: Any, cache_dir: Path, field: str) -> Path:
     """The checked JSONL file of ``source``'s rows, written once per dataset fingerprint."""
-    dataset = _load(source, cache_dir, field)
+    dataset = undecoded_images(_load(source, cache_dir, field))
     if source.renames:
         dataset = renamed(dataset, source.renames, field)
     transform = _import_transform(source.transform, field) if source.transform else None
@@ -68,7 +69,7 @@ def materialize(source: Any, cache_dir: Path, field: str) -> Path:
                     validate(row)
                 except RowError as err:
                     raise DataError(f"data source {source.path}, row {index}: {err}") from None
-                handle.write(json.dumps(row, default=str) + "\n")
+                handle.write(json.dumps(row, default=json_value) + "\n")
         if len(dataset) == 0:
             raise DataError(f"{field}: data source has no rows: {source.path}")
         os.replace(staging, out)
@@ -92,7 +93,7 @@ def first_row(source: Any, cache_dir: Path, field: str) -> dict:
                                         f"({err})") from None
                     return row if isinstance(row, dict) else {}
         raise DataError(f"{field}: data file has no rows: {source.path}")
-    dataset = _load(source, cache_dir, field)
+    dataset = undecoded_images(_load(source, cache_dir, field))
     if source.renames:
         dataset = renamed(dataset, source.renames, field)
     if len(dataset) == 0:
@@ -104,6 +105,38 @@ def first_row(source: Any, cache_dir: Path, field: str) -> dict:
         except RowError as err:
             raise DataError(f"data source {source.path}, row 0: {err}") from None
     return row
+
+
+def undecoded_images(dataset: Any) -> Any:
+    """``dataset`` with its Image columns (alone or in lists) as the stored files'
+    ``{"bytes", "path"}``: the image processor opens them when rows are processed
+    (data/images.py), and nothing is decoded and re-encoded on the way."""
+    import datasets
+
+    def undecode(feature: Any) -> Any:
+        if isinstance(feature, datasets.Image):
+            return datasets.Image(decode=False)
+        if isinstance(feature, datasets.List):
+            return datasets.List(undecode(feature.feature))
+        if isinstance(feature, list):
+            return [undecode(feature[0])]
+        if isinstance(feature, dict):
+            return {key: undecode(value) for key, value in feature.items()}
+        return feature
+
+    for name, feature in dataset.features.items():
+        plain = undecode(feature)
+        if plain != feature:
+            dataset = dataset.cast_column(name, plain)
+    return dataset
+
+
+def json_value(value: Any) -> Any:
+    """What a row's value that JSON has no type for is written as: bytes (an image's file)
+    as base64 text, which data/images.py reads back; anything else as its text."""
+    if isinstance(value, bytes):
+        return base64.b64encode(value).decode("ascii")
+    return str(value)
 
 
 def _load(source: Any, cache_dir: Path, field: str) -> Any:

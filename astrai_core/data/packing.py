@@ -19,8 +19,10 @@ from collections.abc import Callable
 import numpy as np
 import torch
 
+from astrai_core.data.image_batch import PREFIX, collate_images, has_images
 from astrai_core.data.mixing import ExampleStream, fill_value
 from astrai_core.data.tokenize import Ragged
+from astrai_core.data.vision_render import RowTensors
 
 Document = dict[str, np.ndarray]
 
@@ -33,8 +35,9 @@ class SequenceExamples:
     shorter), each trained as its own document.
     """
 
-    def __init__(self, ragged: Ragged, seq_len: int, overflow: str = "truncate"):
-        self.ragged = ragged
+    def __init__(self, ragged: Ragged, seq_len: int, overflow: str = "truncate",
+                 images: RowTensors | None = None):
+        self.ragged, self.images = ragged, images
         lengths = ragged.lengths()
         if overflow == "truncate":
             self.doc = np.arange(len(lengths))
@@ -60,6 +63,8 @@ class SequenceExamples:
         out = {"input_ids": np.asarray(self.ragged.tokens[begin:begin + length])}
         if self.ragged.targets is not None:
             out["loss_mask"] = np.asarray(self.ragged.targets[begin:begin + length])
+        if self.images is not None:  # whole rows only: build.py refuses cutting them
+            out.update({PREFIX + name: value for name, value in self.images.of(doc).items()})
         return out
 
 
@@ -113,10 +118,13 @@ def collate_rows(rows: list[list[Document]], width: int | None = None,
         if t < width:
             start = int(position_ids[b, t - 1]) + 1 if t else 0
             position_ids[b, t:] = np.arange(start, start + width - t)
-    return {"input_ids": torch.from_numpy(input_ids),
-            "position_ids": torch.from_numpy(position_ids),
-            "attention_mask": torch.from_numpy(attention_mask),
-            "loss_mask": torch.from_numpy(loss_mask)}
+    batch = {"input_ids": torch.from_numpy(input_ids),
+             "position_ids": torch.from_numpy(position_ids),
+             "attention_mask": torch.from_numpy(attention_mask),
+             "loss_mask": torch.from_numpy(loss_mask)}
+    if has_images(rows):  # a vision-language model's rows (data/image_batch.py)
+        batch.update(collate_images(rows, width))
+    return batch
 
 
 def take_rows(count: int, take_row: Callable[[], list[Document]]) -> list[list[Document]]:

@@ -12,6 +12,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+from astrai_core.data.images import parts_problem
 from astrai_core.errors import DataError
 
 FORMATS = ("text", "chat", "preference", "unpaired", "prompt", "prompt_completion")
@@ -111,9 +112,9 @@ def _messages(value: Any, key: str) -> list[dict]:
             raise RowError(f"{where}: unknown role {role!r}; expected one of {', '.join(ROLES)}")
         if "content" not in message:
             raise RowError(f"{where}: missing field 'content'")
-        if not isinstance(message["content"], str):
-            raise RowError(f"{where}: field 'content' must be a string, "
-                           f"got {_type_name(message['content'])}")
+        problem = parts_problem(message["content"], where)
+        if problem:  # a string, or text and image parts (data/images.py)
+            raise RowError(problem)
         messages.append(dict(message))
     return messages
 
@@ -128,7 +129,10 @@ def _validate_chat(row: dict) -> dict:
     messages = _messages(row["messages"], "messages")
     if not any(m["role"] == "assistant" for m in messages):
         raise RowError("'messages' has no assistant message, so nothing to learn")
-    return {"messages": messages}
+    images = row.get("images")
+    if images is not None and not isinstance(images, list):
+        raise RowError(f"field 'images' must be a list of images, got {_type_name(images)}")
+    return {"messages": messages, **({"images": images} if images else {})}
 
 
 def _prompt_side(row: dict) -> tuple[str | None, list[dict] | None]:

@@ -4,11 +4,13 @@ A cache entry is a directory ``<cache_dir>/<file stem>-<format>-<key>/`` holding
 field, ``<field>.tokens.bin`` (int32, all sequences end to end), ``<field>.offsets.bin``
 (int64, n+1 boundaries) and for masked fields ``<field>.targets.bin`` (uint8 target
 mask), plus ``records.jsonl`` for prompts (and the labels of unpaired rows),
-``margin.bin`` (float64, NaN where a row has none) for preference pairs, and
-``meta.json``. It is written in a
+``margin.bin`` (float64, NaN where a row has none) for preference pairs,
+``images.safetensors`` (each row's image tensors, for a vision-language model's chats;
+:mod:`astrai_core.data.vision_render`) and ``meta.json``. It is written in a
 temporary directory and renamed, so an entry that exists is complete. The key hashes
 the source (absolute path, size, mtime), the format, the tokenizer (vocabulary,
-pipeline, special tokens, chat template) and CACHE_FORMAT_VERSION. Sequences are
+pipeline, special tokens, chat template), a vision-language model's processor config and
+CACHE_FORMAT_VERSION. Sequences are
 stored whole: truncation and packing happen when batches are built, so changing
 ``seq_len`` reuses the cache.
 """
@@ -29,8 +31,13 @@ from typing import Any
 import numpy as np
 
 from astrai_core.data import render
+from astrai_core.data.images import (PartsError, has_images, holds_image_parts,
+                                     open_row_images, split_images)
 from astrai_core.data.sources import read_rows, require_file
 from astrai_core.data.tokenizer import tokenizer_fingerprint
+from astrai_core.data.vision_render import (TENSORS_FILE, RowTensors, RowTensorsWriter,
+                                            processor_fingerprint, processor_of,
+                                            render_vision_chat)
 from astrai_core.errors import DataError
 from astrai_core.log import get_logger
 
@@ -78,6 +85,7 @@ class TokenizedSource:
     records: list[dict] | None  # prompt: {"prompt_text", "columns"}; unpaired: {"label"}
     cache_entry: Path
     margins: np.ndarray | None = None  # preference format: float64 per pair, NaN: none given
+    images: RowTensors | None = None  # chat rows' image tensors (a vision-language model)
 
     def __len__(self) -> int:
         return len(next(iter(self.fields.values())))
@@ -110,6 +118,9 @@ def cache_key(path: Path, fmt: str, tokenizer: Any, tools: list[dict] | None = N
     if tools:  # prompts rendered with tool schemas are other tokens (no key change without)
         identity["tools"] = tools
     identity.update(options.identity(fmt, tokenizer))
+    processor = processor_of(tokenizer)
+    if processor is not None and fmt == "chat":  # image rows: the processor's tensors
+        identity["processor"] = processor_fingerprint(processor)
     return hashlib.sha256(json.dumps(identity, sort_keys=True).encode()).hexdigest()[:24]
 
 
@@ -164,11 +175,14 @@ def _write_fields(path: Path, fmt: str, tokenizer: Any, out: Path, field: str,
     records = ((out / "records.jsonl").open("w", encoding="utf-8") if fmt in RECORD_FORMATS
                else None)
     margins: list[float] = []
+    images = RowTensorsWriter(out) if fmt == "chat" and processor_of(tokenizer) else None
     count = 0
     try:
         for encoded, record in _encode_rows(path, fmt, tokenizer, field, tools, options):
             for name, (ids, targets) in encoded.items():
                 writers[name].append(ids, targets)
+            if images is not None:
+                images.append(record or {})
             if records is not None:
                 records.write(json.dumps(record) + "\n")
             elif fmt == "preference":
@@ -179,6 +193,8 @@ def _write_fields(path: Path, fmt: str, tokenizer: Any, out: Path, field: str,
             writer.close()
         if records is not None:
             records.close()
+    if images is not None:
+        images.close()
     if fmt == "preference":
         np.asarray(margins, dtype=np.float64).tofile(out / MARGIN_FILE)
     return count
@@ -194,8 +210,14 @@ def _encode_rows(path: Path, fmt: str, tokenizer: Any, field: str,
         yield from _encode_text(rows, tokenizer)
         return
     for line_number, row in rows:
+        if fmt != "chat" and holds_image_parts(row):
+            raise DataError(f"data file {path}, line {line_number}: images are read in chat "
+                            f"rows (format: chat), not yet in {fmt} rows")
         try:
-            if fmt == "chat":
+            if fmt == "chat" and (has_images(row["messages"]) or row.get("images")):
+                ids, targets, tensors = _vision_chat(tokenizer, row, path, line_number)
+                yield {"input": (ids, targets)}, tensors
+            elif fmt == "chat":
                 yield {"input": render.render_chat(tokenizer, row["messages"])}, None
             elif fmt == "prompt_completion":
                 yield {"input": _prompt_completion(tokenizer, row, options)}, None
@@ -217,6 +239,25 @@ def _encode_rows(path: Path, fmt: str, tokenizer: Any, field: str,
         except Exception as err:  # a template that fails on this row (e.g. role order)
             raise DataError(f"data file {path}, line {line_number}: the chat template "
                             f"failed: {err}") from None
+
+
+def _vision_chat(tokenizer: Any, row: dict, path: Path, line_number: int
+                 ) -> tuple[list[int], list[int], dict[str, np.ndarray]]:
+    """A chat with images: its tokens, targets and image tensors (vision_render.py)."""
+    where = f"data file {path}, line {line_number}"
+    processor = processor_of(tokenizer)
+    if processor is None:
+        raise DataError(f"{where}: the row holds images, and the model has no image "
+                        "processor (a vision-language model's directory has one)")
+    try:
+        messages, sources = split_images(row["messages"], row.get("images"))
+    except PartsError as err:
+        raise DataError(f"{where}: {err}") from None
+    images = open_row_images(sources, path.parent, where)
+    try:
+        return render_vision_chat(processor, messages, images)
+    except ValueError as err:
+        raise DataError(f"{where}: {err}") from None
 
 
 def _prompt_completion(tokenizer: Any, row: dict,
@@ -289,5 +330,6 @@ def open_entry(entry: Path, source: Path) -> TokenizedSource:
     if meta["format"] == "preference":
         margins = np.fromfile(entry / MARGIN_FILE, dtype=np.float64)
         margins = None if np.isnan(margins).all() else margins
+    images = RowTensors(entry / TENSORS_FILE) if (entry / TENSORS_FILE).is_file() else None
     return TokenizedSource(path=source, format=meta["format"], fields=fields, records=records,
-                           cache_entry=entry, margins=margins)
+                           cache_entry=entry, margins=margins, images=images)

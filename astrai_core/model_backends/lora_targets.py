@@ -13,6 +13,10 @@
   names (``query_key_value``, ``dense``). A name the family has no linear module for
   (the experts of an MoE family whose experts are fused parameters, not ``nn.Linear``)
   adapts nothing, and the caller says so.
+
+On a vision-language model every form means the language model's modules only (the
+vision tower and projector stay as they are): :func:`lora_scope` is the module the names
+are looked for in, and :func:`scoped_targets` spells each chosen module by its full name.
 """
 
 from __future__ import annotations
@@ -76,3 +80,27 @@ def default_targets(model: nn.Module, model_type: str, native: Sequence[str],
     if found:
         return found, f"peft's default for model_type {model_type!r}"
     return linear_leaves(model, head), ALL_LINEAR
+
+
+def lora_scope(hf_model: nn.Module) -> nn.Module:
+    """Where LoRA's targets are looked for: a vision-language model's language model, a
+    text model whole."""
+    from astrai_core.model_backends.vision import language_model_prefix
+
+    prefix = language_model_prefix(hf_model)
+    return hf_model if prefix is None else hf_model.get_submodule(prefix)
+
+
+def scoped_targets(hf_model: nn.Module, leaves: Sequence[str]) -> list[str]:
+    """``leaves`` as peft's ``target_modules``: unchanged for a text model; for a
+    vision-language model, the full name (under ``hf_model``) of each linear module of its
+    language model with one of those leaf names, so no vision module of the same name is
+    adapted."""
+    from astrai_core.model_backends.vision import language_model_prefix
+
+    prefix = language_model_prefix(hf_model)
+    if prefix is None:
+        return list(leaves)
+    wanted = set(leaves)
+    return [f"{prefix}.{name}" for name, module in hf_model.get_submodule(prefix).named_modules()
+            if isinstance(module, nn.Linear) and name.rpartition(".")[2] in wanted]

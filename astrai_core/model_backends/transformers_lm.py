@@ -1,4 +1,5 @@
-"""Any transformers ``AutoModelForCausalLM`` behind the native model's interface.
+"""Any transformers ``AutoModelForCausalLM`` (or vision-language
+``AutoModelForImageTextToText``) behind the native model's interface.
 
 :class:`TransformersCausalLM` holds the transformers model (``.hf``) and answers the same
 ``forward`` as :class:`astrai_core.model.CausalLM`:
@@ -17,6 +18,9 @@
   families, as in the native decoder;
 - ``kv_cache``: a :class:`TransformersKVCache` (transformers' ``DynamicCache``) made by
   :meth:`TransformersCausalLM.new_kv_cache`, for the torch sampler;
+- ``images``: a vision-language model's image inputs, as its processor makes them
+  (``pixel_values`` and the family's others, :data:`~astrai_core.model_backends.vision.
+  IMAGE_INPUTS`), for the rows' image tokens;
 - ``aux_loss``: the family's own load-balancing loss for MoE models (router logits); in
   a distributed training forward the same loss over the global batch's token fractions.
 
@@ -30,7 +34,7 @@ from __future__ import annotations
 
 import inspect
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from types import ModuleType
 from typing import Any
@@ -188,6 +192,7 @@ class TransformersCausalLM(nn.Module):
         return_entropy: bool = False,
         head: Callable[[torch.Tensor, torch.Tensor], dict[str, Any]] | None = None,
         context_shard: ContextShard | None = None,
+        images: Mapping[str, torch.Tensor] | None = None,
     ) -> dict[str, Any]:
         """As :meth:`astrai_core.model.CausalLM.forward` (``context_shard``: input_ids are
         this rank's shard of the rows, whose whole positions and mask the shard carries)."""
@@ -198,6 +203,8 @@ class TransformersCausalLM(nn.Module):
         kwargs, attention_mask = self._inputs(input_ids, attention_mask, position_ids,
                                               kv_cache, context_shard)
         kwargs["use_cache"] = kv_cache is not None
+        if images:  # the vision tower's inputs; the base model puts its features in place
+            kwargs.update(images)
         if kv_cache is not None:
             kwargs[self._cache_argument] = kv_cache.cache
         if moe:

@@ -24,6 +24,7 @@ class Request:
     finish_reason: str | None = None
     stop_text_at: int | None = None  # where a matched stop string starts in the decoded text
     routed_experts: Any = None  # [MoE layers, prompt + tokens, top-k] when recorded (routing.py)
+    images: Any = None  # a vision-language model's image tensors of the prompt, by name
 
     def completion(self, tokenizer: Any = None) -> Completion:
         """The finished request as the sampler contract's record (text when a tokenizer is known)."""
@@ -38,8 +39,12 @@ class Request:
 
 
 def expand_requests(prompts: Sequence[Sequence[int]],
-                    params: SamplingParams | Sequence[SamplingParams]) -> list[Request]:
-    """One Request per completion, grouped by prompt in order (n per prompt)."""
+                    params: SamplingParams | Sequence[SamplingParams],
+                    images: Sequence[Any] | None = None) -> list[Request]:
+    """One Request per completion, grouped by prompt in order (n per prompt); ``images``:
+    each prompt's image tensors (None for a prompt without)."""
+    if images is not None and len(images) != len(prompts):
+        raise ValueError(f"got images for {len(images)} prompts, and {len(prompts)} prompts")
     if isinstance(params, SamplingParams):
         per_prompt = [params] * len(prompts)
     else:
@@ -54,7 +59,8 @@ def expand_requests(prompts: Sequence[Sequence[int]],
         for copy in range(request_params.n):
             requests.append(Request(index=len(requests), prompt_index=prompt_index,
                                     prompt_ids=prompt_ids, params=request_params,
-                                    rng=request_rng(request_params, copy)))
+                                    rng=request_rng(request_params, copy),
+                                    images=None if images is None else images[prompt_index]))
     return requests
 
 

@@ -33,6 +33,7 @@ import torch
 from pydantic import Field
 from torch import Tensor
 
+from astrai_core.data.image_batch import prompt_images
 from astrai_core.model.masks import positions_from_attention_mask
 from astrai_core.model.router_replay import RoutingTape, has_moe
 from astrai_core.model.router_replay import record_routing as routing_recorder
@@ -92,7 +93,8 @@ class TorchSampler:
                  params: SamplingParams | Sequence[SamplingParams],
                  on_token: TokenCallback | None = None,
                  record_routing: bool = False,
-                 interrupt: threading.Event | None = None) -> list[Completion]:
+                 interrupt: threading.Event | None = None,
+                 images: Sequence[dict[str, Any] | None] | None = None) -> list[Completion]:
         """Completions for each prompt (``n`` per prompt, grouped in prompt order).
 
         ``params`` is one SamplingParams for all prompts or one per prompt. ``on_token``
@@ -100,8 +102,11 @@ class TorchSampler:
         ``record_routing``: fill each completion's ``routed_experts`` (an MoE model).
         ``interrupt``: once set, the call ends after the current decode step; completions
         not finished by then have ``finish_reason="abort"`` and the tokens so far.
+        ``images``: a vision-language model's image tensors of each prompt (None for a
+        prompt without), by the processor's names (``pixel_values``, ...), the processor's
+        output for that one prompt; such prompts prefill in one forward.
         """
-        requests = expand_requests(prompts, params)
+        requests = expand_requests(prompts, params, images)
         if self.tokenizer is None and any(r.params.stop for r in requests):
             raise ValueError("stop strings need a tokenizer: TorchSampler(model, tokenizer=...)")
         if record_routing and not has_moe(self.model):
@@ -110,7 +115,8 @@ class TorchSampler:
         ordered = sorted(requests, key=lambda r: len(r.prompt_ids))
         # the continuous batch's cache joins and trims are the native cache's
         continuous = (len(ordered) > self.max_batch_size and not record_routing
-                      and getattr(self.model, "new_kv_cache", None) is None)
+                      and getattr(self.model, "new_kv_cache", None) is None
+                      and not any(r.images for r in ordered))
         was_training = self.model.training
         self.model.eval()
         try:
@@ -195,10 +201,17 @@ class _DecodeBatch:
         first, copies = self._distinct_prompts()
         cache = new_cache(self.model, len(first), capacity, self.device)
         routing = self.routing
+        extra, chunk = last_logits_only(self.model), self.chunk
+        rows = [self.rows[row] for row in first.tolist()]
+        if any(r.images for r in rows):  # the pixels fill their image tokens in one forward
+            extra["images"] = prompt_images([r.images for r in rows], input_ids.shape[1],
+                                            getattr(self.model.config, "model_type", ""),
+                                            self.device)
+            chunk = input_ids.shape[1]
         logits = chunked_prefill(
             self.model, input_ids[first], cache,
             attention_mask=None if prompt_mask is None else prompt_mask[first],
-            position_ids=positions[first], chunk=self.chunk, extra=last_logits_only(self.model),
+            position_ids=positions[first], chunk=chunk, extra=extra,
             after_chunk=None if routing is None else lambda n: routing.prefill_chunk(len(first), n))
         shared = len(first) < len(self.rows)
         if routing is not None:
@@ -214,7 +227,8 @@ class _DecodeBatch:
         first: list[int] = []
         copies = []
         for row, request in enumerate(self.rows):
-            key = tuple(request.prompt_ids)
+            # the completions of one prompt share its images object
+            key = (tuple(request.prompt_ids), id(request.images))
             if key not in index:
                 index[key] = len(first)
                 first.append(row)

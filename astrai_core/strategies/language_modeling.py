@@ -9,7 +9,9 @@ import torch
 from pydantic import BaseModel
 
 from astrai_core.config.strategy_needs import StrategyNeeds
+from astrai_core.data.image_batch import batch_images, has_image_inputs
 from astrai_core.distributed.context_rows import context_parallel_logprobs
+from astrai_core.errors import ConfigError
 from astrai_core.model.head import target_logprobs
 from astrai_core.rl.options import AuxLossOption
 from astrai_core.training.strategy import Strategy
@@ -60,14 +62,21 @@ class LanguageModeling(Strategy):
     def compute_loss(self, batch: dict[str, torch.Tensor]) -> tuple[torch.Tensor, dict[str, Any]]:
         batch = self.to_device(batch)
         ids = batch["input_ids"]
+        if self.run.dist.context_size > 1 and has_image_inputs(batch):
+            raise ConfigError("parallel.context_parallel does not split rows with images; "
+                              "leave it out for this data")
         if self.run.dist.context_size > 1:  # this rank's shard of every row's tokens
             output = context_parallel_logprobs(self.run.model, batch, self.run.dist)
             loss, count = _mean_over_targets(output["logprobs"], output["trained"])
         else:
             # the chunked head scores every next token: no [B, S, V] logits (model/head.py)
+            # a vision-language model's rows: their pixels, as the family takes them
+            model_type = getattr(getattr(self.run.model, "config", None), "model_type", "")
+            images = batch_images(batch, model_type)
             output = target_logprobs(self.run.model, ids, ids[:, 1:],
                                      attention_mask=batch.get("attention_mask"),
-                                     position_ids=batch.get("position_ids"))
+                                     position_ids=batch.get("position_ids"),
+                                     **({"images": images} if images else {}))
             loss, count = next_token_loss(output["logprobs"], batch["loss_mask"])
         # loss_weight: the mean runs over `count` targets, so accumulated micro-batches are
         # weighted by their targets and grad_accum_steps equals one big batch.

@@ -10,7 +10,9 @@
 - what a run's processes listen on, from the kernel's socket table
   (:mod:`astrai_core.testing.net`, Linux);
 - tiny Hugging Face models to prove an importer against transformers
-  (:mod:`astrai_core.testing.parity`, imports torch and transformers).
+  (:mod:`astrai_core.testing.parity`, imports torch and transformers);
+- tiny vision-language model directories with their processors, built offline
+  (:mod:`astrai_core.testing.hf_vlms`: Gemma 3, LLaVA, Idefics3).
 
 Importing this package is cheap: torch and the training engine load inside the functions.
 """

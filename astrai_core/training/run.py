@@ -292,13 +292,17 @@ def _seed_everything(seed: int, backend: Any) -> None:
 def build_model(section: ModelSection, tokenizer: Any, source: YamlSource | None = None,
                 model_dir: Path | None = None, backend: str = NATIVE) -> torch.nn.Module:
     """Load the checkpoint at ``model_dir`` (``model.path`` resolved) with ``backend``
-    (native, or transformers for a Hugging Face directory) or build ``model.config`` from
-    scratch, and add the ``model.lora`` adapter when there is one."""
+    (native, or transformers for a Hugging Face directory; a vision-language model's
+    ``model.freeze`` parts frozen) or build ``model.config`` from scratch, and add the
+    ``model.lora`` adapter when there is one."""
     if backend == TRANSFORMERS:
         from astrai_core.checkpoints.hf_model import load_transformers_model
 
+        from astrai_core.model_backends.vision import freeze_parts
+
         model = load_transformers_model(model_dir, dtype=DTYPES[section.dtype],
                                         trust_remote_code=section.trust_remote_code).train()
+        freeze_parts(model.hf, section.freeze)
     else:
         model = _build_base(section, tokenizer, source, model_dir)
     if section.lora is not None:  # peft adapter; only it trains (model/lora.py)
