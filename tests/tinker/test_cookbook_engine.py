@@ -98,3 +98,21 @@ def test_the_cookbook_rl_loop_on_the_arithmetic_env(real_server, tmp_path, loss_
         # the recipe's reward: 1 if correct, minus 0.1 without the stop sequence
         assert -0.1 <= step["env/all/reward/total"] <= 1.0
         assert all(math.isfinite(v) for v in step.values() if isinstance(v, float)), step
+        # the sampler's logprobs are the trainer's (one float32 model): no sample/train gap
+        assert abs(step["optim/kl_sample_train_v1"]) < 1e-4
+
+
+def test_the_math_rl_recipes_default_loss_is_refused_clearly(real_server, tmp_path):
+    """``stable_reinforce`` (the math_rl recipe's default) is not served: the run stops at
+    its first training step with the server's one-line reason, not a hang."""
+    from tinker_cookbook.recipes.math_rl.arithmetic_env import ArithmeticDatasetBuilder
+    from tinker_cookbook.rl import train
+
+    dataset = ArithmeticDatasetBuilder(batch_size=1, group_size=2, model_name_for_tokenizer=BASE,
+                                       renderer_name="role_colon", n_batches=1)
+    config = train.Config(learning_rate=1e-2, dataset_builder=dataset, model_name=BASE,
+                          recipe_name="rl_test", renderer_name="role_colon", lora_rank=4, max_tokens=3,
+                          log_path=str(tmp_path / "rl"), base_url=real_server.base_url, eval_every=0,
+                          save_every=0, loss_fn="stable_reinforce", max_steps=1)
+    with pytest.raises(Exception, match="unknown loss_fn 'stable_reinforce'; the built-in losses"):
+        asyncio.run(train.main(config))
