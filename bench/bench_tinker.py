@@ -1,16 +1,17 @@
 """`astrai tinker` through the official SDK: a LoRA step's API overhead, and 4 tenants at once.
 
 A random Qwen3-shaped model (built from a transformers config, nothing downloaded) is the
-one base of an engine (``build_engine``) served by ``astrai tinker``'s app in this process
-(uvicorn in a thread on 127.0.0.1, a free port). Two cases:
+one base served by ``astrai tinker`` in a subprocess on 127.0.0.1 (a free port), as a
+deployment runs it: the SDK clients of this process never share the server's interpreter
+lock. Two cases:
 
 * **overhead**: a LoRA step (``forward_backward`` cross_entropy + ``optim_step``) sent by
-  the ``tinker`` SDK versus the same step called on the same engine in-process
-  (``engine.forward_backward`` + ``engine.optim_step`` on a tenant of its own, the same
-  rows, rank and Adam settings): the peer is the server's own compute, so the ratio is
-  what HTTP, the SDK's futures and the per-tenant queue add. The two alternate step by step
-  (the first mover alternates too) and the direct step runs in a worker thread, as the
-  server's engine does, so load hits both alike.
+  the ``tinker`` SDK versus the same step called in-process on an engine built the same way
+  from the same checkpoint (``build_engine``; ``engine.forward_backward`` +
+  ``engine.optim_step``, the same rows, rank, LoRA seed and Adam settings): the peer is the
+  server's own compute, so the ratio is what HTTP, the SDK's futures and the per-tenant
+  queue add. The two alternate step by step (the first mover alternates too) and the
+  direct step runs in a worker thread, as the server's engine does, so load hits both alike.
 * **tenants**: 4 SDK clients, each stepping its own adapter in its own thread, against one
   client alone; rounds of each alternate. Engine calls run one at a time, so the ideal
   per-tenant step time is 4x the lone one.
@@ -37,22 +38,41 @@ LEARNING_RATE = 1e-4
 
 
 class _Server:
-    """``astrai tinker``'s app on ``engine`` in a uvicorn thread on a free loopback port."""
+    """``astrai tinker --model BASE=MODEL_DIR`` in a subprocess on a free loopback port."""
 
-    def __init__(self, engine) -> None:
-        import uvicorn
+    def __init__(self, model_dir: Path, directory: Path, threads: int) -> None:
+        import subprocess
+        import sys
 
-        from astrai_core.tinker.app import create_app
+        with socket.socket() as probe:
+            probe.bind(("127.0.0.1", 0))
+            port = probe.getsockname()[1]
+        env = {**os.environ, "OMP_NUM_THREADS": str(threads), "ASTRAI_CACHE_DIR": str(directory / "cache")}
+        directory.mkdir(parents=True, exist_ok=True)
+        self.log = directory / "server.log"  # uvicorn's access log: a line per request
+        with self.log.open("w") as log:
+            self.process = subprocess.Popen(
+                [sys.executable, "-m", "astrai_core.cli.main", "--log-level", "warning", "tinker",
+                 "--model", f"{BASE}={model_dir}", "--port", str(port), "--api-key", KEY,
+                 "--state-dir", str(directory / "state"), "--device", "cpu"],
+                env=env, stdout=log, stderr=log)
+        self.base_url = f"http://127.0.0.1:{port}"
+        self._wait_ready()
 
-        self.socket = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-        self.socket.bind(("127.0.0.1", 0))
-        self.socket.listen(128)
-        self.base_url = f"http://127.0.0.1:{self.socket.getsockname()[1]}"
-        app = create_app(engine, api_key=KEY, state_dir=engine.state_dir)
-        self.server = uvicorn.Server(uvicorn.Config(app, log_level="warning", lifespan="on"))
-        self.thread = threading.Thread(target=self.server.run, kwargs={"sockets": [self.socket]},
-                                       daemon=True)
-        self.thread.start()
+    def _wait_ready(self, timeout: float = 300) -> None:
+        import httpx
+
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if self.process.poll() is not None:
+                raise SystemExit("astrai tinker exited during startup:\n"
+                                 + self.log.read_text()[-3000:])
+            try:
+                if httpx.get(f"{self.base_url}/api/v1/healthz", timeout=5).status_code == 200:
+                    return
+            except httpx.HTTPError:
+                time.sleep(0.5)
+        raise SystemExit("astrai tinker did not start")
 
     def trainer(self, rank: int):
         """A training client of a fresh SDK service client (its own session)."""
@@ -62,9 +82,8 @@ class _Server:
         return service.create_lora_training_client(base_model=BASE, rank=rank, seed=0).result()
 
     def close(self) -> None:
-        self.server.should_exit = True
-        self.thread.join(timeout=30)
-        self.socket.close()
+        self.process.terminate()
+        self.process.wait(timeout=60)
 
 
 def _rows(args, vocab: int) -> list[tuple[list[int], list[int]]]:
@@ -166,16 +185,15 @@ def _threads(count: int) -> None:
     torch.set_num_threads(count)
 
 
-def _engine(directory: Path, args):
+def _model_dir(directory: Path, args) -> Path:
+    """A random Qwen3-shaped Hugging Face checkpoint of ``args``' size."""
     from astrai_core.testing.hf_models import write_hf_model_dir
-    from astrai_core.tinker.engine import build_engine
 
-    model_dir = write_hf_model_dir(
+    return write_hf_model_dir(
         directory / "qwen3", "qwen3", vocab_size=args.vocab, hidden_size=args.hidden,
         intermediate_size=args.hidden * 3, num_hidden_layers=args.layers,
         num_attention_heads=max(args.hidden // 64, 2), num_key_value_heads=max(args.hidden // 128, 1),
         head_dim=min(args.hidden // 2, 64), max_position_embeddings=max(args.seq * 2, 64))
-    return build_engine({BASE: str(model_dir)}, directory / "state", cache_dir=str(directory / "cache"))
 
 
 def main() -> None:
@@ -197,9 +215,14 @@ def main() -> None:
     os.environ["TINKER_TELEMETRY"] = "0"
     _threads(args.threads)
     with tempfile.TemporaryDirectory() as tmp:
-        engine = _engine(Path(tmp), args)
+        from astrai_core.tinker.engine import build_engine
+
+        model_dir = _model_dir(Path(tmp), args)
+        server = _Server(model_dir, Path(tmp) / "server", args.threads)
+        # the direct peer: an engine of its own in this process, on the same checkpoint
+        engine = build_engine({BASE: str(model_dir)}, Path(tmp) / "direct",
+                              cache_dir=str(Path(tmp) / "direct-cache"))
         rows = _rows(args, args.vocab)
-        server = _Server(engine)
         try:
             overhead = overhead_case(server, engine, rows, args)
             tenants = tenants_case(server, rows, args)
@@ -210,7 +233,7 @@ def main() -> None:
     print(f"LoRA step, {args.rows} rows x {args.seq} tokens, rank {args.rank}, "
           f"hidden {args.hidden} x {args.layers} layers:")
     print(f"  tinker SDK over HTTP {overhead['sdk'] * 1e3:8.1f} ms   "
-          f"engine in-process (same engine, rows, rank) {overhead['direct'] * 1e3:8.1f} ms")
+          f"engine in-process (same checkpoint, rows, rank) {overhead['direct'] * 1e3:8.1f} ms")
     print(f"SDK step / in-process engine step = {api_ratio:.2f}x (goal <= 1.15x: "
           f"{'met' if api_ratio <= 1.15 else 'missed'})")
     print(f"  per-tenant step: {args.tenants} tenants at once {tenants['together'] * 1e3:8.1f} ms   "
