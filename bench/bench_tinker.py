@@ -207,7 +207,7 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=10, help="measured steps (per round for tenants)")
     parser.add_argument("--warmup", type=int, default=2)
     parser.add_argument("--tenants", type=int, default=4)
-    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--threads", type=int, default=1,
                         help="torch CPU threads (on a small shared machine, 1 avoids OpenMP stalls)")
     args = parser.parse_args()
