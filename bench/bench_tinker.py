@@ -98,7 +98,17 @@ def _rows(args, vocab: int) -> list[tuple[list[int], list[int]]]:
     return rows
 
 
+def _sdk_data(rows) -> list:
+    """The rows as the SDK's cross_entropy datums (every target token weighted 1)."""
+    from tinker import types
+
+    return [types.Datum(model_input=types.ModelInput.from_ints(x),
+                        loss_fn_inputs={"target_tokens": y, "weights": [1.0] * len(y)})
+            for x, y in rows]
+
+
 def _sdk_step(trainer, data, types) -> float:
+    """One step as a training loop sends it: both requests queued, then both results read."""
     start = time.perf_counter()
     fb = trainer.forward_backward(data, "cross_entropy")
     step = trainer.optim_step(types.AdamParams(learning_rate=LEARNING_RATE))
@@ -114,9 +124,7 @@ def overhead_case(server: _Server, engine, rows, args) -> dict:
     from astrai_core.tinker.engine_types import AdamSpec, DatumIn, LoraSpec
 
     trainer = server.trainer(args.rank)
-    data = [types.Datum(model_input=types.ModelInput.from_ints(x),
-                        loss_fn_inputs={"target_tokens": y, "weights": [1.0] * len(y)})
-            for x, y in rows]
+    data = _sdk_data(rows)
     datums = [DatumIn(x, {"target_tokens": np.asarray(y, np.int64),
                           "weights": np.ones(len(y), np.float32)}) for x, y in rows]
     engine.create_model("bench-direct", BASE, LoraSpec(rank=args.rank, seed=0))
@@ -164,11 +172,7 @@ def _stepping(trainers, data, steps: int) -> float:
 
 def tenants_case(server: _Server, rows, args) -> dict:
     """Per-tenant step seconds of ``args.tenants`` clients at once vs one alone (medians of rounds)."""
-    from tinker import types
-
-    data = [types.Datum(model_input=types.ModelInput.from_ints(x),
-                        loss_fn_inputs={"target_tokens": y, "weights": [1.0] * len(y)})
-            for x, y in rows]
+    data = _sdk_data(rows)
     trainers = [server.trainer(args.rank) for _ in range(args.tenants)]
     _stepping(trainers, data, 1)  # warm every adapter's optimizer state
     alone, together = [], []
