@@ -91,6 +91,7 @@ bench: $(STAMP)
 	$(PY) bench/bench_rl_partial.py
 	$(PY) bench/bench_rl_partial.py --sampler ray
 	$(PY) bench/bench_serve.py
+	$(PY) bench/bench_tinker.py
 	$(PY) bench/bench_ray.py
 	$(PY) bench/bench_distributed.py
 	$(PY) bench/bench_weight_push.py --lora
