@@ -20,8 +20,12 @@ import argparse
 import asyncio
 import statistics
 import tempfile
+import sys
 import time
 from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).parent))  # bench/server_ready.py
+from server_ready import wait_until_ready  # noqa: E402
 
 
 def _messages(i: int) -> list[dict]:
@@ -97,7 +101,6 @@ class _Server:
     def __init__(self, model_dir: Path, threads: int) -> None:
         import socket
         import subprocess
-        import sys
 
         with socket.socket() as probe:
             probe.bind(("127.0.0.1", 0))
@@ -107,21 +110,7 @@ class _Server:
              "--port", str(self.port), "--served-model-name", "bench", "--device", "cpu",
              "--threads", str(threads)])
         self.base_url = f"http://127.0.0.1:{self.port}/v1"
-        self._wait_ready()
-
-    def _wait_ready(self, timeout: float = 300) -> None:
-        import httpx
-
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            if self.process.poll() is not None:
-                raise SystemExit("astrai serve exited during startup")
-            try:
-                if httpx.get(f"http://127.0.0.1:{self.port}/health", timeout=5).status_code == 200:
-                    return
-            except httpx.HTTPError:
-                time.sleep(0.5)
-        raise SystemExit("astrai serve did not start")
+        wait_until_ready(self.process, f"http://127.0.0.1:{self.port}/health", "astrai serve")
 
     def stats(self) -> dict:
         import httpx

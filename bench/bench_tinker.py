@@ -26,11 +26,15 @@ import json
 import os
 import socket
 import statistics
+import sys
 import tempfile
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).parent))  # bench/server_ready.py
+from server_ready import wait_until_ready  # noqa: E402
 
 BASE = "bench/qwen3"
 KEY = "tml-bench"
@@ -42,7 +46,6 @@ class _Server:
 
     def __init__(self, model_dir: Path, directory: Path, threads: int) -> None:
         import subprocess
-        import sys
 
         with socket.socket() as probe:
             probe.bind(("127.0.0.1", 0))
@@ -57,22 +60,7 @@ class _Server:
                  "--state-dir", str(directory / "state"), "--device", "cpu"],
                 env=env, stdout=log, stderr=log)
         self.base_url = f"http://127.0.0.1:{port}"
-        self._wait_ready()
-
-    def _wait_ready(self, timeout: float = 300) -> None:
-        import httpx
-
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            if self.process.poll() is not None:
-                raise SystemExit("astrai tinker exited during startup:\n"
-                                 + self.log.read_text()[-3000:])
-            try:
-                if httpx.get(f"{self.base_url}/api/v1/healthz", timeout=5).status_code == 200:
-                    return
-            except httpx.HTTPError:
-                time.sleep(0.5)
-        raise SystemExit("astrai tinker did not start")
+        wait_until_ready(self.process, f"{self.base_url}/api/v1/healthz", "astrai tinker", log=self.log)
 
     def trainer(self, rank: int):
         """A training client of a fresh SDK service client (its own session)."""
