@@ -108,3 +108,25 @@ def test_an_undecodable_image_names_its_part(vlm_server, url):
 def test_a_text_only_model_refuses_images(server):
     message = _refused(server, _data_url(tiny_image(0)))
     assert "takes no images" in message and "messages[0].content[0]" in message
+
+
+def test_a_sampler_without_images_refuses_them(vlm_server):
+    """A VLM behind a sampler whose ``generate`` takes no images (as vLLM's) is a 400,
+    not a prompt whose image tokens no pixels fill."""
+    import json
+
+    from astrai_core.serving.prepare import Preparer
+    from astrai_core.serving.protocol import APIError
+    from astrai_core.serving.sampler_engine import SamplerEngine
+
+    class TextSampler:
+        def generate(self, prompts, params):
+            raise AssertionError("never reached")
+
+    engine = SamplerEngine(TextSampler(), vlm_server.tokenizer, max_context=256, vocab_size=300)
+    try:
+        body = json.dumps({"model": "tiny", "messages": _messages(_data_url(tiny_image(0)))})
+        with pytest.raises(APIError, match="sampler takes no images"):
+            Preparer(engine, "tiny", None, 8).chat(body.encode(), "application/json")
+    finally:
+        engine.close()
