@@ -72,6 +72,15 @@ def render_vision_chat(processor: Any, messages: list[dict], images: list[Any]
     return out_ids, out_mask, tensors
 
 
+def process_prompt(processor: Any, text: str, images: list[Any]
+                   ) -> tuple[list[int], dict[str, np.ndarray]]:
+    """(token ids, image inputs) of a rendered prompt whose placeholders stand for
+    ``images``: the processor's output for it alone, as a sampler takes it."""
+    out = _call(processor, text, images)
+    return out["input_ids"][0].tolist(), {name: value for name, value in out.items()
+                                          if name not in _TEXT_INPUTS}
+
+
 def _call(processor: Any, text: str, images: list[Any]) -> Any:
     return processor(text=[text], images=[images], add_special_tokens=False, return_tensors="np")
 

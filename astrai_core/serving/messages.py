@@ -3,8 +3,10 @@
 A message that the chat template could still render but that OpenAI would refuse
 (``content: 5``, a tool message without ``tool_call_id``, a tool whose ``parameters`` is
 not a JSON Schema) is a 400 naming the field, so a client learns of its mistake here
-rather than from a model that was shown something else. Only text content parts are
-served; image, audio and file parts are refused by name.
+rather than from a model that was shown something else. Text and image (``image_url``)
+content parts are served; audio and file parts are refused by name. Whether the model
+takes images, and whether each image is a readable data: URL, is checked later
+(:mod:`astrai_core.serving.images`).
 """
 
 from __future__ import annotations
@@ -15,7 +17,7 @@ ROLES = ("system", "developer", "user", "assistant", "tool")
 # The content-part types each role may send (OpenAI's chat completions API).
 _PART_TYPES = {"system": ("text",), "developer": ("text",), "tool": ("text",),
                "user": ("text", "image_url", "input_audio", "file"), "assistant": ("text", "refusal")}
-_SERVED_PART_TYPES = ("text", "refusal")
+_SERVED_PART_TYPES = ("text", "refusal", "image_url")
 
 
 def check_message(index: int, message: dict[str, Any]) -> None:
@@ -57,7 +59,11 @@ def _check_part(where: str, role: str, part: Any) -> None:
     if kind not in _SERVED_PART_TYPES:
         raise ValueError(f"{where}: content parts of type {kind!r} are not supported by this "
                          f"text-only server")
-    if not isinstance(part.get(kind), str):
+    if kind == "image_url":
+        value = part.get(kind)
+        if not isinstance(value, dict) or not isinstance(value.get("url"), str):
+            raise ValueError(f"{where}.image_url must be an object with a url string")
+    elif not isinstance(part.get(kind), str):
         raise ValueError(f"{where}.{kind} must be a string")
 
 

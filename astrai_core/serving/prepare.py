@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from astrai_core.serving.choices import ChatChoice, TextChoice
+from astrai_core.serving.images import vision_prompt
 from astrai_core.serving.parse import parse_body
 from astrai_core.serving.prompts import (
     check_tools, chat_prompt, completion_prompts, engine_requests, forced_prefix, longest_token_chars,
@@ -51,10 +52,11 @@ class Preparer:
         if body.top_logprobs and not body.logprobs:
             raise APIError(400, "top_logprobs needs logprobs: true", param="top_logprobs")
         use_tools = check_tools(body) and self.tool_call_parser == "hermes"
-        prompt = chat_prompt(self.tokenizer, body, use_tools, self.max_prompt_chars)
+        vision = vision_prompt(self.engine, self.tokenizer, body, use_tools, self.max_prompt_chars)
+        prompt, images = vision or (chat_prompt(self.tokenizer, body, use_tools, self.max_prompt_chars), None)
         top = (body.top_logprobs or 0) if body.logprobs else 0
         requests = engine_requests(self.tokenizer, self.engine.max_context, self.vocab_size, body, prompt,
-                                   body.max_completion_tokens or body.max_tokens, top)
+                                   body.max_completion_tokens or body.max_tokens, top, images)
         prefix = forced_prefix(body) if use_tools else ""
         choices = [ChatChoice(i, self.tokenizer, use_tools, body.logprobs, prefix) for i in range(body.n)]
         return Prepared(body, requests, choices, len(prompt), chat=True)

@@ -13,10 +13,12 @@ TOOL_CALL_OPEN = "<tool_call>\n"
 
 
 def _template_message(message: dict[str, Any]) -> dict[str, Any]:
-    """A message as chat templates expect it: text parts joined, tool-call arguments as dicts."""
+    """A message as chat templates expect it: text parts joined (kept as parts beside
+    ``{"type": "image"}`` ones, which the template writes as image placeholders),
+    tool-call arguments as dicts."""
     message = dict(message)
     content = message.get("content")
-    if isinstance(content, list):
+    if isinstance(content, list) and not any(p.get("type") == "image" for p in content):
         message["content"] = "".join(p.get("text", "") for p in content if isinstance(p, dict))
     calls = []
     for call in message.get("tool_calls") or []:
@@ -82,19 +84,28 @@ def chat_prompt(tokenizer: Any, request: ChatCompletionRequest, use_tools: bool,
                 max_chars: int | None = None) -> list[int]:
     """The prompt token ids of a chat request; a rendered prompt over ``max_chars``
     characters is refused before it is tokenized."""
+    text = chat_text(tokenizer, request, use_tools, max_chars)
+    return tokenizer(text, add_special_tokens=False)["input_ids"]
+
+
+def chat_text(tokenizer: Any, request: ChatCompletionRequest, use_tools: bool,
+              max_chars: int | None = None, messages: list[dict] | None = None) -> str:
+    """The rendered prompt of a chat request (of ``messages`` in its place: the request's
+    with image parts as ``{"type": "image"}``), checked against ``max_chars``."""
     if not getattr(tokenizer, "chat_template", None):
         raise APIError(422, "this model's tokenizer has no chat template: use /v1/completions",
                        param="messages", code="no_chat_template")
     tools = [t.model_dump(exclude_none=True) for t in request.tools] if use_tools else None
     try:
-        text = tokenizer.apply_chat_template([_template_message(m) for m in request.messages], tools=tools,
+        text = tokenizer.apply_chat_template([_template_message(m) for m in messages or request.messages],
+                                             tools=tools,
                                              add_generation_prompt=True, tokenize=False)
     except Exception as error:  # noqa: BLE001 - jinja raises many kinds
         raise APIError(422, f"the chat template could not render these messages: {error}",
                        param="messages", code="template_error") from None
     text += forced_prefix(request) if use_tools else ""
     check_prompt_chars(len(text), max_chars, "messages")
-    return tokenizer(text, add_special_tokens=False)["input_ids"]
+    return text
 
 
 def prompt_items(prompt: str | list) -> list[str | list[int]]:
@@ -122,8 +133,10 @@ def completion_prompts(tokenizer: Any, items: list[str | list[int]],
 
 
 def engine_requests(tokenizer: Any, max_context: int, vocab_size: int, request: SamplingFields,
-                    prompt_ids: list[int], max_new: int | None, top_logprobs: int) -> list[EngineRequest]:
-    """``n`` engine requests (copies 0..n-1) for one prompt; 422 when it cannot fit the context."""
+                    prompt_ids: list[int], max_new: int | None, top_logprobs: int,
+                    images: dict[str, Any] | None = None) -> list[EngineRequest]:
+    """``n`` engine requests (copies 0..n-1) for one prompt (``images``: the processor's
+    image inputs for it); 422 when it cannot fit the context."""
     if not prompt_ids:
         raise APIError(400, "the prompt is empty", param="prompt")
     if any(not 0 <= t < vocab_size for t in prompt_ids):
@@ -142,5 +155,6 @@ def engine_requests(tokenizer: Any, max_context: int, vocab_size: int, request: 
         max_new_tokens=max_new, temperature=1.0 if request.temperature is None else request.temperature,
         top_k=max(request.top_k or 0, 0), top_p=request.top_p or 1.0, min_p=request.min_p or 0.0,
         seed=request.seed, stop=request.stops(), stop_token_ids=(eos,) if eos is not None else ())
-    return [EngineRequest(list(prompt_ids), params, copy=c, logit_bias=bias or None, top_logprobs=top_logprobs)
+    return [EngineRequest(list(prompt_ids), params, copy=c, logit_bias=bias or None, top_logprobs=top_logprobs,
+                          images=images)
             for c in range(request.n)]

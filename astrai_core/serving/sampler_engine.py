@@ -8,11 +8,15 @@ tokens arrive when the whole batch is done (streaming then delivers them in one 
 requests that arrive meanwhile wait for the next call, a cancelled request is dropped only
 before its call starts, ``logit_bias`` and ``top_logprobs`` are refused (400), and copy
 ``c`` of a seeded request uses seed ``seed + c`` (the sampler has no per-copy streams).
+A prompt with images (a vision-language model) passes its processor's image inputs to a
+sampler whose ``generate`` takes ``images`` (the torch sampler); the batch's other prompts
+pass none.
 vLLM schedules continuously inside its own engine; this adapter is the simple bridge.
 """
 
 from __future__ import annotations
 
+import inspect
 from typing import Any
 
 from astrai_core.serving.engine_base import ThreadedEngine
@@ -30,6 +34,7 @@ class SamplerEngine(ThreadedEngine):
                  max_batch_size: int = 64, max_queued: int | None = None) -> None:
         self.sampler, self.max_context, self.vocab_size = sampler, max_context, vocab_size
         self._running: list[Sequence] = []
+        self.supports_images = "images" in inspect.signature(sampler.generate).parameters
         super().__init__(tokenizer, max_batch_size, max_queued)
 
     def _active(self) -> list[Sequence]:
@@ -44,7 +49,9 @@ class SamplerEngine(ThreadedEngine):
             return
         self._running = sequences
         params = [self._sampler_params(s.request) for s in sequences]
-        outs = self.sampler.generate([s.request.prompt_ids for s in sequences], params)
+        images = [s.request.images for s in sequences]
+        extra = {"images": images} if any(i is not None for i in images) else {}
+        outs = self.sampler.generate([s.request.prompt_ids for s in sequences], params, **extra)
         for sequence, out in zip(sequences, outs, strict=True):
             logprobs = out.logprobs or [None] * len(out.token_ids)
             for token, logprob in zip(out.token_ids, logprobs, strict=True):

@@ -30,6 +30,7 @@ class EngineRequest:
     copy: int = 0
     logit_bias: dict[int, float] | None = None
     top_logprobs: int = 0             # how many alternatives to report per token (0: none)
+    images: dict[str, Any] | None = None  # the processor's image inputs for the prompt
 
 
 @dataclass
