@@ -7,14 +7,12 @@ import warnings
 from pathlib import Path
 from typing import Any
 
+from astrai_core.data.processors import load_image_processor
 from astrai_core.errors import DataError
 
 # Any one of these means the directory holds a tokenizer vocabulary. The full list of
 # tokenizer files, and copying them into checkpoints, live with the checkpoint code:
 # astrai_core.checkpoints.native_files.TOKENIZER_FILES / copy_tokenizer_files.
-# A vision-language model's image processor config (transformers 5 writes the first, with
-# the whole processor's; older directories have the second).
-_IMAGE_PROCESSOR_FILES = ("processor_config.json", "preprocessor_config.json")
 _VOCAB_FILES = ("tokenizer.json", "tokenizer.model", "spiece.model", "vocab.json", "vocab.txt")
 
 
@@ -46,22 +44,6 @@ def load_tokenizer(directory: str | Path) -> Any:
     if processor is not None:  # chats with images are rendered through it (vision_render.py)
         tokenizer.astrai_processor = processor
     return tokenizer
-
-
-def load_image_processor(directory: Path) -> Any:
-    """A vision-language model directory's processor (``AutoProcessor``: image processor,
-    tokenizer, chat template); None for a directory without an image processor config."""
-    if not any((directory / name).is_file() for name in _IMAGE_PROCESSOR_FILES):
-        return None
-    from transformers import AutoProcessor
-
-    try:
-        processor = AutoProcessor.from_pretrained(str(directory), trust_remote_code=False)
-    except (OSError, ValueError, ImportError, AttributeError) as err:
-        first = (str(err).strip().splitlines() or [""])[0]
-        raise DataError(f"cannot load the image processor in {directory}: {first} "
-                        "(the Qwen-VL and SmolVLM processors need torchvision)") from None
-    return processor if hasattr(processor, "image_processor") else None
 
 
 def tokenizer_fingerprint(tokenizer: Any) -> str:

@@ -20,7 +20,9 @@
   :meth:`TransformersCausalLM.new_kv_cache`, for the torch sampler;
 - ``images``: a vision-language model's image inputs, as its processor makes them
   (``pixel_values`` and the family's others, :data:`~astrai_core.model_backends.vision.
-  IMAGE_INPUTS`), for the rows' image tokens;
+  IMAGE_INPUTS`), for the rows' image tokens; the Qwen-VL families' 3-D positions are
+  computed from them (:mod:`~astrai_core.model_backends.mrope`), and kept in the KV cache
+  for decoding;
 - ``aux_loss``: the family's own load-balancing loss for MoE models (router logits); in
   a distributed training forward the same loss over the global batch's token fractions.
 
@@ -47,6 +49,7 @@ from astrai_core.model.head import head_outputs
 from astrai_core.model.masks import packed_layout
 from astrai_core.model_backends.hf_attention import (FAMILIES, ROWS_KEYWORD, WholeRows,
                                                      install, register, rows_forward)
+from astrai_core.model_backends.mrope import mrope_positions, uses_mrope
 
 # Config attributes under which families spell their number of routed experts.
 _EXPERT_COUNTS = ("num_local_experts", "num_experts", "n_routed_experts")
@@ -97,6 +100,9 @@ class TransformersKVCache:
         self.batch_size = batch_size
         self.max_length = max_length
         self.length = 0
+        # [B, 1] per row: how far a Qwen-VL row's M-RoPE positions run past its token count
+        # once its prompt's images are in the cache (model_backends/mrope.py)
+        self.rope_deltas: torch.Tensor | None = None
 
     def advance(self, num_tokens: int) -> None:
         self.length += num_tokens
@@ -106,6 +112,9 @@ class TransformersKVCache:
 
     def select(self, rows: torch.Tensor) -> None:
         self.cache.batch_select_indices(rows.to(dtype=torch.long))
+        if self.rope_deltas is not None:
+            self.rope_deltas = self.rope_deltas.index_select(
+                0, rows.to(self.rope_deltas.device, torch.long))
         self.batch_size = int(rows.numel())
 
     def grow(self, columns: int) -> None:
@@ -205,6 +214,11 @@ class TransformersCausalLM(nn.Module):
         kwargs["use_cache"] = kv_cache is not None
         if images:  # the vision tower's inputs; the base model puts its features in place
             kwargs.update(images)
+        if context_shard is None and uses_mrope(self.decoder()):
+            positions = mrope_positions(self.decoder(), input_ids, attention_mask,
+                                        kwargs["position_ids"], images, kv_cache)
+            if positions is not None:
+                kwargs["position_ids"] = positions
         if kv_cache is not None:
             kwargs[self._cache_argument] = kv_cache.cache
         if moe:

@@ -19,9 +19,9 @@ VISION_TOWERS = ("vision_tower", "vision_model", "visual")
 PROJECTORS = ("multi_modal_projector", "connector")
 PARTS = {"vision": VISION_TOWERS, "projector": PROJECTORS}
 # What a processor adds to input_ids and attention_mask that the model takes, per image
-# batch: pixels and, by family, image sizes, patch masks or image-token types.
+# batch: pixels and, by family, image sizes or grids, patch masks or image-token types.
 IMAGE_INPUTS = ("pixel_values", "image_grid_thw", "pixel_attention_mask", "token_type_ids",
-                "image_sizes")
+                "mm_token_type_ids", "image_sizes")
 
 
 def is_vision_language(hf_config: Mapping[str, Any] | Any) -> bool:

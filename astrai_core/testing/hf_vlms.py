@@ -8,8 +8,10 @@ the family's image placeholder where a message holds an image part. A run config
 ``AutoModelForImageTextToText`` load it. Imports torch, transformers and PIL; nothing is
 downloaded.
 
-The Qwen-VL and SmolVLM processors are left out: transformers builds them with a video
-processor, which needs torchvision.
+The Qwen2.5-VL, Qwen3-VL and SmolVLM processors are saved as their own classes without
+the video processor, which needs torchvision (:mod:`astrai_core.data.processors`): such a
+directory's processor loads with :func:`~astrai_core.data.processors.load_image_processor`
+(and with ``AutoProcessor`` only where torchvision is installed).
 """
 
 from __future__ import annotations
@@ -122,6 +124,65 @@ def _idefics3_processor(tokenizer: Any, template: str) -> Any:
     return Idefics3Processor(images, tokenizer, image_seq_len=4, chat_template=template)
 
 
+def _smolvlm_config(ids: dict[str, int]) -> dict[str, Any]:
+    return {"text_config": _text("llama"), "vision_config": _vision("smolvlm_vision"),
+            "scale_factor": 2, "image_token_id": ids["<image>"]}
+
+
+def _smolvlm_processor(tokenizer: Any, template: str) -> Any:
+    from transformers.models.smolvlm.image_processing_pil_smolvlm import SmolVLMImageProcessorPil
+    from transformers.models.smolvlm.processing_smolvlm import SmolVLMProcessor
+
+    from astrai_core.data.processors import image_only
+
+    # an image is resized to 56 pixels on its longest edge and split into tiles of 28 x 28,
+    # each (and a global 28 x 28 view) 4 image tokens: a 28 x 28 image is 2 x 2 tiles
+    images = SmolVLMImageProcessorPil(size={"longest_edge": 2 * IMAGE_SIZE},
+                                      max_image_size={"longest_edge": IMAGE_SIZE})
+    return image_only(SmolVLMProcessor)(images, tokenizer, image_seq_len=4,
+                                        chat_template=template)
+
+
+_QWEN_TOKENS = ("<|vision_start|>", "<|image_pad|>", "<|vision_end|>", "<|video_pad|>")
+
+
+def _qwen_config(model_type: str, text: dict[str, Any], vision: dict[str, Any]
+                 ) -> Callable[[dict[str, int]], dict[str, Any]]:
+    """A Qwen-VL config: M-RoPE over (time, height, width) sections of each head's
+    rotary dimensions (4 of 8 frequencies here), a vision tower of 7-pixel patches merged
+    2 x 2 into one token."""
+    def config(ids: dict[str, int]) -> dict[str, Any]:
+        rope = {"rope_type": "default", "rope_theta": 10000.0, "mrope_section": [2, 1, 1]}
+        return {"text_config": {**_text(f"{model_type}_text"), "rope_parameters": rope, **text},
+                "vision_config": {"model_type": f"{model_type}_vision", "depth": 2,
+                                  "hidden_size": 16, "intermediate_size": 32, "num_heads": 2,
+                                  "patch_size": PATCH, "spatial_merge_size": 2,
+                                  "temporal_patch_size": 2, "out_hidden_size": 32, **vision},
+                "image_token_id": ids["<|image_pad|>"], "video_token_id": ids["<|video_pad|>"],
+                "vision_start_token_id": ids["<|vision_start|>"],
+                "vision_end_token_id": ids["<|vision_end|>"]}
+    return config
+
+
+def _qwen_processor(class_name: str) -> Callable[[Any, str], Any]:
+    def processor(tokenizer: Any, template: str) -> Any:
+        import transformers
+        from transformers.models.qwen2_vl.image_processing_pil_qwen2_vl import (
+            Qwen2VLImageProcessorPil)
+
+        from astrai_core.data.processors import image_only
+
+        # sides resized to multiples of 14 (a 2 x 2 merge of 7-pixel patches), 28 x 28 to
+        # 56 x 56 pixels in all: a 28 x 28 image is 4 x 4 patches, 4 tokens; 40 x 20 pixels
+        # are 6 x 4 patches, 6 tokens
+        images = Qwen2VLImageProcessorPil(patch_size=PATCH, merge_size=2, temporal_patch_size=2,
+                                          size={"shortest_edge": 28 * 28,
+                                                "longest_edge": 56 * 56})
+        family = image_only(getattr(transformers, class_name))
+        return family(images, tokenizer, chat_template=template)
+    return processor
+
+
 TINY_VLM_FAMILIES: dict[str, TinyVlmFamily] = {
     "gemma3": TinyVlmFamily(("<start_of_image>", "<image_soft_token>", "<end_of_image>"),
                             "<start_of_image>", _gemma3_config, _gemma3_processor,
@@ -130,6 +191,19 @@ TINY_VLM_FAMILIES: dict[str, TinyVlmFamily] = {
     "llava": TinyVlmFamily(("<image>",), "<image>", _llava_config, _llava_processor),
     "idefics3": TinyVlmFamily(_IDEFICS3_TOKENS, "<image>", _idefics3_config,
                               _idefics3_processor),
+    "smolvlm": TinyVlmFamily(_IDEFICS3_TOKENS, "<image>", _smolvlm_config, _smolvlm_processor),
+    # Qwen2.5-VL's vision tower attends within windows of 28 pixels but in its last layer
+    "qwen2_5_vl": TinyVlmFamily(
+        _QWEN_TOKENS, "<|vision_start|><|image_pad|><|vision_end|>",
+        _qwen_config("qwen2_5_vl", {}, {"window_size": 28, "fullatt_block_indexes": [1]}),
+        _qwen_processor("Qwen2_5_VLProcessor")),
+    # Qwen3-VL's: learned position embeddings (a 4 x 4 grid, interpolated), and its first
+    # layer's features added to the language model's first layer (deepstack)
+    "qwen3_vl": TinyVlmFamily(
+        _QWEN_TOKENS, "<|vision_start|><|image_pad|><|vision_end|>",
+        _qwen_config("qwen3_vl", {"head_dim": 8}, {"num_position_embeddings": 16,
+                                                   "deepstack_visual_indexes": [0]}),
+        _qwen_processor("Qwen3VLProcessor")),
 }
 
 

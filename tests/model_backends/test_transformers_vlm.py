@@ -10,6 +10,7 @@ import torch
 
 from astrai_core.checkpoints.hf_model import load_transformers_model
 from astrai_core.config.schema import ModelSection
+from astrai_core.data.processors import load_image_processor
 from astrai_core.model_backends.vision import IMAGE_INPUTS, freeze_parts, part_modules
 from astrai_core.testing.hf_vlms import TINY_VLM_FAMILIES, tiny_image, write_vlm_dir
 
@@ -19,9 +20,7 @@ CHAT = [{"role": "user", "content": [{"type": "image"}, {"type": "text", "text":
 
 
 def _batch(directory):
-    from transformers import AutoProcessor
-
-    processor = AutoProcessor.from_pretrained(str(directory))
+    processor = load_image_processor(directory)
     text = processor.apply_chat_template(CHAT, tokenize=False)
     short = processor.apply_chat_template(CHAT[:1], tokenize=False)
     images = [[tiny_image(0), tiny_image(1, (40, 20))], [tiny_image(2), tiny_image(3)]]

@@ -1,12 +1,14 @@
 """The test kit's tiny vision-language models: directories that transformers' own
-AutoProcessor and AutoModelForImageTextToText load, offline, whose processor expands each
-image part of a chat into the family's image tokens."""
+AutoModelForImageTextToText loads, offline, with their processor (transformers' own
+AutoProcessor, or the family's processor without its video processor where that needs
+torchvision), which expands each image part of a chat into the family's image tokens."""
 
 from __future__ import annotations
 
 import pytest
 import torch
 
+from astrai_core.data.processors import load_image_processor
 from astrai_core.testing.hf_vlms import TINY_VLM_FAMILIES, tiny_image, write_vlm_dir
 
 CHAT = [{"role": "user", "content": [{"type": "image"}, {"type": "text", "text": "2+2=?"},
@@ -16,10 +18,10 @@ CHAT = [{"role": "user", "content": [{"type": "image"}, {"type": "text", "text":
 
 @pytest.mark.parametrize("family", sorted(TINY_VLM_FAMILIES))
 def test_tiny_vlm_directory_loads_and_runs_two_images(tmp_path, family):
-    from transformers import AutoModelForImageTextToText, AutoProcessor
+    from transformers import AutoModelForImageTextToText
 
     directory = write_vlm_dir(tmp_path / family, family)
-    processor = AutoProcessor.from_pretrained(str(directory))
+    processor = load_image_processor(directory)
     text = processor.apply_chat_template(CHAT, tokenize=False)
     assert text.count(TINY_VLM_FAMILIES[family].placeholder) == 2
     batch = processor(text=[text], images=[[tiny_image(0), tiny_image(1, (40, 20))]],

@@ -1,7 +1,10 @@
 """The torch sampler on a vision-language model: prompts with images (one and two, of
 different lengths, so left-padded together) prefill with their pixels through the
 transformers backend's KV cache, and each completion's log-probs equal the trainer's
-full forward over prompt + completion with the same images within 1e-5."""
+full forward over prompt + completion with the same images within 1e-5; greedy
+completions are transformers' own ``generate``'s tokens. For the Qwen-VL families this
+checks the M-RoPE positions of decoding (each row's text position plus its rope delta,
+kept through the KV cache's row selections)."""
 
 from __future__ import annotations
 
@@ -9,6 +12,7 @@ import pytest
 import torch
 
 from astrai_core.checkpoints.hf_model import load_transformers_model
+from astrai_core.data.processors import load_image_processor
 from astrai_core.model.head import target_logprobs
 from astrai_core.sampling.params import SamplingParams
 from astrai_core.sampling.torch_sampler import TorchSampler
@@ -30,12 +34,11 @@ def _prompts(processor):
     return ids, images
 
 
-@pytest.mark.parametrize("family, seed", [("gemma3", 1), ("llava", 1), ("idefics3", 2)])
+@pytest.mark.parametrize("family, seed", [("gemma3", 1), ("llava", 1), ("idefics3", 2),
+                                          ("qwen2_5_vl", 2), ("qwen3_vl", 2), ("smolvlm", 1)])
 def test_sampled_logprobs_equal_the_trainers_with_images(tmp_path, family, seed):
-    from transformers import AutoProcessor
-
     directory = write_vlm_dir(tmp_path / family, family)
-    processor = AutoProcessor.from_pretrained(str(directory))
+    processor = load_image_processor(directory)
     model = load_transformers_model(directory)
     prompts, images = _prompts(processor)
     completions = TorchSampler(model, processor.tokenizer).generate(
@@ -49,9 +52,10 @@ def test_sampled_logprobs_equal_the_trainers_with_images(tmp_path, family, seed)
         prompt = prompts[completion.prompt_index]
         ids = torch.tensor([prompt + completion.token_ids])
         inputs = dict(images[completion.prompt_index])
-        if "token_type_ids" in inputs:  # Gemma 3's: the completion is text
-            inputs["token_type_ids"] = torch.nn.functional.pad(
-                inputs["token_type_ids"], (0, len(completion.token_ids)))
+        for name in ("token_type_ids", "mm_token_type_ids"):  # Gemma 3's, Qwen's: text
+            if name in inputs:
+                inputs[name] = torch.nn.functional.pad(inputs[name],
+                                                       (0, len(completion.token_ids)))
         with torch.no_grad():
             expected = target_logprobs(model, ids, ids[:, len(prompt):], images=inputs)["logprobs"][0]
         torch.testing.assert_close(torch.tensor(completion.logprobs), expected, rtol=0,
@@ -62,3 +66,26 @@ def test_sampled_logprobs_equal_the_trainers_with_images(tmp_path, family, seed)
     assert any(abs(a.logprobs[0] - b.logprobs[0]) > 1e-4 for a, b in zip(completions, blind)
                if a.token_ids[0] == b.token_ids[0]) or any(
         a.token_ids[0] != b.token_ids[0] for a, b in zip(completions, blind))
+
+
+@pytest.mark.parametrize("family", ["qwen2_5_vl", "qwen3_vl", "smolvlm", "gemma3"])
+def test_greedy_completions_are_transformers_generate_tokens(tmp_path, family):
+    from transformers import AutoModelForImageTextToText
+
+    directory = write_vlm_dir(tmp_path / family, family)
+    processor = load_image_processor(directory)
+    prompts, images = _prompts(processor)
+    eos = processor.tokenizer.eos_token_id
+    params = SamplingParams(max_new_tokens=8, temperature=0.0, stop_token_ids=(eos,))
+    ours = TorchSampler(load_transformers_model(directory), processor.tokenizer).generate(
+        prompts, params, images=images)
+    reference = AutoModelForImageTextToText.from_pretrained(str(directory),
+                                                            dtype=torch.float32).eval()
+    for prompt, inputs, completion in zip(prompts, images, ours, strict=True):
+        ids = torch.tensor([prompt])
+        with torch.no_grad():
+            out = reference.generate(input_ids=ids, attention_mask=torch.ones_like(ids),
+                                     **inputs, max_new_tokens=8, do_sample=False,
+                                     eos_token_id=eos, pad_token_id=eos)
+        assert completion.token_ids == out[0, len(prompt):].tolist()
+        assert len(set(completion.token_ids)) > 1  # not one token repeated: positions matter
