@@ -2,7 +2,9 @@
 
 Such a model is a vision tower (the image encoder), a projector (image features into the
 language model's embedding space) and a language model (the decoder under the LM head).
-Families name these parts differently; the names below are transformers' own.
+Families name these parts differently; the names below are transformers' own. The
+Qwen-VL families keep their projector (the patch merger, and Qwen3-VL's deepstack
+mergers) inside the vision tower: there the vision part is the tower less the projector.
 :func:`freeze_parts` keeps named parts out of training (``model.freeze``), and
 :func:`language_model_prefix` is where LoRA's targets are looked for by default.
 """
@@ -16,7 +18,8 @@ from torch import nn
 
 # transformers' attribute names, on the model under the LM head (``hf.model``)
 VISION_TOWERS = ("vision_tower", "vision_model", "visual")
-PROJECTORS = ("multi_modal_projector", "connector")
+PROJECTORS = ("multi_modal_projector", "connector", "visual.merger",
+              "visual.deepstack_merger_list")
 PARTS = {"vision": VISION_TOWERS, "projector": PROJECTORS}
 # What a processor adds to input_ids and attention_mask that the model takes, per image
 # batch: pixels and, by family, image sizes or grids, patch masks or image-token types.
@@ -33,11 +36,32 @@ def is_vision_language(hf_config: Mapping[str, Any] | Any) -> bool:
 
 
 def part_modules(hf_model: nn.Module, part: str) -> list[tuple[str, nn.Module]]:
-    """(name under ``hf_model``, module) of ``part`` (``vision`` or ``projector``)."""
+    """(name under ``hf_model``, module) of ``part`` (``vision`` or ``projector``); no
+    module of one part holds a module of the other."""
     base_name = hf_model.base_model_prefix
     base = getattr(hf_model, base_name)
-    return [(f"{base_name}.{name}", getattr(base, name)) for name in PARTS[part]
-            if isinstance(getattr(base, name, None), nn.Module)]
+    found = [(name, base.get_submodule(name)) for name in PARTS[part] if _has(base, name)]
+    if part == "vision":
+        found = [pair for name, tower in found for pair in _less_projectors(name, tower, base)]
+    return [(f"{base_name}.{name}", module) for name, module in found]
+
+
+def _has(base: nn.Module, name: str) -> bool:
+    try:
+        return isinstance(base.get_submodule(name), nn.Module)
+    except AttributeError:
+        return False
+
+
+def _less_projectors(name: str, tower: nn.Module, base: nn.Module
+                     ) -> list[tuple[str, nn.Module]]:
+    """The tower, or its children but the projectors when it holds some (Qwen-VL)."""
+    inside = {path.removeprefix(f"{name}.") for path in PROJECTORS
+              if path.startswith(f"{name}.") and _has(base, path)}
+    if not inside:
+        return [(name, tower)]
+    return [(f"{name}.{child}", module) for child, module in tower.named_children()
+            if child not in inside]
 
 
 def freeze_parts(hf_model: nn.Module, parts: Iterable[str]) -> int:
