@@ -45,9 +45,16 @@ def load_image_processor(directory: Path) -> Any:
         else:
             processor = AutoProcessor.from_pretrained(str(directory), trust_remote_code=False)
     except (OSError, ValueError, TypeError, KeyError, ImportError, AttributeError) as err:
-        first = (str(err).strip().splitlines() or [type(err).__name__])[0]
-        raise DataError(f"cannot load the image processor in {directory}: {first}") from None
+        raise DataError(f"cannot load the image processor in {directory}: {_reason(err)}"
+                        ) from None
     return processor if hasattr(processor, "image_processor") else None
+
+
+def _reason(err: Exception) -> str:
+    """The error's first line; its first sentence where transformers goes on to list every
+    model type it knows."""
+    first = (str(err).strip().splitlines() or [type(err).__name__])[0]
+    return first.split(". ")[0] + "." if len(first) > 300 else first
 
 
 def processor_class(directory: Path) -> type | None:

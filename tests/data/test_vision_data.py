@@ -186,3 +186,60 @@ def test_a_share_of_a_batch_with_text_rows_only_runs_no_pixels(model_type):
         expected = torch.stack([torch.zeros_like(expected), expected])
     assert torch.equal(images["pixel_values"], expected)
     assert images["token_type_ids"].tolist() == [[0, 0, 0, 0], [1, 1, 1, 0]]
+
+
+@pytest.mark.parametrize("family", ["qwen2_5_vl", "qwen3_vl", "smolvlm"])
+def test_image_rows_batch_as_the_processor_batches_them(tmp_path, family):
+    """Rows with images of different sizes (other patch or tile counts) through the data
+    path: the batch's tokens, image tensors (Qwen's flattened patches of every image end
+    to end with their grids; SmolVLM's tiles per row, zero-padded, with their masks) and
+    the backend's logits are those of the processor's own batch of the same chats in
+    transformers' own forward."""
+    from transformers import AutoModelForImageTextToText
+
+    from astrai_core.checkpoints.hf_model import load_transformers_model
+    from astrai_core.data import build_train_loader
+    from astrai_core.data.config import DataConfig
+    from astrai_core.data.image_batch import batch_images
+
+    model_dir = write_vlm_dir(tmp_path / family, family)
+    tiny_image(0).save(tmp_path / "a.png")
+    tiny_image(1, (40, 20)).save(tmp_path / "b.png")
+    contents = [[{"type": "image", "path": "a.png"}, {"type": "text", "text": "2+2=?"},
+                 {"type": "image", "path": "b.png"}],
+                [{"type": "image", "path": "b.png"}, {"type": "text", "text": "1+1=?"}]]
+    rows = [{"messages": [{"role": "user", "content": content},
+                          {"role": "assistant", "content": answer}]}
+            for content, answer in zip(contents, ["4", "2"])]
+    config = DataConfig.model_validate({
+        "sources": [{"path": str(_write(tmp_path, rows)), "format": "chat"}],
+        "seq_len": 128, "batch_size": 2, "shuffle": False,
+        "cache_dir": str(tmp_path / "cache")})
+    tokenizer = load_tokenizer(model_dir)
+    batch = next(build_train_loader(config, tokenizer))
+    images = batch_images(batch, family)
+
+    processor = tokenizer.astrai_processor
+    processor.tokenizer.padding_side = "right"
+    plain = [[{"role": "user", "content": [p if p["type"] == "text" else {"type": "image"}
+                                           for p in row["messages"][0]["content"]]},
+              row["messages"][1]] for row in rows]
+    texts = [processor.apply_chat_template(chat, tokenize=False) for chat in plain]
+    expected = processor(text=texts, images=[[tiny_image(0), tiny_image(1, (40, 20))],
+                                             [tiny_image(1, (40, 20))]],
+                         padding=True, return_tensors="pt")
+    width = expected["input_ids"].shape[1]
+    assert torch.equal(batch["input_ids"][:, :width], expected["input_ids"])
+    assert images.keys() == expected.keys() - {"input_ids", "attention_mask"}
+    for name, value in images.items():
+        cut = value[:, :width] if name == "mm_token_type_ids" else value
+        assert torch.equal(cut.to(expected[name].dtype), expected[name]), name
+
+    ours = load_transformers_model(model_dir)
+    theirs = AutoModelForImageTextToText.from_pretrained(str(model_dir), dtype=torch.float32)
+    mask = expected["attention_mask"].bool()
+    with torch.no_grad():
+        reference = theirs.eval()(**expected).logits[mask]
+        got = ours(batch["input_ids"], attention_mask=batch["attention_mask"],
+                   position_ids=batch["position_ids"], images=images)["logits"][:, :width]
+    assert torch.equal(got[mask], reference)
