@@ -35,8 +35,9 @@ TOKENIZER_FILES = (
     "tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "added_tokens.json",
     "vocab.json", "merges.txt", "vocab.txt", "tokenizer.model", "chat_template.jinja",
     "chat_template.json",
-    # a vision-language model's processor (image sizes, normalisation, tokens per image)
-    "processor_config.json", "preprocessor_config.json",
+    # a vision-language model's processor (image sizes, normalisation, tokens per image),
+    # and the video processor's config its family's processor is saved with
+    "processor_config.json", "preprocessor_config.json", "video_preprocessor_config.json",
 )
 
 

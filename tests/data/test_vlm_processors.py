@@ -2,8 +2,9 @@
 SmolVLM processors are built as their own classes less the video processor, from
 transformers 5's layout and from the older one of the published checkpoints
 (preprocessor_config.json, chat_template.json, a video processor config), with the same
-tokens and pixels; videos are refused, not dropped; a copy pickles; a directory whose
-processor cannot be built is one error line naming it."""
+tokens and pixels, which a checkpoint's copy of the files keeps; videos are refused, not
+dropped; a copy pickles; a directory whose processor cannot be built is one error line
+naming it."""
 
 from __future__ import annotations
 
@@ -59,6 +60,20 @@ def test_published_layout_loads_with_the_same_tokens_and_pixels(tmp_path, family
     assert type(processor.image_processor).__name__.endswith("Pil")
     got = _outputs(processor)
     assert got.keys() == expected.keys()
+    for key, value in expected.items():
+        np.testing.assert_array_equal(got[key], value, err_msg=key)
+
+
+def test_a_checkpoint_carries_the_published_processor_files(tmp_path):
+    from astrai_core.checkpoints.native_files import copy_tokenizer_files
+
+    source = write_vlm_dir(tmp_path / "q", "qwen2_5_vl")
+    _as_published(source)
+    (tmp_path / "step").mkdir()
+    copied = copy_tokenizer_files(source, tmp_path / "step")
+    assert {"preprocessor_config.json", "chat_template.json",
+            "video_preprocessor_config.json"} <= set(copied)
+    expected, got = (_outputs(load_image_processor(d)) for d in (source, tmp_path / "step"))
     for key, value in expected.items():
         np.testing.assert_array_equal(got[key], value, err_msg=key)
 
