@@ -67,7 +67,8 @@ def processor_class(directory: Path) -> type | None:
     name = None
     for file in _CLASS_FILES:
         config = _json(directory / file)
-        if config.get("auto_map", {}).get("AutoProcessor"):
+        auto_map = config.get("auto_map")
+        if isinstance(auto_map, dict) and auto_map.get("AutoProcessor"):
             return None  # remote code: AutoProcessor refuses it with its own message
         name = name or config.get("processor_class")
     if name is None:
