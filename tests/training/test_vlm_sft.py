@@ -113,26 +113,30 @@ def test_packing_image_rows_is_refused_when_asked_for(tmp_path):
         train(RunConfig.model_validate(config))
 
 
-def test_lora_sft_adapts_the_language_model_and_loads_in_peft(tmp_path):
+# (family, the loss after 8 steps at most this fraction of the first: the tiny Qwen
+# learns slower at the same rate, 0.81 of it)
+@pytest.mark.parametrize("family, falls_to", [("gemma3", 0.8), ("qwen2_5_vl", 0.85)])
+def test_lora_sft_adapts_the_language_model_and_loads_in_peft(tmp_path, family, falls_to):
     """The default LoRA targets are the language model's projections (not SigLIP's
-    q_proj/k_proj/v_proj), the run trains, and peft loads the adapter on transformers'
-    model with astrai's logits on an image batch."""
+    q_proj/k_proj/v_proj, nor Qwen-VL's vision MLPs), the run trains, and peft loads the
+    adapter on transformers' model with astrai's logits on an image batch."""
     from peft import PeftModel
-    from transformers import AutoModelForImageTextToText, AutoProcessor
+    from transformers import AutoModelForImageTextToText
 
     from astrai_core.api import load_pretrained
+    from astrai_core.data.processors import load_image_processor
 
-    config = vlm_config(tmp_path, "gemma3")
+    config = vlm_config(tmp_path, family)
     config["model"]["lora"] = {"r": 4, "alpha": 8}
     config["trainer"]["lr"] = 3e-2
     train(RunConfig.model_validate(config))
     losses = [record["loss"] for record in read_metrics(tmp_path / "run")]
-    assert losses[-1] < 0.8 * losses[0]
+    assert losses[-1] < falls_to * losses[0]
     step = tmp_path / "run" / "checkpoints" / f"step_{STEPS}"
     targets = json.loads((step / "adapter" / "adapter_config.json").read_text())["target_modules"]
     assert targets and all(t.startswith("model.language_model.") for t in targets)
 
-    processor = AutoProcessor.from_pretrained(str(tmp_path / "model"))
+    processor = load_image_processor(tmp_path / "model")
     chat = [{"role": "user", "content": [{"type": "image"}, {"type": "text", "text": "3+1=?"}]}]
     text = processor.apply_chat_template(chat, tokenize=False, add_generation_prompt=True)
     batch = processor(text=[text], images=[[tiny_image(3)]], return_tensors="pt")
