@@ -28,12 +28,13 @@ def _messages(url: str) -> list[dict]:
                                          {"type": "text", "text": QUESTION}]}]
 
 
-@pytest.fixture(scope="module")
-def vlm_server(tmp_path_factory):
+@pytest.fixture(scope="module", params=["gemma3", "qwen2_5_vl"])
+def vlm_server(tmp_path_factory, request):
     from astrai_core.checkpoints.hf_model import load_transformers_model, write_backend_record
     from astrai_core.checkpoints.manifest import write_manifest
 
-    directory = write_vlm_dir(tmp_path_factory.mktemp("vlm") / "gemma3", "gemma3")
+    family = request.param
+    directory = write_vlm_dir(tmp_path_factory.mktemp("vlm") / family, family)
     write_backend_record(load_transformers_model(directory), directory)
     write_manifest(directory)  # a checkpoint as a transformers-backend run writes it
     with live_server(directory) as live:
