@@ -17,6 +17,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from astrai_core.distributed.fsdp import unsharded
 from astrai_core.model.head import target_logprobs
 from astrai_core.tinker import weight_files as files
 from astrai_core.tinker.bases import LoadedBase
@@ -49,6 +50,9 @@ class TorchEngine:
         self.sampler_slots: OrderedDict[str, tuple[LoadedBase, str]] = OrderedDict()
         self._tokenizers: dict[str, Any] = {}
         self._lock = threading.RLock()
+        # False on the processes of a multi-process server other than rank 0, which writes
+        # every file (each process holds the same adapters)
+        self.writes_files = True
 
     # ---------------------------------------------------------------- models
     def base_models(self) -> list[BaseModelFacts]:
@@ -127,15 +131,19 @@ class TorchEngine:
         with self._lock:
             tenant = self._tenant(model_id)
             key = files.weights_key(model_id, name, for_sampler)
-            base, state = tenant.base, tenant.adapter_state()
-            peft = None
-            if for_sampler:  # peft's files, Hugging Face module names
-                peft = files.PeftFiles(base.slots.configs[tenant.slot], base.facts.name,
-                                       base.model, base.model_type, state)
-            optimizer = None if for_sampler else tenant.optimizer_state()
-            files.write_weights(self.state_dir.joinpath(*key.split("/")), tenant.spec,
-                                base.facts.name, state, optimizer, peft)
+            if self.writes_files:
+                self._write(tenant, key, for_sampler)
             return key
+
+    def _write(self, tenant: Tenant, key: str, for_sampler: bool) -> None:
+        base, state = tenant.base, tenant.adapter_state()
+        peft = None
+        if for_sampler:  # peft's files, Hugging Face module names
+            peft = files.PeftFiles(base.slots.configs[tenant.slot], base.facts.name,
+                                   base.model, base.model_type, state)
+        optimizer = None if for_sampler else tenant.optimizer_state()
+        files.write_weights(self.state_dir.joinpath(*key.split("/")), tenant.spec,
+                            base.facts.name, state, optimizer, peft)
 
     def load_weights(self, model_id: str, key: str, *, with_optimizer: bool) -> None:
         with self._lock:
@@ -175,8 +183,9 @@ class TorchEngine:
             slot = None if target.weights is None else self._sampler_slot(base, target.weights)
             tokenizer = self._tokenizer(base) if params.stop else None
             base.slots.activate(slot)
-            try:
-                return sample_out(base, prompt, params, tokenizer, prompt_logprobs)
+            try:  # a sharded base is gathered once for the whole request (no-op unsharded)
+                with unsharded([base.model]):
+                    return sample_out(base, prompt, params, tokenizer, prompt_logprobs)
             finally:
                 base.slots.activate(None)
 
