@@ -68,6 +68,7 @@ def serve_rank(backend: Any, build_engine: Callable[[Any], Any],
         context, channel = join_ranks(backend)
         engine = build_engine(context.device)
         shard_bases(engine, context)
+        engine.dist = context  # each rank runs its share of a request's datums
         if context.is_main:
             _serve_http(engine, channel, http_server)
         else:

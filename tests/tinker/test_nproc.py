@@ -102,12 +102,14 @@ def two(hf_dir, tmp_path_factory):
 
 
 def _train_and_sample(service) -> tuple[list, list, object]:
-    """Two steps of one tenant, then samples with logprobs from its saved weights."""
+    """Two steps of one tenant (3 datums: 2 on rank 0, 1 on rank 1), a forward of one datum
+    (rank 1's share is empty), then samples with logprobs from its saved weights."""
     trainer = service.create_lora_training_client(base_model=BASE, rank=4, seed=3).result()
     outs, metrics = [], []
     for _ in range(2):
         outs.append(trainer.forward_backward(_sdk_rows(0), "cross_entropy").result())
         metrics.append(trainer.optim_step(types.AdamParams(learning_rate=1e-2)).result().metrics)
+    outs.append(trainer.forward(_sdk_rows(2)[:1], "cross_entropy").result())
     sampler = trainer.save_weights_and_get_sampling_client().result()
     params = types.SamplingParams(max_tokens=6, temperature=1.0, seed=4)
     sample = sampler.sample(types.ModelInput.from_ints([5, 9, 13, 2]), 2, params,
@@ -115,14 +117,19 @@ def _train_and_sample(service) -> tuple[list, list, object]:
     return outs, metrics, sample
 
 
+def _losses(out) -> np.ndarray:
+    return np.concatenate([o["elementwise_loss"].to_numpy() for o in out.loss_fn_outputs])
+
+
 def test_two_processes_equal_one(two, make_engine, tmp_path):
     assert sorted(two.ranks) == [0, 1]
     got_outs, got_metrics, got_sample = _train_and_sample(two.client())
     with live_tinker(make_engine(tmp_path / "one")) as one:
         want_outs, want_metrics, want_sample = _train_and_sample(one.client())
-    for got, want in zip(got_outs, want_outs, strict=True):  # step 2: after one optim_step
+    for got, want in zip(got_outs, want_outs, strict=True):  # after one step, after two
         assert abs(got.metrics["loss:sum"] - want.metrics["loss:sum"]) <= 1e-5
         np.testing.assert_allclose(_logprobs(got), _logprobs(want), rtol=0, atol=1e-5)
+        np.testing.assert_allclose(_losses(got), _losses(want), rtol=0, atol=1e-5)
     for got, want in zip(got_metrics, want_metrics, strict=True):
         assert got["grad_norm:mean"] == pytest.approx(want["grad_norm:mean"], rel=1e-5)
     assert got_outs[1].metrics["loss:sum"] < got_outs[0].metrics["loss:sum"]
@@ -176,3 +183,14 @@ def test_a_dead_process_ends_the_server_with_one_line(hf_dir, tmp_path):
         assert not _alive(server.ranks[0])
     finally:
         server.close()
+
+
+def test_a_process_count_below_one_is_one_line(hf_dir, tmp_path):
+    from astrai_core.testing import run_astrai
+
+    result = run_astrai("tinker", "--model", f"{BASE}={hf_dir}", "--nproc-per-node", "0",
+                        "--state-dir", str(tmp_path / "state"))
+    assert result.returncode != 0 and "Traceback" not in result.stderr, result.stderr
+    assert [line for line in result.stderr.splitlines() if line.startswith("error:")] == [
+        "error: --nproc-per-node must be >= 1, got 0"]
+    assert not (tmp_path / "state").exists()
