@@ -3,7 +3,9 @@
 :class:`TorchEngine` implements :class:`~astrai_core.tinker.engine_types.Engine`. A call
 activates its tenant's adapter (:mod:`astrai_core.tinker.adapters`) and runs the shared
 base; a tenant's call touches only its own adapter tensors, gradients and AdamW state,
-so no tenant changes another's outputs. Calls are serialised by a lock.
+so no tenant changes another's outputs. Calls are serialised by a lock. In a server of
+several processes (:mod:`astrai_core.tinker.lockstep`), each process's engine runs its
+share of a request's datums (:attr:`TorchEngine.dist`).
 """
 
 from __future__ import annotations

@@ -5,8 +5,9 @@ The base is sharded over the processes (FSDP2), so a forward needs all of them. 
 a broadcast of :mod:`~astrai_core.tinker.call_wire` bytes), runs it on its own
 :class:`~astrai_core.tinker.engine.TorchEngine`, and the ranks then agree on whether it
 succeeded everywhere (one all-reduce), so no rank waits on a peer that already gave up.
-Every rank holds the same adapters and optimizer state and computes every datum of a
-request: their results are the same, and rank 0's is the answer. Only rank 0 writes files.
+Every rank holds the same adapters and optimizer state and runs its share of a request's
+datums (:mod:`~astrai_core.tinker.rank_rows`); rank 0's result, gathered from all of
+them, is the answer. Only rank 0 writes files.
 """
 
 from __future__ import annotations

@@ -123,3 +123,14 @@ def test_ranks_that_lost_each_other_stop_the_server():
         _forward(engine)
     engine.stop()  # nothing more is sent to ranks that are gone
     assert channel.sent == []
+
+
+@pytest.mark.parametrize(("count", "world", "shares"), [
+    (3, 2, [(0, 2), (2, 3)]), (1, 2, [(0, 1), (1, 1)]), (7, 3, [(0, 3), (3, 5), (5, 7)]),
+    (4, 1, [(0, 4)])])
+def test_each_rank_takes_a_contiguous_share_of_the_datums(count, world, shares):
+    from astrai_core.distributed.context import DistContext
+    from astrai_core.tinker.rank_rows import rank_rows
+
+    got = [rank_rows(count, DistContext(rank=r, world_size=world)) for r in range(world)]
+    assert [(s.start, s.stop) for s in got] == shares
