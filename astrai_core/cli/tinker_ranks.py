@@ -61,11 +61,13 @@ def serve_rank(backend: Any, build_engine: Callable[[Any], Any],
     bases (``build_engine(device)``), then serve ``http_server(engine)`` (rank 0) or run
     rank 0's calls."""
     from astrai_core.cli.launch import worker_errors
-    from astrai_core.tinker.lockstep import serve_calls
+    from astrai_core.tinker.lockstep import leave_stopping_to_rank_0, serve_calls
     from astrai_core.tinker.ranks import join_ranks, shard_bases
 
     with worker_errors():
         context, channel = join_ranks(backend)
+        if not context.is_main:
+            leave_stopping_to_rank_0()
         engine = build_engine(context.device)
         shard_bases(engine, context)
         engine.dist = context  # each rank runs its share of a request's datums

@@ -140,8 +140,9 @@ class LockstepEngine:
         try:
             return collective()
         except Exception as error:
+            first = str(error).strip().split(". ")[0][:200]  # gloo's advice follows
             self.broken = (f"the server's processes lost each other during {method} "
-                           f"({type(error).__name__}: {str(error).strip()[:200]})")
+                           f"({type(error).__name__}: {first})")
             self.on_broken()
             raise RuntimeError(self.broken) from None
 
@@ -157,12 +158,17 @@ class LockstepEngine:
             self.stopped = True
 
 
-def serve_calls(engine: TorchEngine, channel: CallChannel) -> None:
-    """A rank > 0's loop: run each call rank 0 hands over until it says stop. A signal to
-    stop (Ctrl-C, torchrun's SIGTERM) is left to rank 0, which ends the loop after the
-    call in progress; this rank never writes files."""
+def leave_stopping_to_rank_0() -> None:
+    """On a rank > 0, from the moment it joined: a signal to stop (Ctrl-C, torchrun's
+    SIGTERM) is left to rank 0, which ends this rank's loop after the call in progress
+    (torchrun kills a rank that outlives its 30 s)."""
     for signum in (signal.SIGINT, signal.SIGTERM):
         signal.signal(signum, signal.SIG_IGN)
+
+
+def serve_calls(engine: TorchEngine, channel: CallChannel) -> None:
+    """A rank > 0's loop: run each call rank 0 hands over until it says stop; this rank
+    never writes files."""
     engine.writes_files = False
     while True:
         method, kwargs = decode_call(channel.receive())
