@@ -159,6 +159,20 @@ def test_bad_requests_are_refused_and_the_processes_go_on(two):
     assert trainer.optim_step(types.AdamParams(learning_rate=1e-3)).result(timeout=60)
 
 
+def test_a_saved_state_loads_on_every_process(two):
+    """Rank 1 computes its share of the datums with the adapter it read back itself."""
+    service = two.client()
+    trainer = service.create_lora_training_client(base_model=BASE, rank=4, seed=5).result()
+    trainer.forward_backward(_sdk_rows(0), "cross_entropy").result()
+    trainer.optim_step(types.AdamParams(learning_rate=1e-2)).result()
+    path = trainer.save_state("state").result().path
+    want = trainer.forward(_sdk_rows(1), "cross_entropy").result()
+    again = service.create_training_client_from_state_with_optimizer(path).result()
+    got = again.forward(_sdk_rows(1), "cross_entropy").result()
+    assert got.metrics["loss:sum"] == want.metrics["loss:sum"]
+    np.testing.assert_array_equal(_logprobs(got), _logprobs(want))
+
+
 def test_sigterm_stops_every_process(two):
     """Last in this module: it stops the module's server."""
     ranks = dict(two.ranks)
