@@ -21,7 +21,7 @@ import shutil
 import signal
 import sys
 import tempfile
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -32,9 +32,10 @@ from astrai_core.distributed.world import launched_world_size, scoped_env
 DEFAULT_PORT = 29500
 
 
-def torchrun_argv(args: argparse.Namespace, log_dir: Path | None = None) -> list[str]:
-    """torchrun's arguments for ``args`` (the `astrai train` namespace); ``log_dir``:
-    where torchrun puts each process's error file."""
+def launcher_argv(args: argparse.Namespace, log_dir: Path | None = None) -> list[str]:
+    """torchrun's own options for ``args`` (``nproc_per_node``, ``nnodes``, ``node_rank``,
+    ``master_addr``, ``master_port``); ``log_dir``: where torchrun puts each process's
+    error file."""
     argv = [f"--nproc-per-node={args.nproc_per_node}", f"--nnodes={args.nnodes}",
             f"--node-rank={args.node_rank}", "--max-restarts=0"]
     if log_dir is not None:
@@ -45,12 +46,22 @@ def torchrun_argv(args: argparse.Namespace, log_dir: Path | None = None) -> list
         port = DEFAULT_PORT if args.master_addr or args.nnodes > 1 else 0
     argv += [f"--rdzv-backend={BACKEND}", f"--rdzv-endpoint={endpoint(host, port)}",
              f"--rdzv-conf=rank={args.node_rank}"]
-    command = [f"--log-format={getattr(args, 'log_format', 'auto')}",
-               f"--log-level={getattr(args, 'log_level', 'info')}", "train", args.config]
-    command += [f"--set={override}" for override in args.overrides]
-    command += ["--resume"] * args.resume + ["--overwrite"] * args.overwrite
+    return argv
+
+
+def command_argv(args: argparse.Namespace, command: list[str]) -> list[str]:
+    """What torchrun starts in each process: ``astrai`` (or a wrapping driver) running
+    ``command``, with this launcher's log options."""
     worker = getattr(args, "worker_module", ("astrai_core.cli.main",))  # a wrapping driver's
-    return argv + ["--module", *worker, *command]
+    return ["--module", *worker, f"--log-format={getattr(args, 'log_format', 'auto')}",
+            f"--log-level={getattr(args, 'log_level', 'info')}", *command]
+
+
+def torchrun_argv(args: argparse.Namespace, log_dir: Path | None = None) -> list[str]:
+    """torchrun's arguments for ``args`` (the `astrai train` namespace)."""
+    command = ["train", args.config, *[f"--set={override}" for override in args.overrides]]
+    command += ["--resume"] * args.resume + ["--overwrite"] * args.overwrite
+    return launcher_argv(args, log_dir) + command_argv(args, command)
 
 
 def launch(args: argparse.Namespace, loaded: Any) -> int:
@@ -65,6 +76,13 @@ def launch(args: argparse.Namespace, loaded: Any) -> int:
 
     with scoped_env({"WORLD_SIZE": str(args.nproc_per_node * args.nnodes)}):
         plan_run(loaded.config, loaded.source)  # a bad config fails here, once
+    return run_processes(lambda log_dir: torchrun_argv(args, log_dir), _stopped)
+
+
+def run_processes(argv_of: Callable[[Path], list[str]], stopped: Callable[[str, bool], str]) -> int:
+    """Run torchrun's launcher on ``argv_of(log_dir)`` and wait for every local process;
+    a failed process is named in one line, and a stop by signal is ``stopped(signal name,
+    whether a second signal came)``'s line; the exit status."""
     os.environ.setdefault("OMP_NUM_THREADS", "1")  # torchrun's default, without its warning
     from torch.distributed.elastic.multiprocessing.api import SignalException
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
@@ -83,12 +101,12 @@ def launch(args: argparse.Namespace, loaded: Any) -> int:
     log_dir = Path(tempfile.mkdtemp(prefix="astrai-launch-"))
     handlers = {signum: signal.getsignal(signum) for signum in STOP_SIGNALS}
     try:
-        run(get_args_parser().parse_args(torchrun_argv(args, log_dir)))
-    except (SignalException, KeyboardInterrupt) as stopped:
+        run(get_args_parser().parse_args(argv_of(log_dir)))
+    except (SignalException, KeyboardInterrupt) as stopped_by:
         for signum in STOP_SIGNALS:  # torchrun's handlers would raise again mid-message
             signal.signal(signum, signal.SIG_IGN)
-        signum = int(getattr(stopped, "sigval", signal.SIGINT))
-        print(f"error: {_stopped(signal.Signals(signum).name, _second_signal(stopped))}",
+        signum = int(getattr(stopped_by, "sigval", signal.SIGINT))
+        print(f"error: {stopped(signal.Signals(signum).name, _second_signal(stopped_by))}",
               file=sys.stderr)
         return 128 + signum
     except ChildFailedError as failed:

@@ -10,6 +10,7 @@ import argparse
 import ipaddress
 import os
 from pathlib import Path
+from typing import Any
 
 from astrai_core.cli.serve import check_port_free, require_serve_extra
 from astrai_core.errors import AstraiError
@@ -35,6 +36,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="tokens in one datum (default: the base model's context length)")
     parser.add_argument("--max-body-mb", type=float, default=64.0, help="largest request body in MiB")
     parser.add_argument("--device", default="auto", help="device backend name (auto, cpu, cuda, ...)")
+    parser.add_argument("--nproc-per-node", type=int, metavar="N", default=None,
+                        help="serve from N processes (one per device) with each base model "
+                             "sharded over them (FSDP2); rank 0 serves HTTP")
 
 
 def parse_models(specs: list[str]) -> dict[str, str]:
@@ -87,34 +91,60 @@ def limits_of(args: argparse.Namespace):
                   max_datums=args.max_datums, max_datum_tokens=args.max_datum_tokens)
 
 
-def build_engine(models: dict[str, str], state_dir: Path, args: argparse.Namespace):
-    """The torch engine holding each ``--model`` once on ``--device``, saving under ``state_dir``."""
-    from astrai_core.devices.select import resolve_device
-    from astrai_core.plugins import process_registry
+def build_engine(models: dict[str, str], state_dir: Path, args: argparse.Namespace,
+                 device: Any = None):
+    """The torch engine holding each ``--model`` once on ``device`` (default: ``--device``'s),
+    saving under ``state_dir``."""
     from astrai_core.tinker.engine import EngineLimits
     from astrai_core.tinker.engine import build_engine as build
 
-    device = resolve_device(process_registry(), args.device).device()
+    if device is None:
+        device = device_backend(args).device()
     limits = EngineLimits(max_adapters=args.max_adapters, max_datums=args.max_datums,
                           max_tokens_per_datum=args.max_datum_tokens)
     return build(models, state_dir, device=device, limits=limits)
 
 
-def run(args: argparse.Namespace) -> int:
-    require_serve_extra()
+def device_backend(args: argparse.Namespace) -> Any:
+    from astrai_core.devices.select import resolve_device
+    from astrai_core.plugins import process_registry
+
+    return resolve_device(process_registry(), args.device)
+
+
+def http_server(engine: Any, args: argparse.Namespace, api_key: str | None, limits: Any,
+                state_dir: Path) -> Any:
+    """The uvicorn server of the Tinker app on ``engine``, on ``--host``/``--port``."""
     import uvicorn
 
     from astrai_core.tinker.app import create_app
 
+    app = create_app(engine, api_key=api_key, limits=limits, state_dir=state_dir)
+    # long polls end within seconds: a stop does not wait on them for long
+    return uvicorn.Server(uvicorn.Config(app, host=args.host, port=args.port, log_level="info",
+                                         timeout_graceful_shutdown=5))
+
+
+def run(args: argparse.Namespace) -> int:
+    require_serve_extra()
+    from astrai_core.distributed.world import launched_world_size
+
     models = parse_models(args.model)
     api_key = resolve_api_key(args)
     limits = limits_of(args)
-    check_port_free(args.host, args.port)
     state_dir = Path(args.state_dir).expanduser()
+    if args.nproc_per_node is not None:
+        from astrai_core.cli.tinker_ranks import launch
+
+        return launch(args, state_dir, {API_KEY_ENV: api_key} if api_key else {})
+    if launched_world_size() > 1:  # one of the processes `--nproc-per-node` started
+        from astrai_core.cli.tinker_ranks import serve_rank
+
+        return serve_rank(device_backend(args),
+                          lambda device: build_engine(models, state_dir, args, device),
+                          lambda engine: http_server(engine, args, api_key, limits, state_dir))
+    check_port_free(args.host, args.port)
     state_dir.mkdir(parents=True, exist_ok=True)
     engine = build_engine(models, state_dir, args)
-    app = create_app(engine, api_key=api_key, limits=limits, state_dir=state_dir)
-    # long polls end within seconds: a stop does not wait on them for long
-    uvicorn.Server(uvicorn.Config(app, host=args.host, port=args.port, log_level="info",
-                                  timeout_graceful_shutdown=5)).run()
+    http_server(engine, args, api_key, limits, state_dir).run()
     return 0

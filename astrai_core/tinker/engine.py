@@ -3,7 +3,9 @@
 :class:`TorchEngine` implements :class:`~astrai_core.tinker.engine_types.Engine`. A call
 activates its tenant's adapter (:mod:`astrai_core.tinker.adapters`) and runs the shared
 base; a tenant's call touches only its own adapter tensors, gradients and AdamW state,
-so no tenant changes another's outputs. Calls are serialised by a lock.
+so no tenant changes another's outputs. Calls are serialised by a lock. In a server of
+several processes (:mod:`astrai_core.tinker.lockstep`), each process's engine runs its
+share of a request's datums (:attr:`TorchEngine.dist`).
 """
 
 from __future__ import annotations
@@ -17,6 +19,8 @@ from typing import Any
 import numpy as np
 import torch
 
+from astrai_core.distributed.context import SINGLE, DistContext
+from astrai_core.distributed.fsdp import unsharded
 from astrai_core.model.head import target_logprobs
 from astrai_core.tinker import weight_files as files
 from astrai_core.tinker.bases import LoadedBase
@@ -25,6 +29,7 @@ from astrai_core.tinker.engine_types import (AdamSpec, BaseModelFacts, DatumIn,
                                              EngineRequestError, ForwardOut, LoraSpec,
                                              SampleOut, SamplerTarget, SampleSpec)
 from astrai_core.tinker.losses import LOSSES, loss_config
+from astrai_core.tinker.rank_rows import gather_outputs, rank_rows, sum_gradients
 from astrai_core.tinker.sampling import sample_out, sampling_params
 from astrai_core.tinker.tenants import Tenant
 
@@ -49,6 +54,12 @@ class TorchEngine:
         self.sampler_slots: OrderedDict[str, tuple[LoadedBase, str]] = OrderedDict()
         self._tokenizers: dict[str, Any] = {}
         self._lock = threading.RLock()
+        # False on the processes of a multi-process server other than rank 0, which writes
+        # every file (each process holds the same adapters)
+        self.writes_files = True
+        # the processes of a multi-process server: each runs its share of every request's
+        # datums (SINGLE: one process runs them all)
+        self.dist: DistContext = SINGLE
 
     # ---------------------------------------------------------------- models
     def base_models(self) -> list[BaseModelFacts]:
@@ -93,7 +104,9 @@ class TorchEngine:
             if adam.learning_rate < 0 or not (0 <= adam.beta1 < 1 and 0 <= adam.beta2 < 1):
                 raise EngineRequestError(f"adam_params: learning_rate {adam.learning_rate} "
                                          f"must be >= 0 and betas in [0, 1)")
-            return self._tenant(model_id).step(adam)
+            tenant = self._tenant(model_id)
+            sum_gradients(list(tenant.parameters().values()), self.dist)
+            return tenant.step(adam)
 
     def _run(self, model_id: str, datums: list[DatumIn], loss_fn: str,
              given: dict[str, float] | None, backward: bool) -> ForwardOut:
@@ -104,7 +117,9 @@ class TorchEngine:
             raise EngineRequestError(f"{len(datums)} datums in one request; at most "
                                      f"{self.limits.max_datums}", status=413)
         check_datums(datums, loss_fn, base.facts.vocab_size, self._max_tokens(base))
-        batch = build_batch(datums, loss_fn, _device(base))
+        rows = rank_rows(len(datums), self.dist)  # all of them in one process
+        mine = datums[rows] or datums[:1]  # an empty share runs datum 0, its loss times 0
+        batch = build_batch(mine, loss_fn, _device(base))
         base.slots.activate(tenant.slot)
         try:
             with torch.enable_grad() if backward else torch.no_grad():
@@ -112,30 +127,38 @@ class TorchEngine:
                                       attention_mask=batch.attention_mask)
                 logprobs = out["logprobs"].float()
                 per_token = LOSSES[loss_fn](logprobs, batch.inputs, batch.mask, config)
-                loss = per_token.sum()
+                loss = per_token.sum() if rows.stop > rows.start else per_token.sum() * 0.0
                 if backward:
                     loss.backward()
         finally:
             base.slots.activate(None)
         outputs = [{"logprobs": _array(logprobs[row, :length]),
                     "elementwise_loss": _array(per_token[row, :length])}
-                   for row, length in enumerate(batch.lengths)]
-        return ForwardOut(outputs, {"loss:sum": float(loss.detach())})
+                   for row, length in enumerate(batch.lengths[:rows.stop - rows.start])]
+        total = float(loss.detach())
+        if self.dist.enabled:
+            outputs = gather_outputs(outputs, [len(d.tokens) for d in datums], self.dist)
+            total = self.dist.all_reduce_sum([total])[0]
+        return ForwardOut(outputs, {"loss:sum": total})
 
     # ---------------------------------------------------------------- weights
     def save_weights(self, model_id: str, name: str, *, for_sampler: bool) -> str:
         with self._lock:
             tenant = self._tenant(model_id)
             key = files.weights_key(model_id, name, for_sampler)
-            base, state = tenant.base, tenant.adapter_state()
-            peft = None
-            if for_sampler:  # peft's files, Hugging Face module names
-                peft = files.PeftFiles(base.slots.configs[tenant.slot], base.facts.name,
-                                       base.model, base.model_type, state)
-            optimizer = None if for_sampler else tenant.optimizer_state()
-            files.write_weights(self.state_dir.joinpath(*key.split("/")), tenant.spec,
-                                base.facts.name, state, optimizer, peft)
+            if self.writes_files:
+                self._write(tenant, key, for_sampler)
             return key
+
+    def _write(self, tenant: Tenant, key: str, for_sampler: bool) -> None:
+        base, state = tenant.base, tenant.adapter_state()
+        peft = None
+        if for_sampler:  # peft's files, Hugging Face module names
+            peft = files.PeftFiles(base.slots.configs[tenant.slot], base.facts.name,
+                                   base.model, base.model_type, state)
+        optimizer = None if for_sampler else tenant.optimizer_state()
+        files.write_weights(self.state_dir.joinpath(*key.split("/")), tenant.spec,
+                            base.facts.name, state, optimizer, peft)
 
     def load_weights(self, model_id: str, key: str, *, with_optimizer: bool) -> None:
         with self._lock:
@@ -175,8 +198,9 @@ class TorchEngine:
             slot = None if target.weights is None else self._sampler_slot(base, target.weights)
             tokenizer = self._tokenizer(base) if params.stop else None
             base.slots.activate(slot)
-            try:
-                return sample_out(base, prompt, params, tokenizer, prompt_logprobs)
+            try:  # a sharded base is gathered once for the whole request (no-op unsharded)
+                with unsharded([base.model]):
+                    return sample_out(base, prompt, params, tokenizer, prompt_logprobs)
             finally:
                 base.slots.activate(None)
 
