@@ -23,6 +23,7 @@ from torch import Tensor
 from astrai_core.data.image_batch import (PER_TOKEN, PREFIX, ROWS, batch_images,
                                           collate_prompt_images)
 from astrai_core.errors import ConfigError
+from astrai_core.plugins.sampler_capabilities import sampler_capabilities
 
 
 def rollout_images(images: Sequence[dict[str, Any] | None], prompt_width: int
@@ -32,6 +33,22 @@ def rollout_images(images: Sequence[dict[str, Any] | None], prompt_width: int
     if not any(images):
         return {}
     return collate_prompt_images(list(images), prompt_width)
+
+
+def image_request(records: Sequence[Any], sampler: Any, capabilities: Any = None
+                  ) -> dict[str, Any]:
+    """The sampler's ``images`` keyword for ``records`` (prompt records), given only when
+    a prompt holds images (other samplers lack it); a ConfigError when the sampler (its
+    ``capabilities``, read from it when not given) takes none."""
+    if not any(r.images for r in records):
+        return {}
+    if capabilities is None:
+        capabilities = sampler_capabilities(sampler)
+    if not capabilities.images:
+        raise ConfigError(f"the prompts hold images, and the sampler "
+                          f"({type(sampler).__name__}) takes none; use the torch or ray "
+                          "sampler")
+    return {"images": [r.images for r in records]}
 
 
 def forward_images(model: torch.nn.Module, images: dict[str, Tensor], response_width: int

@@ -24,7 +24,7 @@ from astrai_core.model.router_replay import ROUTED_EXPERTS, aligned_routing
 from astrai_core.plugins.sampler_capabilities import SamplerCapabilities, sampler_capabilities
 from astrai_core.rewards.reward_set import RewardSet
 from astrai_core.rollout.batch import RolloutBatch, pad_rows
-from astrai_core.rollout.images import rollout_images
+from astrai_core.rollout.images import image_request, rollout_images
 from astrai_core.rollout.records import PromptRecord, as_prompt_record
 from astrai_core.sampling.params import Completion, SamplingParams
 
@@ -116,7 +116,8 @@ class RolloutRunner:
             version = self.policy_version
             handle = self.sampler.generate_async([r.prompt_ids for r in records], params,
                                                  **self._routing_request(self.record_routing),
-                                                 **self._image_request(records))
+                                                 **image_request(records, self.sampler,
+                                                                 self.capabilities))
         self.rollouts_drawn += 1
         number = self.rollouts_drawn
         return PendingRollout(lambda: self._offered(number, self.build(
@@ -196,24 +197,14 @@ class RolloutRunner:
             version = self.policy_version
             completions = self.sampler.generate([r.prompt_ids for r in records], params,
                                                 **self._routing_request(routing),
-                                                **self._image_request(records))
+                                                **image_request(records, self.sampler,
+                                                                self.capabilities))
         return self.build(records, completions, version, routing)
 
     @staticmethod
     def _routing_request(routing: bool) -> dict[str, bool]:
         """The sampler's keyword for routing, given only when asked (other samplers lack it)."""
         return {"record_routing": True} if routing else {}
-
-    def _image_request(self, records: Sequence[PromptRecord]) -> dict[str, Any]:
-        """The sampler's ``images`` keyword, given only when a prompt holds images (other
-        samplers lack it); a ConfigError when the sampler takes none."""
-        if not any(r.images for r in records):
-            return {}
-        if not self.capabilities.images:
-            raise ConfigError(f"the prompts hold images, and the sampler "
-                              f"({type(self.sampler).__name__}) takes none; use the torch or "
-                              "ray sampler")
-        return {"images": [r.images for r in records]}
 
     def _per_prompt_params(self, params: SamplingParams, count: int, group_size: int,
                            seed_offset: int = 0) -> list[SamplingParams]:

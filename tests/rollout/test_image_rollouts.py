@@ -114,3 +114,28 @@ def test_dynamic_sampling_keeps_each_rows_images(tmp_path):
                                _logprobs(model, short), rtol=0, atol=1e-6)
     assert joined.images["image/pixel_values.rows"].tolist() == [1, 1, 0, 0]
     assert set(joined.tensors()) >= {"images.image/pixel_values", "images.image/token_type_ids"}
+
+
+def test_evaluation_generates_with_each_prompts_image(tmp_path):
+    from astrai_core.errors import ConfigError
+    from astrai_core.rollout.evaluate import evaluate_generation
+
+    model, tokenizer = _vlm(tmp_path, "gemma3")
+    records = _records(tokenizer, tmp_path, 2)
+    rewards = RewardSet.from_config([{"name": "exact_match"}])
+    sampler = TorchSampler(model, tokenizer)
+    shown: list = []
+    evaluate_generation(sampler, tokenizer, records, rewards, max_new_tokens=4,
+                        stop_token_ids=[], shown=shown, show=2)
+    greedy = SamplingParams(max_new_tokens=4, temperature=0.0)
+    expected = sampler.generate([r.prompt_ids for r in records], greedy,
+                                images=[r.images for r in records])
+    assert [s["completion"] for s in shown] == [
+        tokenizer.decode(c.token_ids, skip_special_tokens=True) for c in expected]
+
+    class TextOnly:  # a sampler that declares no images
+        def generate(self, prompts, params):
+            raise AssertionError("not called")
+
+    with pytest.raises(ConfigError, match=r"the sampler \(TextOnly\) takes none"):
+        evaluate_generation(TextOnly(), tokenizer, records, rewards, max_new_tokens=4)
