@@ -49,8 +49,11 @@ def _two_finite_steps(run_dir: Path) -> list[dict]:
 
 
 def test_grpo_on_image_prompts_runs_two_steps(tmp_path):
-    train(RunConfig.model_validate(_config(tmp_path, "gemma3", {"name": "grpo"})))
-    _two_finite_steps(tmp_path / "run")
+    strategy = {"name": "grpo", "kl_coef": 0.1}  # with a reference and its forward
+    train(RunConfig.model_validate(_config(tmp_path, "gemma3", strategy)))
+    records = _two_finite_steps(tmp_path / "run")
+    # the first step's policy is the reference: both forwards take the images, so no KL
+    assert abs(records[0]["kl"]) <= 1e-6 and records[0]["grad_norm"] > 0
 
 
 def test_ppo_on_image_prompts_trains_its_critic(tmp_path):
