@@ -6,7 +6,6 @@ line and exit code 2."""
 
 from __future__ import annotations
 
-import json
 import math
 from pathlib import Path
 
@@ -18,10 +17,10 @@ from astrai_core.plugins.sampler_capabilities import NO_CAPABILITIES
 from astrai_core.rollout.images import check_image_prompts
 from astrai_core.sampling.torch_sampler import TorchSampler
 from astrai_core.testing import read_metrics, tiny_run_config
-from astrai_core.testing.runs import DIGIT_REWARD
 from astrai_core.testing.hf_vlms import write_image_prompts, write_vlm_dir
+from astrai_core.testing.runs import DIGIT_REWARD
 from astrai_core.training.run import train
-from tests.training.conftest import astrai, write_config
+from tests.training.conftest import assert_a_missing_image_stops_the_run
 
 pytestmark = pytest.mark.slow  # whole runs of two steps
 # text rewards: the answer, and a digit (which a random tiny model writes about half the time)
@@ -87,14 +86,4 @@ def test_options_that_cannot_carry_images_are_refused(tmp_path):
 def test_a_missing_image_is_one_line_and_exit_code_2(tmp_path):
     config = _config(tmp_path, "gemma3", {"name": "grpo"})
     prompts = Path(config["data"]["sources"][0]["path"])
-    rows = prompts.read_text().splitlines()
-    row = json.loads(rows[2])
-    row["messages"][0]["content"][0]["image_url"]["url"] = "gone.png"
-    rows[2] = json.dumps(row)
-    prompts.write_text("\n".join(rows) + "\n")
-    done = astrai("train", str(write_config(tmp_path, config)))
-    assert done.returncode == 2
-    lines = done.stderr.strip().splitlines()
-    assert lines[-1] == (f"error: data file {prompts}, line 3: image gone.png cannot be "
-                         "read (no such file)")
-    assert "Traceback" not in done.stderr
+    assert_a_missing_image_stops_the_run(tmp_path, config, prompts)
