@@ -15,6 +15,7 @@ from astrai_core.checkpoints.hf_model import load_transformers_model
 from astrai_core.data.tokenize import tokenize_source
 from astrai_core.data.tokenizer import load_tokenizer
 from astrai_core.rewards.reward_set import RewardSet
+from astrai_core.rollout.batch import RolloutBatch
 from astrai_core.rollout.dynamic_sampling import concat_rollouts
 from astrai_core.rollout.forward import policy_forward
 from astrai_core.rollout.records import PromptRecord
@@ -104,16 +105,24 @@ def test_a_sampled_image_token_is_never_drawn(tmp_path):
 
 def test_dynamic_sampling_keeps_each_rows_images(tmp_path):
     model, tokenizer = _vlm(tmp_path, "gemma3")
-    records = _records(tokenizer, tmp_path, 2)
+    records = _records(tokenizer, tmp_path, 1)
     runner = _runner(model, tokenizer, records)
-    short = runner.rollout(records[:1])
-    text = replace(runner.rollout(records[1:]), images={})  # a part without images
-    joined = concat_rollouts([short, text])
-    assert joined.prompt_ids.shape[1] == max(short.prompt_ids.shape[1], text.prompt_ids.shape[1])
+    pictured = runner.rollout(records)
+    long_text = PromptRecord(prompt_ids=tokenizer("1+2=" * 8, add_special_tokens=False)
+                             ["input_ids"], columns={"answer": "3"})  # longer, no images
+    text = runner.rollout([long_text])
+    assert text.prompt_ids.shape[1] > pictured.prompt_ids.shape[1] and not text.images
+    joined = concat_rollouts([pictured, text])
+    assert joined.prompt_ids.shape[1] == text.prompt_ids.shape[1]  # the image rows widened
     torch.testing.assert_close(_logprobs(model, joined.select([0, 1])),
-                               _logprobs(model, short), rtol=0, atol=1e-6)
+                               _logprobs(model, pictured), rtol=0, atol=1e-5)
+    torch.testing.assert_close(_logprobs(model, joined.select([2, 3])),
+                               _logprobs(model, text), rtol=0, atol=1e-5)
     assert joined.images["image/pixel_values.rows"].tolist() == [1, 1, 0, 0]
-    assert set(joined.tensors()) >= {"images.image/pixel_values", "images.image/token_type_ids"}
+    # a rollout kept in a checkpoint (exact resume) keeps its images
+    restored = RolloutBatch.from_tensors(joined.tensors())
+    assert restored.images.keys() == joined.images.keys()
+    assert all(torch.equal(restored.images[k], v) for k, v in joined.images.items())
 
 
 def test_evaluation_generates_with_each_prompts_image(tmp_path):
