@@ -136,8 +136,7 @@ def save_checkpoint(target: Path, *, model: nn.Module, tokenizer_dir: Path,
         if lora:  # adapter/ in PEFT format (+ the base record); after hf_source
             lora_files.write_lora_weights(model, staging, *lora_weights)
         for name, state in extra_weights.items():
-            tensors = {k: v.detach().contiguous() for k, v in state.items()}
-            save_file(tensors, str(staging / f"{name}.safetensors"))
+            save_file(_unshared(state), str(staging / f"{name}.safetensors"))
         if state_tensors:
             save_file({k: v.detach().cpu().contiguous() for k, v in state_tensors.items()},
                       str(staging / STATE_TENSORS))
@@ -282,6 +281,20 @@ def load_model_weights(model: nn.Module, directory: Path) -> None:
     for path in weight_files(directory):
         state_dict.update(read_safetensors(path))
     load_state_dict_strict(model, state_dict, str(directory))
+
+
+def _unshared(state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """``state``'s tensors, each name on storage of its own: safetensors refuses two names
+    on one storage (a module's tied head and embedding), so each name after the first
+    gets a copy (loading writes the same values into the one tied tensor twice)."""
+    seen: set[int] = set()
+    out = {}
+    for name, value in state.items():
+        tensor = value.detach().contiguous()
+        storage = tensor.untyped_storage().data_ptr()
+        out[name] = tensor.clone() if storage in seen else tensor
+        seen.add(storage)
+    return out
 
 
 def load_extra_modules(directory: Path, modules: dict[str, nn.Module]) -> None:

@@ -6,6 +6,7 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from astrai_core.rewards.reward_set import RewardSet
+from astrai_core.rollout.images import image_request
 from astrai_core.rollout.records import as_prompt_record
 from astrai_core.sampling.params import SamplingParams
 
@@ -49,7 +50,8 @@ def evaluate_generation(sampler: Any, tokenizer: Any, prompt_records: Sequence[A
     lengths: list[int] = []
     for start in range(0, len(records), batch_size):
         prompt_chunk = records[start:start + batch_size]
-        completions = sampler.generate([r.prompt_ids for r in prompt_chunk], params)
+        completions = sampler.generate([r.prompt_ids for r in prompt_chunk], params,
+                                       **image_request(prompt_chunk, sampler))
         chunk = [r for r in prompt_chunk for _ in range(samples)]  # one per completion
         texts = [c.text if c.text is not None else tokenizer.decode(c.token_ids, skip_special_tokens=True)
                  for c in completions]

@@ -271,17 +271,29 @@ def write_image_chats(directory: Path, rows: int = 8) -> Path:
     """``chat.jsonl`` in ``directory``: ``rows`` one-turn chats "<image>i+1=?" -> "i+1",
     each with its own PNG (``i.png``, beside the file, referenced by a relative path in
     OpenAI's image_url shape)."""
+    return _write_image_rows(Path(directory) / "chat.jsonl", rows, lambda i, image: {
+        "messages": [{"role": "user", "content": [image, {"type": "text", "text": f"{i}+1=?"}]},
+                     {"role": "assistant", "content": str(i + 1)}]})
+
+
+def write_image_prompts(directory: Path, rows: int = 8) -> Path:
+    """``prompts.jsonl`` in ``directory``: ``rows`` prompt rows "<image>i+1=" with an
+    ``answer`` column "i+1" (for an exact-match reward), each with its own PNG
+    (``i.png``, beside the file), in OpenAI's image_url shape."""
+    return _write_image_rows(Path(directory) / "prompts.jsonl", rows, lambda i, image: {
+        "messages": [{"role": "user", "content": [image, {"type": "text", "text": f"{i}+1="}]}],
+        "answer": str(i + 1)})
+
+
+def _write_image_rows(path: Path, rows: int, row: Callable[[int, dict], dict]) -> Path:
+    """``path`` with ``row(i, image part)`` for i < ``rows``, image i saved as ``i.png``
+    beside it (the part names it by a relative path, in OpenAI's image_url shape)."""
     import json
 
-    directory = Path(directory)
-    directory.mkdir(parents=True, exist_ok=True)
+    path.parent.mkdir(parents=True, exist_ok=True)
     lines = []
     for i in range(rows):
-        tiny_image(i).save(directory / f"{i}.png")
-        user = [{"type": "image_url", "image_url": {"url": f"{i}.png"}},
-                {"type": "text", "text": f"{i}+1=?"}]
-        lines.append(json.dumps({"messages": [{"role": "user", "content": user},
-                                              {"role": "assistant", "content": str(i + 1)}]}))
-    path = directory / "chat.jsonl"
+        tiny_image(i).save(path.parent / f"{i}.png")
+        lines.append(json.dumps(row(i, {"type": "image_url", "image_url": {"url": f"{i}.png"}})))
     path.write_text("\n".join(lines) + "\n")
     return path

@@ -40,6 +40,25 @@ def write_config(tmp_path: Path, config: dict, name: str = "run.yaml") -> Path:
     return path
 
 
+def assert_a_missing_image_stops_the_run(tmp_path: Path, config: dict, data: Path) -> None:
+    """Line 3 of ``data`` (its first image part in OpenAI's shape) names an image that is
+    not there: ``astrai train`` says so in one line naming the file, the line and the
+    image, and exits with code 2, no traceback."""
+    import json
+
+    rows = data.read_text().splitlines()
+    row = json.loads(rows[2])
+    row["messages"][0]["content"][0]["image_url"]["url"] = "gone.png"
+    rows[2] = json.dumps(row)
+    data.write_text("\n".join(rows) + "\n")
+    result = astrai("train", str(write_config(tmp_path, config)))
+    assert result.returncode == 2, result.stderr[-2000:]
+    errors = [line for line in result.stderr.splitlines() if line.startswith("error:")]
+    assert errors == [f"error: data file {data}, line 3: image gone.png cannot be read "
+                      "(no such file)"]
+    assert "Traceback" not in result.stderr
+
+
 def astrai(*args: str, cwd: Path | None = None, timeout: float = 600) -> subprocess.CompletedProcess:
     return subprocess.run([sys.executable, "-m", "astrai_core.cli.main", *args], capture_output=True,
                           text=True, timeout=timeout, cwd=cwd)

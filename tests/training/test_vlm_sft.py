@@ -15,7 +15,7 @@ from astrai_core.config.schema import RunConfig
 from astrai_core.testing.hf_vlms import tiny_image, write_image_chats, write_vlm_dir
 from astrai_core.testing.runs import read_metrics
 from astrai_core.training.run import train
-from tests.training.conftest import astrai, write_config
+from tests.training.conftest import assert_a_missing_image_stops_the_run
 
 STEPS = 8
 
@@ -90,17 +90,7 @@ def test_sft_on_image_chats_matches_transformers_and_trains(tmp_path, family):
 
 def test_a_missing_image_is_one_line_and_exit_code_2(tmp_path):
     config = vlm_config(tmp_path, "llava", steps=2)
-    data = tmp_path / "data" / "chat.jsonl"
-    rows = data.read_text().splitlines()
-    row = json.loads(rows[2])
-    row["messages"][0]["content"][0]["image_url"]["url"] = "gone.png"
-    rows[2] = json.dumps(row)
-    data.write_text("\n".join(rows) + "\n")
-    result = astrai("train", str(write_config(tmp_path, config)))
-    assert result.returncode == 2, result.stderr[-2000:]
-    errors = [line for line in result.stderr.splitlines() if line.startswith("error:")]
-    assert errors == [f"error: data file {data}, line 3: image gone.png cannot be read "
-                      "(no such file)"]
+    assert_a_missing_image_stops_the_run(tmp_path, config, tmp_path / "data" / "chat.jsonl")
     assert not (tmp_path / "run" / "checkpoints").exists()
 
 

@@ -17,6 +17,10 @@ and the sampler ``worker_sampler`` names (:mod:`astrai_plugin_ray.worker`).
   short by the next weight push: the workers end it after their current decode step, its
   unfinished completions come back with ``finish_reason="abort"``, and the push lands
   then (workers whose sampler cannot be interrupted finish the call first).
+* ``images`` (a vision-language model's prompts): each prompt's image inputs travel
+  with its prompt to the worker that samples it, as NumPy arrays in the same call, and
+  reach the workers' sampler as ``generate(..., images=...)``; the sampler takes images
+  when the workers' sampler does.
 * ``update_weights(None)`` pushes the trainer's policy (``self.model``) to every worker:
   only the tensors that train (``requires_grad``), so with LoRA only the adapter moves;
   ``update_weights(state_dict)`` pushes exactly the tensors given (a subset is fine).
@@ -44,6 +48,7 @@ import dataclasses
 from collections.abc import Callable, Sequence
 from typing import Any
 
+import numpy as np
 import torch
 
 from astrai_core.api import (Completion, SamplerCapabilities, SamplingParams,
@@ -64,10 +69,11 @@ class RaySampler:
 
     Config = RaySamplerConfig
     # update_weights(None) pushes the trainer's policy it was built with; a push's metrics;
-    # close() lets the workers go. Interruptible when the workers' sampler is (set per
-    # instance, once the workers are up).
+    # close() lets the workers go. Interruptible, and taking images, when the workers'
+    # sampler is, and does (set per instance, once the workers are up; the class passes
+    # images on, so a run on prompts with images is not refused before it starts).
     capabilities = SamplerCapabilities(shares_policy=True, reports_metrics=True,
-                                       needs_close=True)
+                                       needs_close=True, images=True)
 
     def __init__(self, model: torch.nn.Module, tokenizer: Any = None, *, workers: int = 1,
                  worker_resources: dict[str, float] | None = None,
@@ -110,17 +116,20 @@ class RaySampler:
             self.close()
             raise
         self.capabilities = dataclasses.replace(
-            RaySampler.capabilities, interruptible=self._workers.interruptible)
+            RaySampler.capabilities, interruptible=self._workers.interruptible,
+            images=self._workers.images)
         log.info("ray rollout workers ready", workers=[self._workers.name(i)
                                                        for i in range(workers)])
 
     # ---------------------------------------------------------------- generation
     def generate(self, prompts: Sequence[Sequence[int]],
                  params: SamplingParams | Sequence[SamplingParams],
-                 on_token: TokenCallback | None = None) -> list[Completion]:
+                 on_token: TokenCallback | None = None,
+                 images: Sequence[dict[str, Any] | None] | None = None) -> list[Completion]:
         """Completions for each prompt (``n`` per prompt, grouped in prompt order);
-        ``on_token`` is called for every token once the completions are back."""
-        completions = self.generate_async(prompts, params).result()
+        ``on_token`` is called for every token once the completions are back; ``images``:
+        each prompt's image inputs (None: none), as the torch sampler takes them."""
+        completions = self.generate_async(prompts, params, images=images).result()
         if on_token is not None:
             for index, completion in enumerate(completions):
                 for token in completion.token_ids:
@@ -129,33 +138,44 @@ class RaySampler:
 
     def generate_async(self, prompts: Sequence[Sequence[int]],
                        params: SamplingParams | Sequence[SamplingParams],
-                       interruptible: bool = False) -> PendingGeneration | RankShare:
+                       interruptible: bool = False,
+                       images: Sequence[dict[str, Any] | None] | None = None,
+                       ) -> PendingGeneration | RankShare:
         """Send each worker its run of prompts now; ``.result()`` waits for the completions.
         A distributed trainer's ranks call it in step: rank 0 sends every rank's prompts.
-        ``interruptible``: the next :meth:`update_weights` may end it early (see above)."""
+        ``interruptible``: the next :meth:`update_weights` may end it early (see above);
+        ``images``: as :meth:`generate`."""
         per_prompt = ([params] * len(prompts) if isinstance(params, SamplingParams)
                       else list(params))
         if len(per_prompt) != len(prompts):
             raise ValueError(f"got {len(per_prompt)} SamplingParams for {len(prompts)} prompts")
         runs = [[int(t) for t in prompt] for prompt in prompts]
+        pictures = prompt_arrays(images, len(runs))
         if not self._ranks.enabled:
-            return self._send(runs, per_prompt, interruptible)
-        shares = self._ranks.gather((runs, per_prompt))
-        pending = (self._send([p for share, _ in shares for p in share],
-                              [q for _, share in shares for q in share], interruptible)
+            return self._send(runs, per_prompt, interruptible, pictures)
+        shares = self._ranks.gather((runs, per_prompt, pictures))
+        pending = (self._send([p for share, _, _ in shares for p in share],
+                              [q for _, share, _ in shares for q in share], interruptible,
+                              [i for _, _, share in shares for i in share])
                    if self._ranks.leader else None)
-        return RankShare(pending, [len(share) for share, _ in shares], self._ranks)
+        return RankShare(pending, [len(share) for share, _, _ in shares], self._ranks)
 
     def _send(self, prompts: list[list[int]], per_prompt: list[SamplingParams],
-              interruptible: bool = False) -> PendingGeneration:
+              interruptible: bool = False, images: list[dict[str, Any] | None] | None = None
+              ) -> PendingGeneration:
         workers = self._live_workers()
         self._interruptible_sent |= interruptible and workers.interruptible
         bounds = split_groups([p.n for p in per_prompt], len(workers))
+        with_images = any(images or ())
+        if with_images and not workers.images:
+            raise ValueError("the prompts hold images, and the workers' sampler takes none")
         calls = []
         for index, (start, end) in enumerate(zip(bounds, bounds[1:])):
             if end > start:
+                run_images = images[start:end] if with_images else None
                 ref = workers.actors[index].generate.remote(prompts[start:end],
-                                                            per_prompt[start:end], interruptible)
+                                                            per_prompt[start:end], interruptible,
+                                                            run_images)
                 calls.append((index, start, ref))
         return PendingGeneration(workers, calls)
 
@@ -301,6 +321,20 @@ class RankShare:
                 parts.append(part)
                 start += count
         return self._ranks.scatter(parts)
+
+
+def prompt_arrays(images: Sequence[dict[str, Any] | None] | None, count: int
+                  ) -> list[dict[str, np.ndarray] | None]:
+    """Each prompt's image inputs as plain NumPy arrays by name (None: no images), the
+    form they travel to the workers in; one entry per prompt."""
+    if images is None:
+        return [None] * count
+    if len(images) != count:
+        raise ValueError(f"got images for {len(images)} prompts, and {count} prompts")
+    return [None if not tensors else
+            {str(name): np.asarray(value.detach().cpu() if isinstance(value, torch.Tensor)
+                                   else value) for name, value in tensors.items()}
+            for tensors in images]
 
 
 def split_groups(sizes: Sequence[int], parts: int) -> list[int]:

@@ -76,12 +76,15 @@ class RolloutWorker:
     # ---------------------------------------------------------------- generation
     def generate(self, prompts: Sequence[Sequence[int]],
                  params: SamplingParams | Sequence[SamplingParams],
-                 interruptible: bool = False) -> list[Completion]:
+                 interruptible: bool = False,
+                 images: Sequence[dict[str, Any] | None] | None = None) -> list[Completion]:
         """The sampler's completions; ``interruptible``: :meth:`interrupt` may end the call
-        early (a sampler that cannot be interrupted runs it to the end)."""
+        early (a sampler that cannot be interrupted runs it to the end); ``images``: each
+        prompt's image inputs, given to a sampler that takes them (None: no images)."""
+        extra: dict[str, Any] = {} if images is None else {"images": images}
         if interruptible and self.interruptible:
-            return self.sampler.generate(prompts, params, interrupt=self._interrupt)
-        return self.sampler.generate(prompts, params)
+            extra["interrupt"] = self._interrupt
+        return self.sampler.generate(prompts, params, **extra)
 
     def interrupt(self) -> None:
         """A weight push is on its way: an interruptible generation stops after its current

@@ -36,6 +36,7 @@ class WorkerSet:
         # runs beside a generation; others stay plain actors (every call on the main thread).
         sampler_class = process_registry().load("sampler", sampler_name)
         self.interruptible = sampler_capabilities(sampler_class).interruptible
+        self.images = sampler_capabilities(sampler_class).images  # prompts with images
         actor_class = (ray.remote(concurrency_groups={"control": 1})(RolloutWorker)
                        if self.interruptible else ray.remote(RolloutWorker))
         self.actors = [actor_class.options(**actor_options(bundle, group, i)).remote(
