@@ -102,6 +102,7 @@ from astrai_core.serving.sampler_engine import SamplerEngine
 from astrai_core.serving.sequence import EngineRequest, FinishEvent
 
 # Data: tokenizers, and how a preference pair becomes tokens.
+from astrai_core.data.image_batch import keep_prompt_images, model_images
 from astrai_core.data.render import render_preference
 from astrai_core.data.tokenizer import load_tokenizer
 
@@ -191,7 +192,7 @@ __all__ = [
     "ChatCompletionRequest", "END_TAG", "EngineRequest", "FinishEvent", "SamplerEngine",
     "chat_prompt", "parse_hermes",
     # data
-    "load_tokenizer", "render_preference",
+    "load_tokenizer", "render_preference", "keep_prompt_images", "model_images",
     # models and importers
     "CausalLM", "ModelConfig", "load_pretrained", "load_state_dict_strict", "save_pretrained",
     "write_manifest",

@@ -8,16 +8,13 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from astrai_core.api import context_target_logprobs
+from astrai_core.api import context_target_logprobs, model_images
 from astrai_core.api import (AstraiError, RolloutBatch, RolloutRunner, context_group_rollout,
                              rollout_metrics)
 from astrai_core.api import policy_forward
 from astrai_plugin_dpo.losses import sequence_logprobs
 
 SIDES = ("chosen", "rejected")
-
-
-TENSORS = ("input_ids", "attention_mask", "position_ids", "loss_mask")
 
 
 def _targets(batch: dict[str, Tensor]) -> Tensor:
@@ -27,8 +24,11 @@ def _targets(batch: dict[str, Tensor]) -> Tensor:
 
 
 def _both_sides(batch: dict[str, Tensor]) -> dict[str, Tensor]:
-    """A preference batch as one sequence batch: chosen rows, then rejected rows."""
-    return {name: torch.cat([batch[f"{side}_{name}"] for side in SIDES]) for name in TENSORS}
+    """A preference batch as one sequence batch: chosen rows, then rejected rows (with a
+    vision-language model's image tensors, which both sides of a pair hold alike: the
+    prompt's images, per token as wide as the batch)."""
+    names = [key.removeprefix("chosen_") for key in batch if key.startswith("chosen_")]
+    return {name: torch.cat([batch[f"{side}_{name}"] for side in SIDES]) for name in names}
 
 
 def response_logprobs(model: torch.nn.Module, batch: dict[str, Tensor], dist: Any = None
@@ -38,13 +38,16 @@ def response_logprobs(model: torch.nn.Module, batch: dict[str, Tensor], dist: An
 
     A response's log-prob is the sum of its target tokens' log-probs; the prompt attends
     but carries no loss. ``dist`` (the run's): with ``parallel.context_parallel``, each
-    rank scores its shard of the rows' tokens and gets the whole rows' log-probs.
+    rank scores its shard of the rows' tokens and gets the whole rows' log-probs. A
+    vision-language model's rows carry their images (``image/`` tensors), which the
+    forward takes.
     """
     input_ids = batch["input_ids"]
     # every token after the first, scored by the chunked head (no [B, S, V] logits)
     out = context_target_logprobs(model, input_ids, input_ids[:, 1:], dist,
                                   attention_mask=batch["attention_mask"],
-                                  position_ids=batch["position_ids"])
+                                  position_ids=batch["position_ids"],
+                                  images=model_images(model, batch))
     targets = _targets(batch)
     return sequence_logprobs(out["logprobs"], targets), out.get("aux_loss"), targets.sum()
 

@@ -1,0 +1,87 @@
+"""Rows with images, through a vision-language model's processor: chats, and preference
+and unpaired rows whose prompt holds the images.
+
+A preference pair's chosen and rejected responses (an unpaired row's completion) follow
+the same prompt, so they share its images: the image tensors are stored once per row,
+and only the per-token ones (as long as each response's tokens, e.g. Gemma 3's
+``token_type_ids``) once per response, as ``<field>/<name>``
+(:class:`~astrai_core.data.vision_render.FieldTensors` reads them back).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from astrai_core.data.image_batch import PER_TOKEN
+from astrai_core.data.images import (PartsError, holds_image_parts, open_row_images,
+                                     split_images)
+from astrai_core.data.vision_render import processor_of, render_vision_chat
+from astrai_core.errors import DataError
+
+Tensors = dict[str, np.ndarray]
+
+
+def vision_chat(tokenizer: Any, row: dict, path: Path, line_number: int
+                ) -> tuple[list[int], list[int], Tensors]:
+    """A chat with images: its tokens, targets and image tensors."""
+    where = f"data file {path}, line {line_number}"
+    processor = _processor(tokenizer, where)
+    messages, images = _opened(row["messages"], row, path, where)
+    return _render(processor, messages, images, where)
+
+
+def vision_responses(tokenizer: Any, row: dict, keys: tuple[str, ...], path: Path,
+                     line_number: int
+                     ) -> tuple[dict[str, tuple[list[int], list[int]]], Tensors]:
+    """``({key: (ids, mask)}, tensors)`` of a preference or unpaired row whose prompt
+    holds images: each response rendered after the prompt (mask 1 on its tokens), and
+    the row's image tensors (see the module docstring)."""
+    where = f"data file {path}, line {line_number}"
+    processor = _processor(tokenizer, where)
+    if row["messages"] is None:
+        raise DataError(f"{where}: the row's 'images' need image parts in a prompt given as "
+                        "messages (a string prompt holds no images)")
+    for key in keys:
+        if holds_image_parts(row[key]):
+            raise DataError(f"{where}: field {key!r} holds an image; images go in the prompt, "
+                            "which every response shares")
+    prefix, images = _opened(row["messages"], row, path, where)
+    encoded: dict[str, tuple[list[int], list[int]]] = {}
+    tensors: Tensors = {}
+    for key in keys:
+        value = row[key]
+        response = [{"role": "assistant", "content": value}] if isinstance(value, str) else value
+        ids, mask, own = _render(processor, prefix + response, images, where, len(prefix))
+        encoded[key] = (ids, mask)
+        for name, array in own.items():
+            tensors[f"{key}/{name}" if name in PER_TOKEN else name] = array
+    return encoded, tensors
+
+
+def _processor(tokenizer: Any, where: str) -> Any:
+    processor = processor_of(tokenizer)
+    if processor is None:
+        raise DataError(f"{where}: the row holds images, and the model has no image "
+                        "processor (a vision-language model's directory has one)")
+    return processor
+
+
+def _opened(messages: list[dict], row: dict, path: Path, where: str
+            ) -> tuple[list[dict], list[Any]]:
+    """(the messages with plain image parts, their images opened)."""
+    try:
+        plain, sources = split_images(messages, row.get("images"))
+    except PartsError as err:
+        raise DataError(f"{where}: {err}") from None
+    return plain, open_row_images(sources, path.parent, where)
+
+
+def _render(processor: Any, messages: list[dict], images: list[Any], where: str,
+            first_target: int = 0) -> tuple[list[int], list[int], Tensors]:
+    try:
+        return render_vision_chat(processor, messages, images, first_target)
+    except ValueError as err:
+        raise DataError(f"{where}: {err}") from None
