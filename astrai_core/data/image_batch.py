@@ -112,10 +112,11 @@ def keep_prompt_images(batch: dict[str, torch.Tensor], prompt_lengths: list[int]
 
 
 def prompt_images(images: list[dict[str, Any] | None], width: int, model_type: str,
-                  device: torch.device) -> dict[str, torch.Tensor]:
-    """The image inputs of a sampler's batch of left-padded prompts (``width`` columns),
-    from each prompt's processor output for it alone (tensors or arrays, ``[1, ...]``
-    per token and for Idefics3's images, as the processor returns them)."""
+                  device: torch.device, left: bool = True) -> dict[str, torch.Tensor]:
+    """The image inputs of a sampler's batch of left-padded prompts (``width`` columns;
+    ``left=False``: right-padded rows), from each prompt's processor output for it alone
+    (tensors or arrays, ``[1, ...]`` per token and for Idefics3's images, as the
+    processor returns them)."""
     rows = []
     for tensors in images:
         doc = {}
@@ -123,7 +124,7 @@ def prompt_images(images: list[dict[str, Any] | None], width: int, model_type: s
             array = np.asarray(value.cpu() if isinstance(value, torch.Tensor) else value)
             doc[PREFIX + name] = array[0] if one_row(name, array) else array
         rows.append([doc])
-    batch = collate_images(rows, width, left=True)
+    batch = collate_images(rows, width, left=left)
     out = batch_images(batch, model_type) or {}
     return {name: value.to(device) for name, value in out.items()}
 

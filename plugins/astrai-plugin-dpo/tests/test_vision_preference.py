@@ -6,8 +6,6 @@ a missing image stops `astrai train` with one line (exit code 2)."""
 
 from __future__ import annotations
 
-import base64
-import io
 import json
 import subprocess
 import sys
@@ -20,43 +18,11 @@ import yaml
 from astrai_core.config.schema import RunConfig
 from astrai_core.testing import build_strategy, read_metrics
 from astrai_core.testing.hf_vlms import tiny_image, write_vlm_dir
+from astrai_core.testing.vlm_rows import transformers_inputs, vlm_run_config, write_image_pairs
 from astrai_core.training.run import train
 
 ROWS = 4
 BETA = 0.5
-
-
-def _image_part(directory, i):
-    """Row i's image, in one of the shapes a prompt may give it (and the row's extra
-    fields): a relative path, an ``images`` entry, a data: URL, datasets' bytes."""
-    tiny_image(i).save(directory / f"{i}.png")
-    if i % 4 == 0:
-        return {"type": "image_url", "image_url": {"url": f"{i}.png"}}, {}
-    if i % 4 == 1:
-        return {"type": "image"}, {"images": [f"{i}.png"]}
-    buffer = io.BytesIO()
-    tiny_image(i).save(buffer, format="PNG")
-    encoded = base64.b64encode(buffer.getvalue()).decode()
-    if i % 4 == 2:
-        return {"type": "image", "image": "data:image/png;base64," + encoded}, {}
-    return {"type": "image", "image": {"bytes": encoded, "path": None}}, {}
-
-
-def write_image_pairs(directory, rows=ROWS, unpaired=False):
-    """Rows "<image>i+1=?": chosen i+1, rejected i+2 (unpaired: one of them, labelled)."""
-    directory.mkdir(parents=True, exist_ok=True)
-    lines = []
-    for i in range(rows):
-        part, extra = _image_part(directory, i)
-        prompt = [{"role": "user", "content": [part, {"type": "text", "text": f"{i}+1=?"}]}]
-        if unpaired:
-            row = {"prompt": prompt, "completion": str(i + 1 + i % 2), "label": i % 2 == 0}
-        else:
-            row = {"prompt": prompt, "chosen": str(i + 1), "rejected": str(i + 2)}
-        lines.append(json.dumps({**row, **extra}))
-    path = directory / ("unpaired.jsonl" if unpaired else "pairs.jsonl")
-    path.write_text("\n".join(lines) + "\n")
-    return path
 
 
 @pytest.fixture(scope="module")
@@ -64,16 +30,6 @@ def vlm_dirs(tmp_path_factory):
     root = tmp_path_factory.mktemp("vlms")
     return {family: write_vlm_dir(root / family, family)
             for family in ("gemma3", "llava", "idefics3")}
-
-
-def _config(tmp_path, model, data, strategy, fmt="preference", steps=2):
-    return {"output_dir": str(tmp_path / "run"), "model": {"path": str(model)},
-            "data": {"sources": [{"path": str(data), "format": fmt}], "seq_len": 64,
-                     "batch_size": ROWS, "shuffle": False, "cache_dir": str(tmp_path / "cache")},
-            "strategy": strategy, "device": {"name": "cpu"},
-            "trainer": {"max_steps": steps, "lr": 1e-2, "warmup_steps": 0, "save_every": steps,
-                        "eval_every": 0, "eval_at_start": False, "threads": 1,
-                        "progress": False}}
 
 
 def _perturb(module, scale=0.05):
@@ -86,10 +42,7 @@ def _perturb(module, scale=0.05):
 def _transformers_logp(hf, processor, i, answer):
     """transformers' forward on row i's prompt and ``answer``, as its processor makes the
     inputs: the answer's tokens' log-probs (and the end token's), summed."""
-    chat = [{"role": "user", "content": [{"type": "image"}, {"type": "text", "text": f"{i}+1=?"}]},
-            {"role": "assistant", "content": answer}]
-    text = processor.apply_chat_template(chat, tokenize=False)
-    inputs = processor(text=[text], images=[[tiny_image(i)]], return_tensors="pt")
+    inputs = transformers_inputs(processor, i, answer)
     n = len(processor.tokenizer(f"{answer}<|end|>", add_special_tokens=False)["input_ids"])
     with torch.no_grad():
         logits = hf(**inputs).logits[0, -n - 1:-1].double()
@@ -102,7 +55,7 @@ def test_dpo_loss_on_images_equals_transformers_forward(tmp_path, vlm_dirs, fami
     from transformers import AutoProcessor
 
     data = write_image_pairs(tmp_path / "data")
-    config = _config(tmp_path, vlm_dirs[family], data, {"name": "dpo", "beta": BETA})
+    config = vlm_run_config(tmp_path, vlm_dirs[family], data, {"name": "dpo", "beta": BETA})
     strategy, run = build_strategy(config, tmp_path)
     _perturb(strategy.reference)  # a reference other than the policy: a loss not log 2
     batch = strategy.batch_source().next_step()[0]
@@ -133,8 +86,8 @@ def test_dpo_loss_on_images_equals_transformers_forward(tmp_path, vlm_dirs, fami
 def test_simpo_orpo_and_kto_train_on_image_rows(tmp_path, vlm_dirs, strategy):
     unpaired = strategy["name"] == "kto"
     data = write_image_pairs(tmp_path / "data", unpaired=unpaired)
-    config = _config(tmp_path, vlm_dirs["gemma3"], data, strategy,
-                     fmt="unpaired" if unpaired else "preference")
+    config = vlm_run_config(tmp_path, vlm_dirs["gemma3"], data, strategy,
+                            data_format="unpaired" if unpaired else "preference")
     train(RunConfig.model_validate(config))
     losses = [record["loss"] for record in read_metrics(tmp_path / "run")]
     assert len(losses) == 2 and all(torch.isfinite(torch.tensor(losses)))
@@ -144,7 +97,8 @@ def test_kto_mismatched_rows_keep_their_prompts_images(tmp_path, vlm_dirs):
     from astrai_plugin_dpo.kto import mismatched_batch
 
     data = write_image_pairs(tmp_path / "data", unpaired=True)
-    config = _config(tmp_path, vlm_dirs["gemma3"], data, {"name": "kto"}, fmt="unpaired")
+    config = vlm_run_config(tmp_path, vlm_dirs["gemma3"], data, {"name": "kto"},
+                            data_format="unpaired")
     strategy, _ = build_strategy(config, tmp_path)
     batch = strategy.batch_source().next_step()[0]
     mismatched = mismatched_batch(batch)
@@ -176,7 +130,7 @@ def test_a_missing_image_is_one_line_and_exit_code_2(tmp_path, vlm_dirs):
     row["prompt"][0]["content"][0]["image_url"]["url"] = "gone.png"
     rows[0] = json.dumps(row)
     data.write_text("\n".join(rows) + "\n")
-    config = _config(tmp_path, vlm_dirs["llava"], data, {"name": "dpo"})
+    config = vlm_run_config(tmp_path, vlm_dirs["llava"], data, {"name": "dpo"})
     path = tmp_path / "run.yaml"
     path.write_text(yaml.safe_dump(config))
     result = subprocess.run([sys.executable, "-m", "astrai_core.cli.main", "train", str(path)],
