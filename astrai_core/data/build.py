@@ -165,6 +165,10 @@ def build_train_loader(cfg: DataConfig, tokenizer: Any, *, base_dir: str | Path 
     sources = [_tokenized(cfg, s, tokenizer, f, tools) for s, f in zip(cfg.sources, fields)]
     for source, field, user in zip(sources, fields, given):
         check_required_columns(source, required_columns, field, _origin(user))
+        if source.format == "prompt" and has_image_rows(source):
+            raise DataError(f"{field}: {source.path} has prompts with images, which rollouts do "
+                            "not sample from yet; prompts with images are evaluated (data.eval, "
+                            "astrai eval)")
     loader = _loader(cfg, tokenizer, cfg.sources[0].format, sources,
                      [s.weight for s in cfg.sources], fields, batch_size=cfg.batch_size,
                      shuffle=cfg.shuffle, finite=False)

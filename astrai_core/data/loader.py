@@ -40,6 +40,8 @@ class PromptRecord:
     prompt_ids: list[int]
     prompt_text: str
     columns: dict[str, Any] = field(default_factory=dict)
+    # a vision-language model's prompt with images: the processor's image inputs for it
+    images: dict[str, np.ndarray] | None = None
 
 
 class _StreamLoader:
@@ -203,8 +205,9 @@ class PromptExamples:
         row = int(self.keep[k])
         record = self.source.records[row]
         ids = self.source.fields["prompt"].tokens_of(row)
+        images = self.source.images.of(row) if self.source.images is not None else None
         return PromptRecord(prompt_ids=[int(x) for x in ids], prompt_text=record["prompt_text"],
-                            columns=dict(record["columns"]))
+                            columns=dict(record["columns"]), images=images or None)
 
 
 class PromptLoader(_StreamLoader):

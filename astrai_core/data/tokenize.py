@@ -36,7 +36,7 @@ from astrai_core.data.sources import read_rows, require_file
 from astrai_core.data.tokenizer import tokenizer_fingerprint
 from astrai_core.data.vision_render import (TENSORS_FILE, RowTensors, RowTensorsWriter,
                                             processor_fingerprint, processor_of)
-from astrai_core.data.vision_rows import vision_chat, vision_responses
+from astrai_core.data.vision_rows import vision_chat, vision_prompt, vision_responses
 from astrai_core.errors import DataError
 from astrai_core.log import get_logger
 
@@ -46,7 +46,7 @@ FIELDS = {"text": ("input",), "chat": ("input",), "prompt_completion": ("input",
           "preference": ("chosen", "rejected"),
           "unpaired": ("completion",), "prompt": ("prompt",)}
 RECORD_FORMATS = ("prompt", "unpaired")  # formats whose rows also keep a JSON record
-IMAGE_FORMATS = ("chat", "preference", "unpaired")  # formats whose rows may hold images
+IMAGE_FORMATS = ("chat", "preference", "unpaired", "prompt")  # formats whose rows may hold images
 MARGIN_FILE = "margin.bin"
 _TEXT_CHUNK = 1024  # rows tokenized per batched call for the text format
 Encoded = dict[str, tuple[list[int], list[int] | None]]  # field -> (token ids, target mask)
@@ -214,7 +214,7 @@ def _encode_rows(path: Path, fmt: str, tokenizer: Any, field: str,
     for line_number, row in rows:
         if fmt not in IMAGE_FORMATS and holds_image_parts(row):
             raise DataError(f"data file {path}, line {line_number}: images are read in chat, "
-                            f"preference and unpaired rows, not yet in {fmt} rows")
+                            f"preference, unpaired and prompt rows, not yet in {fmt} rows")
         try:
             yield _encode_row(path, line_number, fmt, tokenizer, row, tools, options)
         except render.TemplateError as err:
@@ -247,8 +247,12 @@ def _encode_row(path: Path, line_number: int, fmt: str, tokenizer: Any, row: dic
         record = ({"label": row["label"]} if fmt == "unpaired"
                   else None if margin is None else {"margin": margin})
         return encoded, record, tensors
-    text, ids = render.render_prompt(tokenizer, row, tools, options.chat_template)
-    return {"prompt": (ids, None)}, {"prompt_text": text, "columns": row["columns"]}, None
+    if images:
+        text, ids, tensors = vision_prompt(tokenizer, row, tools, path, line_number)
+    else:
+        text, ids = render.render_prompt(tokenizer, row, tools, options.chat_template)
+        tensors = None
+    return {"prompt": (ids, None)}, {"prompt_text": text, "columns": row["columns"]}, tensors
 
 
 def _prompt_completion(tokenizer: Any, row: dict,

@@ -1,5 +1,5 @@
-"""Rows with images, through a vision-language model's processor: chats, and preference
-and unpaired rows whose prompt holds the images.
+"""Rows with images, through a vision-language model's processor: chats, preference and
+unpaired rows whose prompt holds the images, and prompts (for generation).
 
 A preference pair's chosen and rejected responses (an unpaired row's completion) follow
 the same prompt, so they share its images: the image tensors are stored once per row,
@@ -15,10 +15,11 @@ from typing import Any
 
 import numpy as np
 
+from astrai_core.data import render
 from astrai_core.data.image_batch import PER_TOKEN
 from astrai_core.data.images import (PartsError, holds_image_parts, open_row_images,
                                      split_images)
-from astrai_core.data.vision_render import processor_of, render_vision_chat
+from astrai_core.data.vision_render import process_prompt, processor_of, render_vision_chat
 from astrai_core.errors import DataError
 
 Tensors = dict[str, np.ndarray]
@@ -41,9 +42,7 @@ def vision_responses(tokenizer: Any, row: dict, keys: tuple[str, ...], path: Pat
     the row's image tensors (see the module docstring)."""
     where = f"data file {path}, line {line_number}"
     processor = _processor(tokenizer, where)
-    if row["messages"] is None:
-        raise DataError(f"{where}: the row's 'images' need image parts in a prompt given as "
-                        "messages (a string prompt holds no images)")
+    _require_messages(row, where)
     for key in keys:
         if holds_image_parts(row[key]):
             raise DataError(f"{where}: field {key!r} holds an image; images go in the prompt, "
@@ -59,6 +58,33 @@ def vision_responses(tokenizer: Any, row: dict, keys: tuple[str, ...], path: Pat
         for name, array in own.items():
             tensors[f"{key}/{name}" if name in PER_TOKEN else name] = array
     return encoded, tensors
+
+
+def vision_prompt(tokenizer: Any, row: dict, tools: list[dict] | None, path: Path,
+                  line_number: int) -> tuple[str, list[int], Tensors]:
+    """(prompt text, token ids, image inputs) of a prompt row whose messages hold images:
+    rendered with the chat template and its generation prompt, each image expanded into
+    its tokens, and the image inputs as the processor gives them for this prompt alone
+    (what a sampler takes)."""
+    where = f"data file {path}, line {line_number}"
+    processor = _processor(tokenizer, where)
+    _require_messages(row, where)
+    listed = row["columns"].get("images")  # a prompt row keeps its other fields as columns
+    if listed is not None and not isinstance(listed, list):
+        raise DataError(f"{where}: field 'images' must be a list of images")
+    messages, images = _opened(row["messages"], {"images": listed}, path, where)
+    text, _ = render.render_prompt(tokenizer, {"prompt": None, "messages": messages}, tools)
+    try:
+        ids, tensors = process_prompt(processor, text, images)
+    except ValueError as err:
+        raise DataError(f"{where}: {err}") from None
+    return text, ids, tensors
+
+
+def _require_messages(row: dict, where: str) -> None:
+    if row["messages"] is None:
+        raise DataError(f"{where}: the row's 'images' need image parts in a prompt given as "
+                        "messages (a string prompt holds no images)")
 
 
 def _processor(tokenizer: Any, where: str) -> Any:

@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import inspect
 from collections.abc import Callable, Sequence
 from typing import Any
 
+from astrai_core.errors import ConfigError
 from astrai_core.rewards.reward_set import RewardSet
-from astrai_core.rollout.records import as_prompt_record
+from astrai_core.rollout.records import PromptRecord, as_prompt_record
 from astrai_core.sampling.params import SamplingParams
 
 ACCURACY_REWARD = "exact_match"
@@ -49,7 +51,8 @@ def evaluate_generation(sampler: Any, tokenizer: Any, prompt_records: Sequence[A
     lengths: list[int] = []
     for start in range(0, len(records), batch_size):
         prompt_chunk = records[start:start + batch_size]
-        completions = sampler.generate([r.prompt_ids for r in prompt_chunk], params)
+        completions = sampler.generate([r.prompt_ids for r in prompt_chunk], params,
+                                       **prompt_images(sampler, prompt_chunk))
         chunk = [r for r in prompt_chunk for _ in range(samples)]  # one per completion
         texts = [c.text if c.text is not None else tokenizer.decode(c.token_ids, skip_special_tokens=True)
                  for c in completions]
@@ -70,6 +73,19 @@ def evaluate_generation(sampler: Any, tokenizer: Any, prompt_records: Sequence[A
     if samples > 1 and accuracy is not None:
         metrics.update(pass_at_k(accuracy, samples))
     return metrics
+
+
+def prompt_images(sampler: Any, records: Sequence[PromptRecord]) -> dict[str, Any]:
+    """``{"images": [...]}`` for a sampler's generate when any prompt has images (a
+    vision-language model's; None for the others), else nothing; a ConfigError when the
+    sampler's generate takes no images."""
+    images = [r.images for r in records]
+    if not any(i is not None for i in images):
+        return {}
+    if "images" not in inspect.signature(sampler.generate).parameters:
+        raise ConfigError(f"the prompts have images, and the {type(sampler).__name__} sampler "
+                          "takes none; use the torch sampler")
+    return {"images": images}
 
 
 def samples_shown(tokenizer: Any, records: Sequence[Any], texts: Sequence[str],

@@ -14,6 +14,7 @@ class PromptRecord:
     prompt_ids: list[int]
     prompt_text: str = ""
     columns: dict[str, Any] = field(default_factory=dict)
+    images: dict[str, Any] | None = None  # a vision-language model's image inputs, by name
 
 
 def as_prompt_record(record: Any) -> PromptRecord:
@@ -25,4 +26,4 @@ def as_prompt_record(record: Any) -> PromptRecord:
     if prompt_ids is None:
         raise ValueError(f"a prompt record needs prompt_ids; got {type(record).__name__}")
     return PromptRecord(prompt_ids=[int(t) for t in prompt_ids], prompt_text=get("prompt_text", "") or "",
-                        columns=dict(get("columns", None) or {}))
+                        columns=dict(get("columns", None) or {}), images=get("images", None))
