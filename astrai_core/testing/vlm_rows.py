@@ -15,7 +15,12 @@ import json
 from pathlib import Path
 from typing import Any
 
-from astrai_core.testing.hf_vlms import tiny_image
+from astrai_core.testing.hf_vlms import TINY_VLM_FAMILIES, tiny_image, write_vlm_dir
+
+
+def write_vlm_dirs(root: Path) -> dict[str, Path]:
+    """A tiny model directory of every family of :data:`TINY_VLM_FAMILIES`, by family."""
+    return {family: write_vlm_dir(Path(root) / family, family) for family in TINY_VLM_FAMILIES}
 
 
 def image_part(directory: Path, i: int) -> tuple[dict, dict]:

@@ -17,8 +17,9 @@ import yaml
 
 from astrai_core.config.schema import RunConfig
 from astrai_core.testing import build_strategy, read_metrics
-from astrai_core.testing.hf_vlms import tiny_image, write_vlm_dir
-from astrai_core.testing.vlm_rows import transformers_inputs, vlm_run_config, write_image_pairs
+from astrai_core.testing.hf_vlms import tiny_image
+from astrai_core.testing.vlm_rows import (transformers_inputs, vlm_run_config,
+                                          write_image_pairs, write_vlm_dirs)
 from astrai_core.training.run import train
 
 ROWS = 4
@@ -27,9 +28,7 @@ BETA = 0.5
 
 @pytest.fixture(scope="module")
 def vlm_dirs(tmp_path_factory):
-    root = tmp_path_factory.mktemp("vlms")
-    return {family: write_vlm_dir(root / family, family)
-            for family in ("gemma3", "llava", "idefics3")}
+    return write_vlm_dirs(tmp_path_factory.mktemp("vlms"))
 
 
 def _perturb(module, scale=0.05):
