@@ -102,8 +102,12 @@ from astrai_core.serving.sampler_engine import SamplerEngine
 from astrai_core.serving.sequence import EngineRequest, FinishEvent
 
 # Data: tokenizers, and how a preference pair becomes tokens.
+from astrai_core.data.image_batch import keep_prompt_images, model_images, prompt_images
+from astrai_core.data.images import open_image
+from astrai_core.data.loader import both_sides
 from astrai_core.data.render import render_preference
 from astrai_core.data.tokenizer import load_tokenizer
+from astrai_core.data.vision_render import process_prompt, processor_of
 
 # Models and importers: the native model and its checkpoints, the chunked head (losses
 # without [B, S, V] logits), and the pieces of a Hugging Face importer.
@@ -191,7 +195,8 @@ __all__ = [
     "ChatCompletionRequest", "END_TAG", "EngineRequest", "FinishEvent", "SamplerEngine",
     "chat_prompt", "parse_hermes",
     # data
-    "load_tokenizer", "render_preference",
+    "load_tokenizer", "render_preference", "both_sides", "keep_prompt_images", "model_images",
+    "open_image", "process_prompt", "processor_of", "prompt_images",
     # models and importers
     "CausalLM", "ModelConfig", "load_pretrained", "load_state_dict_strict", "save_pretrained",
     "write_manifest",

@@ -1,10 +1,17 @@
-"""`astrai generate MODEL_DIR --prompt TEXT`: sample from a native checkpoint, streaming tokens."""
+"""`astrai generate MODEL_DIR --prompt TEXT`: sample from a native checkpoint, streaming tokens.
+
+``--image FILE`` (repeatable) puts images before the prompt's text in the user message of
+a vision-language model: the chat template writes the family's image placeholder for each,
+and the model's processor expands it into the image's tokens and makes its pixel inputs,
+as for a training row (:mod:`astrai_core.data.vision_render`).
+"""
 
 from __future__ import annotations
 
 import argparse
 import sys
 from pathlib import Path
+from typing import Any
 
 from astrai_core.cli.inference import add_verify_argument
 
@@ -21,6 +28,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--no-chat-template", action="store_true",
                         help="feed the prompt as raw text even when the tokenizer has a chat template")
     parser.add_argument("--device", default="auto", help="device backend name (auto, cpu, cuda, ...)")
+    parser.add_argument("--image", action="append", default=[], metavar="FILE",
+                        help="an image before the prompt's text (repeat for several); a "
+                        "vision-language model's checkpoint")
     add_verify_argument(parser)
 
 
@@ -37,13 +47,40 @@ def run(args: argparse.Namespace) -> int:
     except ValidationError as err:
         problem = err.errors()[0]
         raise ConfigError(f"--{str(problem['loc'][0]).replace('_', '-')}: {problem['msg']}") from None
+    if args.image and args.no_chat_template:
+        raise ConfigError("--image: the chat template places each image's tokens; leave out "
+                          "--no-chat-template")
     model, tokenizer = load_model_and_tokenizer(Path(args.model_dir), args.device,
                                                 verify=args.verify)
-    prompt_ids = _encode(tokenizer, args.prompt, use_chat_template=not args.no_chat_template)
+    images = None
+    if args.image:
+        prompt_ids, images = image_prompt(tokenizer, args.prompt, args.image)
+    else:
+        prompt_ids = _encode(tokenizer, args.prompt, use_chat_template=not args.no_chat_template)
     if tokenizer.eos_token_id is not None:
         params = params.model_copy(update={"stop_token_ids": (tokenizer.eos_token_id,)})
-    _generate_streaming(model, tokenizer, prompt_ids, params)
+    _generate_streaming(model, tokenizer, prompt_ids, params, images)
     return 0
+
+
+def image_prompt(tokenizer: Any, prompt: str, files: list[str]
+                 ) -> tuple[list[int], dict[str, Any]]:
+    """(prompt ids, image inputs) of one user message: the images of ``files`` (paths from
+    the current directory), then ``prompt``; a ConfigError naming ``--image`` when the
+    model takes no images or a file cannot be read as an image."""
+    from astrai_core.data.images import open_row_images
+    from astrai_core.data.vision_render import process_prompt, processor_of
+    from astrai_core.errors import ConfigError
+
+    processor = processor_of(tokenizer)
+    if processor is None:
+        raise ConfigError("--image: this model takes no images (a text-only model; a "
+                          "vision-language model's checkpoint has an image processor)")
+    images = open_row_images(files, Path.cwd(), "--image")
+    content = [{"type": "image"} for _ in images] + [{"type": "text", "text": prompt}]
+    text = tokenizer.apply_chat_template([{"role": "user", "content": content}],
+                                         add_generation_prompt=True, tokenize=False)
+    return process_prompt(processor, text, images)
 
 
 def _encode(tokenizer, prompt: str, use_chat_template: bool) -> list[int]:
@@ -55,8 +92,10 @@ def _encode(tokenizer, prompt: str, use_chat_template: bool) -> list[int]:
     return tokenizer(prompt)["input_ids"]
 
 
-def _generate_streaming(model, tokenizer, prompt_ids: list[int], params) -> None:
-    """Print the completion as it is produced: decode all tokens so far, print the new text."""
+def _generate_streaming(model, tokenizer, prompt_ids: list[int], params,
+                        images: dict[str, Any] | None = None) -> None:
+    """Print the completion as it is produced: decode all tokens so far, print the new text.
+    ``images``: the prompt's image inputs (a vision-language model's)."""
     from astrai_core.sampling.torch_sampler import TorchSampler
 
     tokens: list[int] = []
@@ -72,7 +111,8 @@ def _generate_streaming(model, tokenizer, prompt_ids: list[int], params) -> None
             sys.stdout.flush()
             printed = text
 
-    completion = TorchSampler(model=model, tokenizer=tokenizer).generate([prompt_ids], params, on_token)[0]
+    completion = TorchSampler(model=model, tokenizer=tokenizer).generate(
+        [prompt_ids], params, on_token, images=None if images is None else [images])[0]
     if completion.text and completion.text.startswith(printed):
         sys.stdout.write(completion.text[len(printed):])
     sys.stdout.write("\n")

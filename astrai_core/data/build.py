@@ -13,6 +13,7 @@ from astrai_core.data.mixing import ExampleStream
 from astrai_core.data.packing import SequenceExamples
 from astrai_core.data.render import wraps_string_prompts
 from astrai_core.data.tokenize import RenderOptions, TokenizedSource, tokenize_source
+from astrai_core.data.vision_render import field_tensors
 from astrai_core.errors import DataError
 from astrai_core.log import get_logger
 
@@ -27,15 +28,17 @@ def check_image_rows(source: TokenizedSource, cfg: DataConfig, field: str) -> No
     tokens would no longer match its images)."""
     if not has_image_rows(source):
         return
-    if cfg.pack and "pack" in cfg.model_fields_set:
+    if cfg.pack and "pack" in cfg.model_fields_set and "input" in source.fields:
         raise DataError(f"{field}: {source.path} has rows with images, which are not packed "
                         "(data.pack: true); leave data.pack out or set it false")
-    lengths = source.fields["input"].lengths()
-    for row in source.images.names:
-        if lengths[row] > cfg.seq_len:
-            raise DataError(f"{field}: {source.path}, row {row + 1} with images is "
-                            f"{int(lengths[row])} tokens, over data.seq_len {cfg.seq_len}; "
-                            "rows with images are never cut: raise data.seq_len")
+    for ragged in source.fields.values():  # a pair's two responses alike
+        lengths = ragged.lengths()
+        for row in source.images.names:
+            if lengths[row] > cfg.seq_len:
+                raise DataError(f"{field}: {source.path}, row {row + 1} with images is "
+                                f"{int(lengths[row])} tokens, over data.seq_len "
+                                f"{cfg.seq_len}; rows with images are never cut: raise "
+                                "data.seq_len")
 
 
 def has_image_rows(source: TokenizedSource) -> bool:
@@ -52,18 +55,22 @@ def _loader(cfg: DataConfig, tokenizer: Any, fmt: str, sources: list[TokenizedSo
             finite: bool) -> Any:
     """A loader of the batch kind of ``fmt`` reading ``sources``."""
     kind = BATCH_KIND[fmt]
-    if kind == "sequence":
+    if kind != "prompt":
         for source, field in zip(sources, fields):
             check_image_rows(source, cfg, field)
+    if kind == "sequence":
         examples = [SequenceExamples(s.fields["input"], cfg.seq_len, cfg.overflow, s.images)
                     for s in sources]
     elif kind == "preference":  # pairs are never split: a piece would lose its prompt
-        examples = [(SequenceExamples(s.fields["chosen"], cfg.seq_len),
-                     SequenceExamples(s.fields["rejected"], cfg.seq_len)) for s in sources]
+        # both responses follow the prompt's images (data/vision_rows.py)
+        examples = [tuple(SequenceExamples(s.fields[side], cfg.seq_len,
+                                           images=field_tensors(s.images, side))
+                          for side in ("chosen", "rejected")) for s in sources]
         assert all(len(c) == len(r) for c, r in examples)  # both sides always have tokens
     elif kind == "unpaired":  # one completion per row, never split, with its label
-        examples = [(SequenceExamples(s.fields["completion"], cfg.seq_len), unpaired_labels(s))
-                    for s in sources]
+        examples = [(SequenceExamples(s.fields["completion"], cfg.seq_len,
+                                      images=field_tensors(s.images, "completion")),
+                     unpaired_labels(s)) for s in sources]
     else:
         examples = [PromptExamples(s, cfg.max_prompt_len, f) for s, f in zip(sources, fields)]
     sizes = [len(e[0]) if kind in ("preference", "unpaired") else len(e) for e in examples]

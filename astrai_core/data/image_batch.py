@@ -22,6 +22,10 @@ PER_TOKEN = ("token_type_ids", "mm_token_type_ids")
 # Families whose image inputs are [B, images, ...] (a row's images together, zero images
 # as padding), not every image of the batch end to end.
 BATCH_FIRST = ("idefics2", "idefics3", "smolvlm")
+# A context group splits a row's tokens over ranks; a row's image features fill its own
+# image tokens, which would then lie on several ranks.
+NOT_SPLIT = ("parallel.context_parallel does not split rows with images; leave it out for "
+             "this data")
 
 
 def has_images(rows: list[list[dict[str, np.ndarray]]]) -> bool:
@@ -81,19 +85,47 @@ def batch_images(batch: dict[str, torch.Tensor], model_type: str
     return out
 
 
+def model_images(model: Any, batch: dict[str, torch.Tensor]) -> dict[str, torch.Tensor] | None:
+    """The batch's image inputs as ``model``'s family takes them (:func:`batch_images`
+    with the model's ``config.model_type``); None for a batch without images."""
+    model_type = getattr(getattr(model, "config", None), "model_type", "")
+    return batch_images(batch, model_type)
+
+
+def keep_prompt_images(batch: dict[str, torch.Tensor], prompt_lengths: list[int],
+                       width: int) -> dict[str, torch.Tensor]:
+    """The ``image/`` tensors of ``batch`` for new rows of ``width`` columns that keep
+    each row's first ``prompt_lengths[b]`` tokens (its prompt, which holds its images)
+    and follow them with other text: the images stay the row's, and per-token tensors
+    keep the prompt's columns (0 after, text)."""
+    out = {}
+    for key, value in batch.items():
+        if not key.startswith(PREFIX):
+            continue
+        if key.removeprefix(PREFIX) in PER_TOKEN:
+            kept = value.new_zeros((value.shape[0], width))
+            for b, length in enumerate(prompt_lengths):
+                kept[b, :length] = value[b, :length]
+            value = kept
+        out[key] = value
+    return out
+
+
 def prompt_images(images: list[dict[str, Any] | None], width: int, model_type: str,
-                  device: torch.device) -> dict[str, torch.Tensor]:
-    """The image inputs of a sampler's batch of left-padded prompts (``width`` columns),
-    from each prompt's processor output for it alone (tensors or arrays, ``[1, ...]``
-    per token and for Idefics3's images, as the processor returns them)."""
-    out = batch_images(collate_prompt_images(images, width), model_type) or {}
+                  device: torch.device, left: bool = True) -> dict[str, torch.Tensor]:
+    """The image inputs of a sampler's batch of left-padded prompts (``width`` columns;
+    ``left=False``: right-padded rows), from each prompt's processor output for it alone
+    (tensors or arrays, ``[1, ...]`` per token and for Idefics3's images, as the
+    processor returns them)."""
+    out = batch_images(collate_prompt_images(images, width, left), model_type) or {}
     return {name: value.to(device) for name, value in out.items()}
 
 
-def collate_prompt_images(images: list[dict[str, Any] | None], width: int
+def collate_prompt_images(images: list[dict[str, Any] | None], width: int, left: bool = True
                           ) -> dict[str, torch.Tensor]:
     """The row-aligned ``image/`` tensors (see the module docstring) of a batch of
-    prompts left-padded to ``width`` columns, from each prompt's processor output."""
+    prompts padded to ``width`` columns (on the left unless ``left`` is False), from each
+    prompt's processor output."""
     rows = []
     for tensors in images:
         doc = {}
@@ -101,7 +133,7 @@ def collate_prompt_images(images: list[dict[str, Any] | None], width: int
             array = np.asarray(value.cpu() if isinstance(value, torch.Tensor) else value)
             doc[PREFIX + name] = array[0] if one_row(name, array) else array
         rows.append([doc])
-    return collate_images(rows, width, left=True)
+    return collate_images(rows, width, left=left)
 
 
 def one_row(name: str, value: np.ndarray) -> bool:

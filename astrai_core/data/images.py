@@ -138,6 +138,16 @@ def open_image(source: Any, base_dir: Path) -> Any:
     return image.convert("RGB")
 
 
+def _reason(exc: Exception) -> str:
+    from PIL import UnidentifiedImageError
+
+    if isinstance(exc, FileNotFoundError):
+        return "no such file"
+    if isinstance(exc, UnidentifiedImageError):  # PIL's message names a BytesIO object
+        return "not an image file"
+    return str(exc).split("\n")[0]
+
+
 def open_row_images(sources: list[Any], base_dir: Path, where: str) -> list[Any]:
     """Every image of a row, opened; a DataError naming ``where`` (file and line) and the
     image when one cannot be read."""
@@ -146,7 +156,7 @@ def open_row_images(sources: list[Any], base_dir: Path, where: str) -> list[Any]
         try:
             images.append(open_image(source, base_dir))
         except (OSError, ValueError) as exc:
-            reason = "no such file" if isinstance(exc, FileNotFoundError) else str(exc).split("\n")[0]
+            reason = _reason(exc)
             raise DataError(f"{where}: image {describe(source)} cannot be read ({reason})"
                             ) from None
     return images

@@ -149,6 +149,15 @@ class PreferenceLoader(_StreamLoader):
         return 0.0 if math.isnan(value) else value
 
 
+def both_sides(batch: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """A preference batch as one sequence batch: its chosen rows, then its rejected rows
+    (every tensor of a side, a vision-language model's image tensors included: both sides
+    of a pair hold the prompt's images, per token as wide as the batch)."""
+    names = [key.removeprefix("chosen_") for key in batch if key.startswith("chosen_")]
+    return {name: torch.cat([batch[f"{side}_{name}"] for side in ("chosen", "rejected")])
+            for name in names}
+
+
 def unpaired_labels(source: Any) -> np.ndarray:
     """The labels of an unpaired source's rows (bool, True = desirable)."""
     return np.asarray([record["label"] for record in source.records], dtype=bool)

@@ -22,7 +22,7 @@ import torch
 from astrai_core.data.image_batch import PREFIX, collate_images, has_images
 from astrai_core.data.mixing import ExampleStream, fill_value
 from astrai_core.data.tokenize import Ragged
-from astrai_core.data.vision_render import RowTensors
+from astrai_core.data.vision_render import FieldTensors, RowTensors
 
 Document = dict[str, np.ndarray]
 
@@ -36,7 +36,7 @@ class SequenceExamples:
     """
 
     def __init__(self, ragged: Ragged, seq_len: int, overflow: str = "truncate",
-                 images: RowTensors | None = None):
+                 images: RowTensors | FieldTensors | None = None):
         self.ragged, self.images = ragged, images
         lengths = ragged.lengths()
         if overflow == "truncate":

@@ -40,7 +40,8 @@ def read_rows(path: Path, fmt: str, field: str = "data") -> Iterator[tuple[int, 
     bool}`` (a completion marked desirable or not); prompt
     ``{"prompt": str | None, "messages": list | None, "columns": dict}``; prompt_completion
     ``{"prompt", "messages", "completion"}``. A ``prompt`` given as a list of messages
-    (TRL's conversational shape) comes back as ``messages``.
+    (TRL's conversational shape) comes back as ``messages``. Chat, preference and
+    unpaired rows keep an ``images`` list when they give one.
     """
     if fmt not in FORMATS:
         raise DataError(f"{field}: unknown data format {fmt!r}; expected one of {', '.join(FORMATS)}")
@@ -129,10 +130,16 @@ def _validate_chat(row: dict) -> dict:
     messages = _messages(row["messages"], "messages")
     if not any(m["role"] == "assistant" for m in messages):
         raise RowError("'messages' has no assistant message, so nothing to learn")
+    return {"messages": messages, **_images(row)}
+
+
+def _images(row: dict) -> dict:
+    """``{"images": [...]}`` when the row gives an ``images`` list (the sources of its
+    ``{"type": "image"}`` parts without one of their own), else ``{}``."""
     images = row.get("images")
     if images is not None and not isinstance(images, list):
         raise RowError(f"field 'images' must be a list of images, got {_type_name(images)}")
-    return {"messages": messages, **({"images": images} if images else {})}
+    return {"images": images} if images else {}
 
 
 def _prompt_side(row: dict) -> tuple[str | None, list[dict] | None]:
@@ -187,8 +194,8 @@ def _validate_preference(row: dict) -> dict:
     if "prompt" not in row and "messages" not in row:
         row = implicit_prompt(row)
     prompt, messages = _prompt_side(row)
-    pair = {"prompt": prompt, "messages": messages,
-            "chosen": _response(row, "chosen"), "rejected": _response(row, "rejected")}
+    pair = {"prompt": prompt, "messages": messages, "chosen": _response(row, "chosen"),
+            "rejected": _response(row, "rejected"), **_images(row)}
     margin = _margin(row)
     return pair if margin is None else {**pair, "margin": margin}
 
@@ -229,7 +236,7 @@ def _validate_unpaired(row: dict) -> dict:
     if not isinstance(row["label"], bool):
         raise RowError(f"field 'label' must be true or false, got {_type_name(row['label'])}")
     return {"prompt": prompt, "messages": messages,
-            "completion": _response(row, "completion"), "label": row["label"]}
+            "completion": _response(row, "completion"), "label": row["label"], **_images(row)}
 
 
 def _validate_prompt(row: dict) -> dict:

@@ -5,9 +5,9 @@ field, ``<field>.tokens.bin`` (int32, all sequences end to end), ``<field>.offse
 (int64, n+1 boundaries) and for masked fields ``<field>.targets.bin`` (uint8 target
 mask), plus ``records.jsonl`` for prompts (and the labels of unpaired rows),
 ``margin.bin`` (float64, NaN where a row has none) for preference pairs,
-``images.safetensors`` (each row's image tensors, for a vision-language model's chats;
-:mod:`astrai_core.data.vision_render`) and ``meta.json``. It is written in a
-temporary directory and renamed, so an entry that exists is complete. The key hashes
+``images.safetensors`` (each row's image tensors, for a vision-language model's chat,
+preference and unpaired rows; :mod:`astrai_core.data.vision_rows`) and ``meta.json``.
+It is written in a temporary directory and renamed, so an entry that exists is complete. The key hashes
 the source (absolute path, size, mtime), the format, the tokenizer (vocabulary,
 pipeline, special tokens, chat template), a vision-language model's processor config and
 CACHE_FORMAT_VERSION. Sequences are
@@ -31,13 +31,13 @@ from typing import Any
 import numpy as np
 
 from astrai_core.data import render
-from astrai_core.data.images import (PartsError, has_images, holds_image_parts,
-                                     open_row_images, split_images)
+from astrai_core.data.images import holds_image_parts
 from astrai_core.data.sources import read_rows, require_file
 from astrai_core.data.tokenizer import tokenizer_fingerprint
 from astrai_core.data.vision_render import (TENSORS_FILE, RowTensors, RowTensorsWriter,
-                                            process_prompt, processor_fingerprint,
-                                            processor_of, render_vision_chat)
+                                            processor_fingerprint, processor_of)
+from astrai_core.data.vision_rows import (prompt_has_images, vision_chat, vision_prompt,
+                                          vision_responses)
 from astrai_core.errors import DataError
 from astrai_core.log import get_logger
 
@@ -47,8 +47,8 @@ FIELDS = {"text": ("input",), "chat": ("input",), "prompt_completion": ("input",
           "preference": ("chosen", "rejected"),
           "unpaired": ("completion",), "prompt": ("prompt",)}
 RECORD_FORMATS = ("prompt", "unpaired")  # formats whose rows also keep a JSON record
+IMAGE_FORMATS = ("chat", "preference", "unpaired", "prompt")  # formats whose rows may hold images
 MARGIN_FILE = "margin.bin"
-IMAGE_FORMATS = ("chat", "prompt")  # formats whose rows may hold images
 _TEXT_CHUNK = 1024  # rows tokenized per batched call for the text format
 Encoded = dict[str, tuple[list[int], list[int] | None]]  # field -> (token ids, target mask)
 
@@ -86,7 +86,7 @@ class TokenizedSource:
     records: list[dict] | None  # prompt: {"prompt_text", "columns"}; unpaired: {"label"}
     cache_entry: Path
     margins: np.ndarray | None = None  # preference format: float64 per pair, NaN: none given
-    images: RowTensors | None = None  # chat rows' image tensors (a vision-language model)
+    images: RowTensors | None = None  # rows' image tensors (a vision-language model)
 
     def __len__(self) -> int:
         return len(next(iter(self.fields.values())))
@@ -176,15 +176,15 @@ def _write_fields(path: Path, fmt: str, tokenizer: Any, out: Path, field: str,
     records = ((out / "records.jsonl").open("w", encoding="utf-8") if fmt in RECORD_FORMATS
                else None)
     margins: list[float] = []
-    images = (RowTensorsWriter(out) if fmt in IMAGE_FORMATS and processor_of(tokenizer)
-              else None)
+    images = RowTensorsWriter(out) if fmt in IMAGE_FORMATS and processor_of(tokenizer) else None
     count = 0
     try:
-        for encoded, record in _encode_rows(path, fmt, tokenizer, field, tools, options):
+        for encoded, record, tensors in _encode_rows(path, fmt, tokenizer, field, tools,
+                                                     options):
             for name, (ids, targets) in encoded.items():
                 writers[name].append(ids, targets)
-            if images is not None:  # a chat's record is its tensors; a prompt's holds them
-                images.append((record.pop("tensors", {}) if fmt == "prompt" else record) or {})
+            if images is not None:
+                images.append(tensors or {})
             if records is not None:
                 records.write(json.dumps(record) + "\n")
             elif fmt == "preference":
@@ -204,40 +204,20 @@ def _write_fields(path: Path, fmt: str, tokenizer: Any, out: Path, field: str,
 
 def _encode_rows(path: Path, fmt: str, tokenizer: Any, field: str,
                  tools: list[dict] | None = None, options: RenderOptions = RenderOptions(),
-                 ) -> Iterator[tuple[Encoded, dict | None]]:
-    """Yield ``({field: (ids, targets)}, record)`` per row; record: see RECORD_FORMATS,
-    or ``{"margin"}`` for a preference pair that gives one (else None)."""
+                 ) -> Iterator[tuple[Encoded, dict | None, dict | None]]:
+    """Yield ``({field: (ids, targets)}, record, image tensors)`` per row; record: see
+    RECORD_FORMATS, or ``{"margin"}`` for a preference pair that gives one (else None);
+    image tensors: a row with images of an IMAGE_FORMATS source (else None)."""
     rows = read_rows(path, fmt, field)
     if fmt == "text":
-        yield from _encode_text(rows, tokenizer)
+        yield from ((encoded, None, None) for encoded, _ in _encode_text(rows, tokenizer))
         return
     for line_number, row in rows:
         if fmt not in IMAGE_FORMATS and holds_image_parts(row):
-            raise DataError(f"data file {path}, line {line_number}: images are read in chat "
-                            f"and prompt rows, not yet in {fmt} rows")
+            raise DataError(f"data file {path}, line {line_number}: images are read in chat, "
+                            f"preference, unpaired and prompt rows, not yet in {fmt} rows")
         try:
-            if fmt == "chat" and (has_images(row["messages"]) or row.get("images")):
-                ids, targets, tensors = _vision_chat(tokenizer, row, path, line_number)
-                yield {"input": (ids, targets)}, tensors
-            elif fmt == "chat":
-                yield {"input": render.render_chat(tokenizer, row["messages"])}, None
-            elif fmt == "prompt_completion":
-                yield {"input": _prompt_completion(tokenizer, row, options)}, None
-            elif fmt == "preference":
-                margin = row.get("margin")
-                yield (render.render_preference(tokenizer, row),
-                       None if margin is None else {"margin": margin})
-            elif fmt == "unpaired":
-                yield (render.render_preference(tokenizer, row, ("completion",)),
-                       {"label": row["label"]})
-            elif prompt_has_images(row):
-                text, ids, tensors, columns = _vision_prompt(tokenizer, row, path, line_number,
-                                                             tools)
-                yield {"prompt": (ids, None)}, {"prompt_text": text, "columns": columns,
-                                                "tensors": tensors}
-            else:
-                text, ids = render.render_prompt(tokenizer, row, tools, options.chat_template)
-                yield {"prompt": (ids, None)}, {"prompt_text": text, "columns": row["columns"]}
+            yield _encode_row(path, line_number, fmt, tokenizer, row, tools, options)
         except render.TemplateError as err:
             raise DataError(f"data file {path}, line {line_number}: {err}; add "
                             "{% generation %} markers to the template") from None
@@ -248,66 +228,33 @@ def _encode_rows(path: Path, fmt: str, tokenizer: Any, field: str,
                             f"failed: {err}") from None
 
 
-def _vision_chat(tokenizer: Any, row: dict, path: Path, line_number: int
-                 ) -> tuple[list[int], list[int], dict[str, np.ndarray]]:
-    """A chat with images: its tokens, targets and image tensors (vision_render.py)."""
-    where = f"data file {path}, line {line_number}"
-    processor = processor_of(tokenizer)
-    if processor is None:
-        raise DataError(f"{where}: the row holds images, and the model has no image "
-                        "processor (a vision-language model's directory has one)")
-    try:
-        messages, sources = split_images(row["messages"], row.get("images"))
-    except PartsError as err:
-        raise DataError(f"{where}: {err}") from None
-    images = open_row_images(sources, path.parent, where)
-    try:
-        return render_vision_chat(processor, messages, images)
-    except ValueError as err:
-        raise DataError(f"{where}: {err}") from None
-
-
-def prompt_has_images(row: dict) -> bool:
-    """Whether a validated prompt row holds image parts or an ``images`` column."""
-    return holds_image_parts(row["messages"] or []) or bool(row["columns"].get("images"))
-
-
-def _vision_prompt(tokenizer: Any, row: dict, path: Path, line_number: int,
-                   tools: list[dict] | None) -> tuple[str, list[int], dict[str, np.ndarray], dict]:
-    """A prompt with images: (its text through the chat template with the generation
-    prompt, its token ids with each image's tokens, the processor's image tensors for it
-    alone, its other columns). Images of the ``images`` column that no image part takes
-    go before the text of the first user turn (a string prompt is one user turn)."""
-    where = f"data file {path}, line {line_number}"
-    processor = processor_of(tokenizer)
-    if processor is None:
-        raise DataError(f"{where}: the row holds images, and the model has no image "
-                        "processor (a vision-language model's directory has one)")
-    columns = dict(row["columns"])
-    listed = columns.pop("images", None)
-    messages = row["messages"] or [{"role": "user", "content": row["prompt"]}]
-    if listed and not holds_image_parts(messages):
-        messages = _images_first(messages, len(listed))
-    try:
-        messages, sources = split_images(messages, listed)
-    except PartsError as err:
-        raise DataError(f"{where}: {err}") from None
-    images = open_row_images(sources, path.parent, where)
-    text = render._template(tokenizer, messages, generation_prompt=True, tools=tools)
-    try:
-        ids, tensors = process_prompt(processor, text, images)
-    except ValueError as err:
-        raise DataError(f"{where}: the model's processor refused the images: {err}") from None
-    return text, ids, tensors, columns
-
-
-def _images_first(messages: list[dict], count: int) -> list[dict]:
-    """``messages`` with ``count`` image parts before the first user turn's text."""
-    at = next((i for i, m in enumerate(messages) if m["role"] == "user"), 0)
-    content = messages[at]["content"]
-    text = [{"type": "text", "text": content}] if isinstance(content, str) else list(content)
-    parts = [{"type": "image"} for _ in range(count)] + text
-    return [*messages[:at], {**messages[at], "content": parts}, *messages[at + 1:]]
+def _encode_row(path: Path, line_number: int, fmt: str, tokenizer: Any, row: dict,
+                tools: list[dict] | None, options: RenderOptions
+                ) -> tuple[Encoded, dict | None, dict | None]:
+    """One row of :func:`_encode_rows`."""
+    images = fmt in IMAGE_FORMATS and (prompt_has_images(row) if fmt == "prompt" else
+                                       bool(row.get("images")) or holds_image_parts(row))
+    if fmt == "chat" and images:
+        ids, targets, tensors = vision_chat(tokenizer, row, path, line_number)
+        return {"input": (ids, targets)}, None, tensors
+    if fmt == "chat":
+        return {"input": render.render_chat(tokenizer, row["messages"])}, None, None
+    if fmt == "prompt_completion":
+        return {"input": _prompt_completion(tokenizer, row, options)}, None, None
+    if fmt in ("preference", "unpaired"):
+        keys = ("chosen", "rejected") if fmt == "preference" else ("completion",)
+        encoded, tensors = (vision_responses(tokenizer, row, keys, path, line_number) if images
+                            else (render.render_preference(tokenizer, row, keys), None))
+        margin = row.get("margin")
+        record = ({"label": row["label"]} if fmt == "unpaired"
+                  else None if margin is None else {"margin": margin})
+        return encoded, record, tensors
+    if images:
+        text, ids, tensors, columns = vision_prompt(tokenizer, row, tools, path, line_number)
+    else:
+        text, ids = render.render_prompt(tokenizer, row, tools, options.chat_template)
+        tensors, columns = None, row["columns"]
+    return {"prompt": (ids, None)}, {"prompt_text": text, "columns": columns}, tensors
 
 
 def _prompt_completion(tokenizer: Any, row: dict,

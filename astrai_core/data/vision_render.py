@@ -42,12 +42,14 @@ def placeholder_id(processor: Any) -> int:
     return int(tokenizer.convert_tokens_to_ids(processor.image_token))
 
 
-def render_vision_chat(processor: Any, messages: list[dict], images: list[Any]
+def render_vision_chat(processor: Any, messages: list[dict], images: list[Any],
+                       first_target: int = 0
                        ) -> tuple[list[int], list[int], dict[str, np.ndarray]]:
     """(token ids, target mask, image tensors) of a chat whose image parts are
-    ``{"type": "image"}``, one per image of ``images`` in order."""
+    ``{"type": "image"}``, one per image of ``images`` in order; targets on the assistant
+    turns from message ``first_target`` on (see :func:`render.render_chat`)."""
     tokenizer = processor.tokenizer
-    ids, mask = render.render_chat(tokenizer, messages)
+    ids, mask = render.render_chat(tokenizer, messages, first_target)
     marker = placeholder_id(processor)
     at = [i for i, token in enumerate(ids) if token == marker]
     if len(at) != len(images):
@@ -120,3 +122,26 @@ class RowTensors:
     def of(self, row: int) -> dict[str, np.ndarray]:
         """Row ``row``'s tensors by name (empty for a row without images)."""
         return {name: self.file.get_tensor(f"{row}/{name}") for name in self.names.get(row, [])}
+
+
+class FieldTensors:
+    """One field's image tensors of a preference or unpaired source: the prompt's images,
+    which every response shares (stored once), and the field's own per-token tensors
+    (stored as ``<field>/<name>``, as long as that response's tokens)."""
+
+    def __init__(self, tensors: RowTensors, field: str) -> None:
+        self.tensors, self.field = tensors, field
+        self.names = tensors.names
+
+    def of(self, row: int) -> dict[str, np.ndarray]:
+        out = {}
+        for name, value in self.tensors.of(row).items():
+            owner, _, own = name.rpartition("/")
+            if not owner or owner == self.field:
+                out[own] = value
+        return out
+
+
+def field_tensors(tensors: RowTensors | None, field: str) -> FieldTensors | None:
+    """``field``'s view of a source's image tensors (None: the source has none)."""
+    return None if tensors is None else FieldTensors(tensors, field)

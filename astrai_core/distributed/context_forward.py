@@ -9,13 +9,16 @@ are the plain forwards.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Any
 
 import torch
 from torch import Tensor
 
 from astrai_core.distributed.context import DistContext
+from astrai_core.data.image_batch import NOT_SPLIT
 from astrai_core.distributed.context_rows import whole_row_logprobs
+from astrai_core.errors import ConfigError
 from astrai_core.model.context_parallel import ContextShard, split_rows
 from astrai_core.model.head import predicting_positions, target_logprobs
 
@@ -48,14 +51,20 @@ def local_part(tensor: Tensor, shard: ContextShard) -> Tensor:
 def context_target_logprobs(model: torch.nn.Module, input_ids: Tensor, target_ids: Tensor,
                             dist: DistContext | None = None, temperature: float = 1.0, *,
                             attention_mask: Tensor | None = None,
-                            position_ids: Tensor | None = None) -> dict[str, Any]:
+                            position_ids: Tensor | None = None,
+                            images: Mapping[str, Tensor] | None = None) -> dict[str, Any]:
     """:func:`~astrai_core.model.head.target_logprobs` (``logprobs`` [B, T] of
     ``target_ids``, the last T tokens of ``input_ids``, and ``aux_loss``); with a context
     group, each rank scores its shard's positions and every rank gets the whole rows'
-    log-probs, differentiably (``aux_loss`` is then this rank's shard's)."""
+    log-probs, differentiably (``aux_loss`` is then this rank's shard's). ``images``: a
+    vision-language model's image inputs for the rows' image tokens (rows with images are
+    not split over a context group)."""
     if not splits_rows(dist):
         return target_logprobs(model, input_ids, target_ids, temperature,
-                               attention_mask=attention_mask, position_ids=position_ids)
+                               attention_mask=attention_mask, position_ids=position_ids,
+                               **({"images": images} if images else {}))
+    if images:
+        raise ConfigError(NOT_SPLIT)
     positions = predicting_positions(input_ids.shape[1], target_ids.shape[1])
     targets = torch.zeros_like(input_ids)
     targets[:, positions] = target_ids

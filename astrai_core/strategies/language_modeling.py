@@ -9,7 +9,7 @@ import torch
 from pydantic import BaseModel
 
 from astrai_core.config.strategy_needs import StrategyNeeds
-from astrai_core.data.image_batch import batch_images, has_image_inputs
+from astrai_core.data.image_batch import NOT_SPLIT, has_image_inputs, model_images
 from astrai_core.distributed.context_rows import context_parallel_logprobs
 from astrai_core.errors import ConfigError
 from astrai_core.model.head import target_logprobs
@@ -63,16 +63,14 @@ class LanguageModeling(Strategy):
         batch = self.to_device(batch)
         ids = batch["input_ids"]
         if self.run.dist.context_size > 1 and has_image_inputs(batch):
-            raise ConfigError("parallel.context_parallel does not split rows with images; "
-                              "leave it out for this data")
+            raise ConfigError(NOT_SPLIT)
         if self.run.dist.context_size > 1:  # this rank's shard of every row's tokens
             output = context_parallel_logprobs(self.run.model, batch, self.run.dist)
             loss, count = _mean_over_targets(output["logprobs"], output["trained"])
         else:
             # the chunked head scores every next token: no [B, S, V] logits (model/head.py)
             # a vision-language model's rows: their pixels, as the family takes them
-            model_type = getattr(getattr(self.run.model, "config", None), "model_type", "")
-            images = batch_images(batch, model_type)
+            images = model_images(self.run.model, batch)
             output = target_logprobs(self.run.model, ids, ids[:, 1:],
                                      attention_mask=batch.get("attention_mask"),
                                      position_ids=batch.get("position_ids"),

@@ -13,7 +13,8 @@
   (:mod:`astrai_core.testing.parity`, imports torch and transformers);
 - tiny vision-language model directories with their processors, built offline
   (:mod:`astrai_core.testing.hf_vlms`: Gemma 3, LLaVA, Idefics3, SmolVLM,
-  Qwen2.5-VL, Qwen3-VL).
+  Qwen2.5-VL, Qwen3-VL), and preference rows with images for them
+  (:mod:`astrai_core.testing.vlm_rows`).
 
 Importing this package is cheap: torch and the training engine load inside the functions.
 """

@@ -25,7 +25,7 @@ from pydantic import BaseModel, Field
 from torch import Tensor
 
 from astrai_core.api import (AstraiError, AuxLossOption, FieldError, RunComponents, Strategy,
-                             StrategyNeeds, frozen_reference, pad_rows)
+                             StrategyNeeds, frozen_reference, keep_prompt_images, pad_rows)
 from astrai_plugin_dpo.losses import kto_kl_estimate, kto_loss
 from astrai_plugin_dpo.pairs import response_logprobs
 
@@ -46,7 +46,8 @@ def mismatched_batch(batch: dict[str, Tensor], dist: Any = None) -> dict[str, Te
     A row's prompt is everything before its first target token, its completion the
     rest up to its padding; the result is right-padded like a loader batch. With ``dist``
     (a distributed run's context), i counts the rows of the global micro-batch: a
-    process's first row gets the previous process's last completion.
+    process's first row gets the previous process's last completion. A
+    vision-language model's rows keep their images, which are in their prompts.
     """
     lengths = batch["attention_mask"].sum(-1)
     targets = batch["loss_mask"].bool()
@@ -64,7 +65,8 @@ def mismatched_batch(batch: dict[str, Tensor], dist: Any = None) -> dict[str, Te
     position_ids = torch.arange(input_ids.shape[1]).expand_as(input_ids).contiguous()
     device = batch["input_ids"].device
     return {"input_ids": input_ids.to(device), "attention_mask": present.long().to(device),
-            "position_ids": position_ids.to(device), "loss_mask": loss_mask.to(device)}
+            "position_ids": position_ids.to(device), "loss_mask": loss_mask.to(device),
+            **keep_prompt_images(batch, starts, input_ids.shape[1])}
 
 
 def _shifted(completions: list[list[int]], dist: Any) -> list[list[int]]:

@@ -8,27 +8,18 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from astrai_core.api import context_target_logprobs
+from astrai_core.api import both_sides, context_target_logprobs, model_images
 from astrai_core.api import (AstraiError, RolloutBatch, RolloutRunner, context_group_rollout,
                              rollout_metrics)
 from astrai_core.api import policy_forward
 from astrai_plugin_dpo.losses import sequence_logprobs
 
-SIDES = ("chosen", "rejected")
-
-
-TENSORS = ("input_ids", "attention_mask", "position_ids", "loss_mask")
 
 
 def _targets(batch: dict[str, Tensor]) -> Tensor:
     """[B, S-1] response targets of a sequence batch: ``loss_mask[b, t]`` says token t is
     a target predicted from position t - 1; padding is known from ``attention_mask``."""
     return batch["loss_mask"][:, 1:].bool() & batch["attention_mask"][:, 1:].bool()
-
-
-def _both_sides(batch: dict[str, Tensor]) -> dict[str, Tensor]:
-    """A preference batch as one sequence batch: chosen rows, then rejected rows."""
-    return {name: torch.cat([batch[f"{side}_{name}"] for side in SIDES]) for name in TENSORS}
 
 
 def response_logprobs(model: torch.nn.Module, batch: dict[str, Tensor], dist: Any = None
@@ -38,13 +29,16 @@ def response_logprobs(model: torch.nn.Module, batch: dict[str, Tensor], dist: An
 
     A response's log-prob is the sum of its target tokens' log-probs; the prompt attends
     but carries no loss. ``dist`` (the run's): with ``parallel.context_parallel``, each
-    rank scores its shard of the rows' tokens and gets the whole rows' log-probs.
+    rank scores its shard of the rows' tokens and gets the whole rows' log-probs. A
+    vision-language model's rows carry their images (``image/`` tensors), which the
+    forward takes.
     """
     input_ids = batch["input_ids"]
     # every token after the first, scored by the chunked head (no [B, S, V] logits)
     out = context_target_logprobs(model, input_ids, input_ids[:, 1:], dist,
                                   attention_mask=batch["attention_mask"],
-                                  position_ids=batch["position_ids"])
+                                  position_ids=batch["position_ids"],
+                                  images=model_images(model, batch))
     targets = _targets(batch)
     return sequence_logprobs(out["logprobs"], targets), out.get("aux_loss"), targets.sum()
 
@@ -53,7 +47,7 @@ def dataset_pair_logprobs(model: torch.nn.Module, batch: dict[str, Tensor], dist
                           ) -> tuple[Tensor, Tensor, Any, Tensor]:
     """(chosen [B], rejected [B], MoE aux loss, response token count) of a preference batch,
     both sides through one forward (see :func:`response_logprobs`)."""
-    logps, aux_loss, tokens = response_logprobs(model, _both_sides(batch), dist)
+    logps, aux_loss, tokens = response_logprobs(model, both_sides(batch), dist)
     pairs = batch["chosen_input_ids"].shape[0]
     return logps[:pairs], logps[pairs:], aux_loss, tokens
 
@@ -64,7 +58,7 @@ def response_lengths(batch: dict[str, Tensor] | RolloutBatch) -> tuple[Tensor, T
     if isinstance(batch, RolloutBatch):
         lengths = batch.response_mask.sum(-1)
     else:
-        lengths = _targets(_both_sides(batch)).sum(-1)
+        lengths = _targets(both_sides(batch)).sum(-1)
     half = lengths.shape[0] // 2
     return lengths[:half], lengths[half:]
 

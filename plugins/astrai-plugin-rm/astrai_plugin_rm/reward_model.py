@@ -15,6 +15,11 @@ checkpoint (a step of an ``rm`` run, or an imported Hugging Face classifier). Ea
 - ``auto`` (default): ``templated`` when the prompt starts the way the chat template starts
   a user turn, else ``text``.
 
+A reward model trained on a vision-language model scores prompts with images: the call's
+``images`` (a column of the prompts, one list per completion: PIL images, or paths and
+``data:`` URLs) fill the image placeholders that the chat template wrote in the prompt,
+which the model's processor expands into each image's tokens (``templated`` prompts).
+
 The model is loaded on first use (checking a config does not load it) on the run's device,
 and scores in batches under ``torch.no_grad``.
 """
@@ -120,21 +125,53 @@ class RewardModelReward:
                               "render: chat or text")
         return full[len(head):]
 
+    def image_row(self, prompt: str, completion: str, images: list[Any]
+                  ) -> tuple[list[int], dict[str, Any]]:
+        """(token ids, image inputs) of a templated prompt whose image placeholders stand
+        for ``images``, and its completion; never cut (its image tokens would be)."""
+        from astrai_core.api import AstraiError, open_image, process_prompt, processor_of
+
+        where = f"reward_model {self.config.path}"
+        processor = processor_of(self._tokenizer)
+        if processor is None:
+            raise AstraiError(f"{where}: the prompts have images, and this reward model takes "
+                              "none (a text-only model)")
+        if self.config.render not in ("auto", "templated") or not (
+                self._prefix and prompt.startswith(self._prefix)):
+            raise AstraiError(f"{where}: prompts with images are scored as rendered by the "
+                              "chat template (render: templated or auto)")
+        opened = [image if hasattr(image, "convert") else open_image(image, Path.cwd())
+                  for image in images]
+        ids, tensors = process_prompt(processor, prompt + self._turn_end(completion), opened)
+        limit = self.config.max_length
+        if limit and len(ids) > limit:
+            raise AstraiError(f"{where}: a prompt with images is {len(ids)} tokens, over "
+                              f"max_length {limit}; its image tokens are never cut")
+        return ids, tensors
+
     def __call__(self, prompts: list[str], completions: list[str], **columns: Any) -> list[float]:
         import torch
+
+        from astrai_core.api import prompt_images
 
         if self._model is None:
             self._load()
         device = next(self._model.parameters()).device
         pad = self._model.pad_id if self._model.pad_id is not None else 0
+        images = columns.get("images") or [None] * len(prompts)
+        rows = [self.image_row(p, c, i) if i else (self.token_ids(p, c), None)
+                for p, c, i in zip(prompts, completions, images, strict=True)]
+        model_type = getattr(self._model.backbone.config, "model_type", "")
         scores: list[float] = []
-        rows = [self.token_ids(p, c) for p, c in zip(prompts, completions, strict=True)]
         with torch.no_grad():
             for start in range(0, len(rows), self.config.batch_size):
                 chunk = rows[start:start + self.config.batch_size]
-                width = max(len(r) for r in chunk)
-                ids = torch.tensor([r + [pad] * (width - len(r)) for r in chunk], device=device)
-                mask = torch.tensor([[1] * len(r) + [0] * (width - len(r)) for r in chunk],
+                width = max(len(r) for r, _ in chunk)
+                ids = torch.tensor([r + [pad] * (width - len(r)) for r, _ in chunk], device=device)
+                mask = torch.tensor([[1] * len(r) + [0] * (width - len(r)) for r, _ in chunk],
                                     device=device)
-                scores += self._model(ids, mask).tolist()
+                tensors = [t for _, t in chunk]
+                pixels = prompt_images(tensors, width, model_type, device, left=False) \
+                    if any(tensors) else None
+                scores += self._model(ids, mask, images=pixels).tolist()
         return scores

@@ -11,12 +11,13 @@ the token before it (e.g. when the pad token is the EOS token), in astrai as in
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Any
 
 import torch
 from torch import Tensor, nn
 
-from astrai_core.api import context_split, gather_shards, splits_rows
+from astrai_core.api import ConfigError, context_split, gather_shards, splits_rows
 
 SCORE_HEAD = "score"  # the trained module's name: <checkpoint>/score.safetensors
 
@@ -50,17 +51,23 @@ def new_score_head(hidden_size: int, init_std: float, like: Tensor) -> nn.Linear
 
 def sequence_rewards(backbone: nn.Module, head: nn.Module, input_ids: Tensor,
                      attention_mask: Tensor | None, pad_id: int | None,
-                     position_ids: Tensor | None = None, dist: Any = None
-                     ) -> tuple[Tensor, Any]:
+                     position_ids: Tensor | None = None, dist: Any = None,
+                     images: Mapping[str, Tensor] | None = None) -> tuple[Tensor, Any]:
     """(rewards [B] float32, the MoE aux loss) of right-padded sequences. ``dist`` (the
     run's): with ``parallel.context_parallel``, the rows' tokens split over the ranks of
-    a context group, each of which gets the whole rows' rewards."""
+    a context group, each of which gets the whole rows' rewards. ``images``: a
+    vision-language model's image inputs for the rows' image tokens (the model's
+    forward puts the images' features there, so the last token's state sees them)."""
     if splits_rows(dist):
+        if images:
+            raise ConfigError("parallel.context_parallel does not split rows with images "
+                              "(an rm run's pairs); leave it out for this data")
         return _context_rewards(backbone, head, input_ids, attention_mask, pad_id,
                                 position_ids, dist)
     # logits_to_keep=1: the LM head's logits are not needed, only the hidden states
     out = backbone(input_ids, attention_mask=attention_mask, position_ids=position_ids,
-                   return_hidden_states=True, logits_to_keep=1)
+                   return_hidden_states=True, logits_to_keep=1,
+                   **({"images": images} if images else {}))
     hidden = out["hidden_states"]
     index = pooled_positions(input_ids, attention_mask, pad_id)
     pooled = hidden[torch.arange(hidden.shape[0], device=hidden.device), index]
@@ -91,7 +98,9 @@ class RewardModel(nn.Module):
         super().__init__()
         self.backbone, self.score, self.pad_id = backbone, score, pad_id
 
-    def forward(self, input_ids: Tensor, attention_mask: Tensor | None = None) -> Tensor:
-        """[B] rewards of right-padded sequences."""
+    def forward(self, input_ids: Tensor, attention_mask: Tensor | None = None,
+                images: Mapping[str, Tensor] | None = None) -> Tensor:
+        """[B] rewards of right-padded sequences (``images``: a vision-language model's
+        image inputs of the rows)."""
         return sequence_rewards(self.backbone, self.score, input_ids, attention_mask,
-                                self.pad_id)[0]
+                                self.pad_id, images=images)[0]

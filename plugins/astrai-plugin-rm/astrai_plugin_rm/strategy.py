@@ -18,15 +18,13 @@ from __future__ import annotations
 from dataclasses import replace
 from typing import Any, ClassVar
 
-import torch
 from pydantic import BaseModel, Field
 from torch import Tensor
 
-from astrai_core.api import AuxLossOption, RunComponents, Strategy, StrategyNeeds, TrainedModule
+from astrai_core.api import (AuxLossOption, RunComponents, Strategy, StrategyNeeds,
+                             TrainedModule, both_sides, model_images)
 from astrai_plugin_rm.loss import bradley_terry_loss
 from astrai_plugin_rm.scoring import SCORE_HEAD, new_score_head, reward_pad_id, sequence_rewards
-
-SIDES = ("chosen", "rejected")
 
 
 class RewardModelingConfig(AuxLossOption):
@@ -65,13 +63,13 @@ class RewardModeling(Strategy):
         return {SCORE_HEAD: TrainedModule(self.score, overrides=overrides)}
 
     def rewards(self, batch: dict[str, Tensor]) -> tuple[Tensor, Tensor, Any]:
-        """(r_chosen [B], r_rejected [B], MoE aux loss); both sides in one forward."""
-        def both(name: str) -> Tensor:
-            return torch.cat([batch[f"{side}_{name}"] for side in SIDES])
-
+        """(r_chosen [B], r_rejected [B], MoE aux loss); both sides in one forward (a
+        vision-language model's with the prompts' images)."""
+        rows = both_sides(batch)
         rewards, aux_loss = sequence_rewards(
-            self.run.model, self.score, both("input_ids"), both("attention_mask"), self.pad_id,
-            position_ids=both("position_ids"), dist=self.run.dist)
+            self.run.model, self.score, rows["input_ids"], rows["attention_mask"],
+            self.pad_id, position_ids=rows["position_ids"], dist=self.run.dist,
+            images=model_images(self.run.model, rows))
         pairs = batch["chosen_input_ids"].shape[0]
         return rewards[:pairs], rewards[pairs:], aux_loss
 
