@@ -86,6 +86,14 @@ def prompt_images(images: list[dict[str, Any] | None], width: int, model_type: s
     """The image inputs of a sampler's batch of left-padded prompts (``width`` columns),
     from each prompt's processor output for it alone (tensors or arrays, ``[1, ...]``
     per token and for Idefics3's images, as the processor returns them)."""
+    out = batch_images(collate_prompt_images(images, width), model_type) or {}
+    return {name: value.to(device) for name, value in out.items()}
+
+
+def collate_prompt_images(images: list[dict[str, Any] | None], width: int
+                          ) -> dict[str, torch.Tensor]:
+    """The row-aligned ``image/`` tensors (see the module docstring) of a batch of
+    prompts left-padded to ``width`` columns, from each prompt's processor output."""
     rows = []
     for tensors in images:
         doc = {}
@@ -93,9 +101,7 @@ def prompt_images(images: list[dict[str, Any] | None], width: int, model_type: s
             array = np.asarray(value.cpu() if isinstance(value, torch.Tensor) else value)
             doc[PREFIX + name] = array[0] if one_row(name, array) else array
         rows.append([doc])
-    batch = collate_images(rows, width, left=True)
-    out = batch_images(batch, model_type) or {}
-    return {name: value.to(device) for name, value in out.items()}
+    return collate_images(rows, width, left=True)
 
 
 def one_row(name: str, value: np.ndarray) -> bool:

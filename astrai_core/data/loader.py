@@ -35,11 +35,14 @@ from astrai_core.errors import DataError
 
 @dataclass
 class PromptRecord:
-    """One RL prompt: its token ids, its text, and the row's other columns verbatim."""
+    """One RL prompt: its token ids, its text, and the row's other columns verbatim;
+    ``images``: a vision-language model's image inputs of the prompt, the processor's
+    output for it alone (None: a prompt without images)."""
 
     prompt_ids: list[int]
     prompt_text: str
     columns: dict[str, Any] = field(default_factory=dict)
+    images: dict[str, np.ndarray] | None = None
 
 
 class _StreamLoader:
@@ -194,8 +197,14 @@ class PromptExamples:
         row = int(self.keep[k])
         record = self.source.records[row]
         ids = self.source.fields["prompt"].tokens_of(row)
+        images = self.source.images.of(row) if self.source.images is not None else None
         return PromptRecord(prompt_ids=[int(x) for x in ids], prompt_text=record["prompt_text"],
-                            columns=dict(record["columns"]))
+                            columns=dict(record["columns"]), images=images or None)
+
+    @property
+    def has_images(self) -> bool:
+        """Whether any prompt of the source holds images."""
+        return self.source.images is not None and bool(self.source.images.names)
 
 
 class PromptLoader(_StreamLoader):
@@ -207,6 +216,7 @@ class PromptLoader(_StreamLoader):
         super().__init__(stream, batch_size)
         self.prompts = prompts
         self.skipped = sum(p.skipped for p in prompts)  # longer than data.max_prompt_len
+        self.has_images = any(p.has_images for p in prompts)
 
     def _next_batch(self) -> list[PromptRecord] | None:
         records = [self.prompts[s].get(k) for s, k in self._take_examples()]

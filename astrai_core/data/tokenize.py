@@ -36,8 +36,8 @@ from astrai_core.data.images import (PartsError, has_images, holds_image_parts,
 from astrai_core.data.sources import read_rows, require_file
 from astrai_core.data.tokenizer import tokenizer_fingerprint
 from astrai_core.data.vision_render import (TENSORS_FILE, RowTensors, RowTensorsWriter,
-                                            processor_fingerprint, processor_of,
-                                            render_vision_chat)
+                                            process_prompt, processor_fingerprint,
+                                            processor_of, render_vision_chat)
 from astrai_core.errors import DataError
 from astrai_core.log import get_logger
 
@@ -48,6 +48,7 @@ FIELDS = {"text": ("input",), "chat": ("input",), "prompt_completion": ("input",
           "unpaired": ("completion",), "prompt": ("prompt",)}
 RECORD_FORMATS = ("prompt", "unpaired")  # formats whose rows also keep a JSON record
 MARGIN_FILE = "margin.bin"
+IMAGE_FORMATS = ("chat", "prompt")  # formats whose rows may hold images
 _TEXT_CHUNK = 1024  # rows tokenized per batched call for the text format
 Encoded = dict[str, tuple[list[int], list[int] | None]]  # field -> (token ids, target mask)
 
@@ -119,7 +120,7 @@ def cache_key(path: Path, fmt: str, tokenizer: Any, tools: list[dict] | None = N
         identity["tools"] = tools
     identity.update(options.identity(fmt, tokenizer))
     processor = processor_of(tokenizer)
-    if processor is not None and fmt == "chat":  # image rows: the processor's tensors
+    if processor is not None and fmt in IMAGE_FORMATS:  # image rows: the processor's tensors
         identity["processor"] = processor_fingerprint(processor)
     return hashlib.sha256(json.dumps(identity, sort_keys=True).encode()).hexdigest()[:24]
 
@@ -175,14 +176,15 @@ def _write_fields(path: Path, fmt: str, tokenizer: Any, out: Path, field: str,
     records = ((out / "records.jsonl").open("w", encoding="utf-8") if fmt in RECORD_FORMATS
                else None)
     margins: list[float] = []
-    images = RowTensorsWriter(out) if fmt == "chat" and processor_of(tokenizer) else None
+    images = (RowTensorsWriter(out) if fmt in IMAGE_FORMATS and processor_of(tokenizer)
+              else None)
     count = 0
     try:
         for encoded, record in _encode_rows(path, fmt, tokenizer, field, tools, options):
             for name, (ids, targets) in encoded.items():
                 writers[name].append(ids, targets)
-            if images is not None:
-                images.append(record or {})
+            if images is not None:  # a chat's record is its tensors; a prompt's holds them
+                images.append((record.pop("tensors", {}) if fmt == "prompt" else record) or {})
             if records is not None:
                 records.write(json.dumps(record) + "\n")
             elif fmt == "preference":
@@ -210,9 +212,9 @@ def _encode_rows(path: Path, fmt: str, tokenizer: Any, field: str,
         yield from _encode_text(rows, tokenizer)
         return
     for line_number, row in rows:
-        if fmt != "chat" and holds_image_parts(row):
+        if fmt not in IMAGE_FORMATS and holds_image_parts(row):
             raise DataError(f"data file {path}, line {line_number}: images are read in chat "
-                            f"rows (format: chat), not yet in {fmt} rows")
+                            f"and prompt rows, not yet in {fmt} rows")
         try:
             if fmt == "chat" and (has_images(row["messages"]) or row.get("images")):
                 ids, targets, tensors = _vision_chat(tokenizer, row, path, line_number)
@@ -228,6 +230,11 @@ def _encode_rows(path: Path, fmt: str, tokenizer: Any, field: str,
             elif fmt == "unpaired":
                 yield (render.render_preference(tokenizer, row, ("completion",)),
                        {"label": row["label"]})
+            elif prompt_has_images(row):
+                text, ids, tensors, columns = _vision_prompt(tokenizer, row, path, line_number,
+                                                             tools)
+                yield {"prompt": (ids, None)}, {"prompt_text": text, "columns": columns,
+                                                "tensors": tensors}
             else:
                 text, ids = render.render_prompt(tokenizer, row, tools, options.chat_template)
                 yield {"prompt": (ids, None)}, {"prompt_text": text, "columns": row["columns"]}
@@ -258,6 +265,49 @@ def _vision_chat(tokenizer: Any, row: dict, path: Path, line_number: int
         return render_vision_chat(processor, messages, images)
     except ValueError as err:
         raise DataError(f"{where}: {err}") from None
+
+
+def prompt_has_images(row: dict) -> bool:
+    """Whether a validated prompt row holds image parts or an ``images`` column."""
+    return holds_image_parts(row["messages"] or []) or bool(row["columns"].get("images"))
+
+
+def _vision_prompt(tokenizer: Any, row: dict, path: Path, line_number: int,
+                   tools: list[dict] | None) -> tuple[str, list[int], dict[str, np.ndarray], dict]:
+    """A prompt with images: (its text through the chat template with the generation
+    prompt, its token ids with each image's tokens, the processor's image tensors for it
+    alone, its other columns). Images of the ``images`` column that no image part takes
+    go before the text of the first user turn (a string prompt is one user turn)."""
+    where = f"data file {path}, line {line_number}"
+    processor = processor_of(tokenizer)
+    if processor is None:
+        raise DataError(f"{where}: the row holds images, and the model has no image "
+                        "processor (a vision-language model's directory has one)")
+    columns = dict(row["columns"])
+    listed = columns.pop("images", None)
+    messages = row["messages"] or [{"role": "user", "content": row["prompt"]}]
+    if listed and not holds_image_parts(messages):
+        messages = _images_first(messages, len(listed))
+    try:
+        messages, sources = split_images(messages, listed)
+    except PartsError as err:
+        raise DataError(f"{where}: {err}") from None
+    images = open_row_images(sources, path.parent, where)
+    text = render._template(tokenizer, messages, generation_prompt=True, tools=tools)
+    try:
+        ids, tensors = process_prompt(processor, text, images)
+    except ValueError as err:
+        raise DataError(f"{where}: the model's processor refused the images: {err}") from None
+    return text, ids, tensors, columns
+
+
+def _images_first(messages: list[dict], count: int) -> list[dict]:
+    """``messages`` with ``count`` image parts before the first user turn's text."""
+    at = next((i for i, m in enumerate(messages) if m["role"] == "user"), 0)
+    content = messages[at]["content"]
+    text = [{"type": "text", "text": content}] if isinstance(content, str) else list(content)
+    parts = [{"type": "image"} for _ in range(count)] + text
+    return [*messages[:at], {**messages[at], "content": parts}, *messages[at + 1:]]
 
 
 def _prompt_completion(tokenizer: Any, row: dict,

@@ -139,6 +139,14 @@ class TransformersCausalLM(nn.Module):
             register(self.hf.config._attn_implementation)
 
     @property
+    def image_token_ids(self) -> tuple[int, ...]:
+        """A vision-language model's image placeholder tokens (the family's config names
+        them ``image_token_id`` or ``image_token_index``; none for a text model)."""
+        config = self.hf.config
+        ids = {getattr(config, name, None) for name in ("image_token_id", "image_token_index")}
+        return tuple(sorted(int(i) for i in ids if i is not None))
+
+    @property
     def model_type(self) -> str:
         return self.config.model_type
 

@@ -44,6 +44,11 @@ class SamplerCapabilities:
     """It has ``metrics() -> dict[str, float]``: the run logs them with every optimizer
     step (e.g. weight-push times)."""
 
+    images: bool = False
+    """``generate`` (and ``generate_async``) take ``images=``: per prompt, a
+    vision-language model's image inputs (the processor's output for that prompt alone,
+    by name) or None, and sample each prompt conditioned on its images."""
+
     needs_close: bool = False
     """It has ``close()``, called once when the run (or ``astrai eval``) ends, on an
     error too: it holds processes or files to let go of (workers, an engine)."""

@@ -48,6 +48,9 @@ class RolloutBatch:
     # Further per-sequence tensors a plugin attaches: leading dimension N; they follow
     # select/split/to like the fields above.
     extras: dict[str, Tensor] = field(default_factory=dict)
+    # A vision-language model's image inputs of each row's prompt (rollout/images.py):
+    # leading dimension N, following select/split/to; empty for prompts without images.
+    images: dict[str, Tensor] = field(default_factory=dict)
     # Multi-turn episodes: every real response token, environment messages included
     # ([N, R] bool; None: the same as response_mask), and per-row episode statistics
     # (turns, tool_calls, tool_errors, env_seconds).
@@ -94,6 +97,7 @@ class RolloutBatch:
             self, **{name: _apply(take, getattr(self, name)) for name in _ROW_TENSORS},
             reward_components={k: take(v) for k, v in self.reward_components.items()},
             extras={k: take(v) for k, v in self.extras.items()},
+            images={k: take(v) for k, v in self.images.items()},
             **{name: [getattr(self, name)[i] for i in picked] if getattr(self, name) else []
                for name in _ROW_LISTS})
 
@@ -110,6 +114,7 @@ class RolloutBatch:
                 if getattr(self, name) is not None}
         flat.update({f"reward_components.{k}": v for k, v in self.reward_components.items()})
         flat.update({f"extras.{k}": v for k, v in self.extras.items()})
+        flat.update({f"images.{k}": v for k, v in self.images.items()})
         return {name: tensor.detach().cpu().contiguous() for name, tensor in flat.items()}
 
     @classmethod
@@ -120,7 +125,8 @@ class RolloutBatch:
 
         fields = {name: flat.get(name) for name in _ROW_TENSORS}
         return cls(**fields, reward_components=group("reward_components."),
-                   extras=group("extras."), policy_version=policy_version)
+                   extras=group("extras."), images=group("images."),
+                   policy_version=policy_version)
 
     def to(self, device: torch.device | str) -> RolloutBatch:
         """A copy with every tensor on ``device``."""
@@ -128,7 +134,8 @@ class RolloutBatch:
             self, **{name: _apply(lambda t: t.to(device), getattr(self, name))
                      for name in _ROW_TENSORS},
             reward_components={k: v.to(device) for k, v in self.reward_components.items()},
-            extras={k: v.to(device) for k, v in self.extras.items()})
+            extras={k: v.to(device) for k, v in self.extras.items()},
+            images={k: v.to(device) for k, v in self.images.items()})
 
 
 _ROW_TENSORS = ("prompt_ids", "prompt_mask", "response_ids", "response_mask", "old_logprobs",

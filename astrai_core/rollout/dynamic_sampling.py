@@ -25,6 +25,7 @@ import torch
 from astrai_core.log import get_logger
 from astrai_core.model.router_replay import ROUTED_EXPERTS, widened_routing
 from astrai_core.rollout.batch import RolloutBatch, pad_rows
+from astrai_core.rollout.images import concat_images
 
 log = get_logger("astrai.rollout")
 
@@ -112,4 +113,11 @@ def concat_rollouts(parts: list[RolloutBatch], pad_token_id: int = 0) -> Rollout
         reward_components={name: torch.cat([part.reward_components[name] for part in parts])
                            for name in parts[0].reward_components},
         group_ids=groups, policy_version=min(part.policy_version for part in parts),
-        extras=extras, **lists)
+        extras=extras, images=_images(parts, prompt_ids.shape[1]), **lists)
+
+
+def _images(parts: list[RolloutBatch], prompt_width: int) -> dict[str, torch.Tensor]:
+    """The parts' image tensors joined row-wise (rollout/images.py); empty without any."""
+    if not any(part.images for part in parts):
+        return {}
+    return concat_images([part.images for part in parts], [len(p) for p in parts], prompt_width)

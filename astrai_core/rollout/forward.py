@@ -12,7 +12,9 @@ import torch
 from astrai_core.distributed.context import DistContext
 from astrai_core.distributed.context_rows import whole_row_logprobs
 from astrai_core.model.head import has_chunked_head, predicting_positions, target_logprobs
+from astrai_core.errors import ConfigError
 from astrai_core.rollout.batch import RolloutBatch
+from astrai_core.rollout.images import forward_images
 from astrai_core.rollout.packing import packed_forward, token_micro_batches
 
 
@@ -35,6 +37,11 @@ def policy_forward(model: torch.nn.Module, batch: RolloutBatch, temperature: flo
     outputs are the whole rows' on every one of them (distributed/context_rows.py).
     """
     context = dist if dist is not None and dist.context_size > 1 else None
+    if batch.images and (batch.packed or batch.share_prompt or context is not None):
+        # a row's image features fill its own image tokens: rows are run whole and apart
+        raise ConfigError("rollouts with images are trained one padded row per prompt "
+                          "sample: leave out trainer.micro_batch_tokens, "
+                          "trainer.share_prompt and parallel.context_parallel")
     if batch.packed or batch.share_prompt:
         return packed_forward(model, batch, temperature, return_hidden_states, return_entropy,
                               context)
@@ -44,7 +51,8 @@ def policy_forward(model: torch.nn.Module, batch: RolloutBatch, temperature: flo
     out = target_logprobs(model, batch.input_ids(), batch.response_ids, temperature,
                           with_entropy=return_entropy, attention_mask=batch.attention_mask(),
                           position_ids=batch.position_ids(),
-                          return_hidden_states=return_hidden_states)
+                          return_hidden_states=return_hidden_states,
+                          **_image_inputs(model, batch))
     result: dict[str, Any] = {"logprobs": out["logprobs"], "aux_loss": out.get("aux_loss")}
     if return_entropy:
         result["entropy"] = out["entropy"]
@@ -53,6 +61,12 @@ def policy_forward(model: torch.nn.Module, batch: RolloutBatch, temperature: flo
         result["hidden_states"] = hidden[:, predicting_positions(hidden.shape[1],
                                                                  batch.response_ids.shape[1])]
     return result
+
+
+def _image_inputs(model: torch.nn.Module, batch: RolloutBatch) -> dict[str, Any]:
+    """The ``images`` keyword of the forward over ``batch``'s rows, when they hold any."""
+    images = forward_images(model, batch.images, batch.response_ids.shape[1])
+    return {"images": images} if images else {}
 
 
 def _context_forward(model: torch.nn.Module, batch: RolloutBatch, temperature: float,

@@ -1,4 +1,5 @@
-"""Prompt records, the rollout runner's input: ``prompt_ids``, ``prompt_text``, ``columns``."""
+"""Prompt records, the rollout runner's input: ``prompt_ids``, ``prompt_text``, ``columns``
+and ``images``."""
 
 from __future__ import annotations
 
@@ -9,11 +10,14 @@ from typing import Any
 
 @dataclass
 class PromptRecord:
-    """One prompt: its token ids (chat template applied), its text, and the row's other fields."""
+    """One prompt: its token ids (chat template applied), its text, the row's other fields
+    and a vision-language model's image inputs (the processor's output for this prompt
+    alone, by name; None: no images)."""
 
     prompt_ids: list[int]
     prompt_text: str = ""
     columns: dict[str, Any] = field(default_factory=dict)
+    images: dict[str, Any] | None = None
 
 
 def as_prompt_record(record: Any) -> PromptRecord:
@@ -25,4 +29,4 @@ def as_prompt_record(record: Any) -> PromptRecord:
     if prompt_ids is None:
         raise ValueError(f"a prompt record needs prompt_ids; got {type(record).__name__}")
     return PromptRecord(prompt_ids=[int(t) for t in prompt_ids], prompt_text=get("prompt_text", "") or "",
-                        columns=dict(get("columns", None) or {}))
+                        columns=dict(get("columns", None) or {}), images=get("images", None) or None)

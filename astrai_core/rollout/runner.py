@@ -24,6 +24,7 @@ from astrai_core.model.router_replay import ROUTED_EXPERTS, aligned_routing
 from astrai_core.plugins.sampler_capabilities import SamplerCapabilities, sampler_capabilities
 from astrai_core.rewards.reward_set import RewardSet
 from astrai_core.rollout.batch import RolloutBatch, pad_rows
+from astrai_core.rollout.images import rollout_images
 from astrai_core.rollout.records import PromptRecord, as_prompt_record
 from astrai_core.sampling.params import Completion, SamplingParams
 
@@ -114,7 +115,8 @@ class RolloutRunner:
         with self._lock:
             version = self.policy_version
             handle = self.sampler.generate_async([r.prompt_ids for r in records], params,
-                                                 **self._routing_request(self.record_routing))
+                                                 **self._routing_request(self.record_routing),
+                                                 **self._image_request(records))
         self.rollouts_drawn += 1
         number = self.rollouts_drawn
         return PendingRollout(lambda: self._offered(number, self.build(
@@ -193,13 +195,25 @@ class RolloutRunner:
         with self._lock:  # no publish while sampling: one policy version per rollout
             version = self.policy_version
             completions = self.sampler.generate([r.prompt_ids for r in records], params,
-                                                **self._routing_request(routing))
+                                                **self._routing_request(routing),
+                                                **self._image_request(records))
         return self.build(records, completions, version, routing)
 
     @staticmethod
     def _routing_request(routing: bool) -> dict[str, bool]:
         """The sampler's keyword for routing, given only when asked (other samplers lack it)."""
         return {"record_routing": True} if routing else {}
+
+    def _image_request(self, records: Sequence[PromptRecord]) -> dict[str, Any]:
+        """The sampler's ``images`` keyword, given only when a prompt holds images (other
+        samplers lack it); a ConfigError when the sampler takes none."""
+        if not any(r.images for r in records):
+            return {}
+        if not self.capabilities.images:
+            raise ConfigError(f"the prompts hold images, and the sampler "
+                              f"({type(self.sampler).__name__}) takes none; use the torch or "
+                              "ray sampler")
+        return {"images": [r.images for r in records]}
 
     def _per_prompt_params(self, params: SamplingParams, count: int, group_size: int,
                            seed_offset: int = 0) -> list[SamplingParams]:
@@ -243,6 +257,7 @@ class RolloutRunner:
         response_ids, response_mask = pad_rows([c.token_ids for c in completions], left=False,
                                                pad_value=self.pad_token_id, dtype=torch.long)
         old_logprobs = _behaviour_logprobs(completions)
+        images = rollout_images([r.images for r in rows], prompt_ids.shape[1])
         extras = {}
         if routing:
             if any(c.routed_experts is None for c in completions):
@@ -258,7 +273,8 @@ class RolloutRunner:
             reward_components={k: torch.tensor(v, dtype=torch.float32) for k, v in components.items()},
             group_ids=torch.tensor([c.prompt_index for c in completions], dtype=torch.long),
             policy_version=version, prompts=prompts, completions=texts, columns=columns,
-            finish_reasons=[c.finish_reason for c in completions], extras=extras)
+            finish_reasons=[c.finish_reason for c in completions], extras=extras,
+            images=images)
 
     def _decode(self, token_ids: Sequence[int]) -> str:
         if self.tokenizer is None:

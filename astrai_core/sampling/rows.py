@@ -8,6 +8,7 @@ log-prob is taken from the temperature-scaled logits before top-k/top-p/min-p.
 
 from __future__ import annotations
 
+import math
 import random
 from collections.abc import Sequence
 
@@ -21,11 +22,14 @@ _FIELDS = ("greedy", "temperature", "top_k", "top_p", "min_p")
 
 
 class RowSampling:
-    """``RowSampling(params, rngs, device, logit_bias=None)``: one entry per batch row."""
+    """``RowSampling(params, rngs, device, logit_bias=None)``: one entry per batch row.
+    ``never``: token ids no row draws (a vision-language model's image placeholders, whose
+    positions a forward fills with image features); their log-probs still count in the
+    reported log-probs, as filtered tokens' do."""
 
     def __init__(self, params: Sequence[SamplingParams], rngs: Sequence[random.Random | None],
                  device: torch.device, logit_bias: Sequence[dict[int, float] | None] | None = None,
-                 vocab_size: int | None = None) -> None:
+                 vocab_size: int | None = None, never: Sequence[int] = ()) -> None:
         self.params = list(params)
         self.rngs = list(rngs)
         self.device = device
@@ -37,6 +41,7 @@ class RowSampling:
         self.top_p = as_tensor([p.top_p if not p.greedy else 1.0 for p in params], torch.float32)
         self.min_p = as_tensor([p.min_p if not p.greedy else 0.0 for p in params], torch.float32)
         self.bias = _dense_bias(logit_bias, len(self.params), vocab_size, device)
+        self.never = as_tensor(list(never), torch.long) if never else None
         self._refresh_flags()
 
     def __len__(self) -> int:
@@ -83,15 +88,17 @@ class RowSampling:
         if self.bias is not None:
             logits = logits + self.bias
         scaled = logits if self.unit_temperature else logits / self.temperature[:, None]
-        tokens = logits.argmax(dim=-1)
+        drawable = scaled if self.never is None else scaled.index_fill(-1, self.never, -math.inf)
+        tokens = drawable.argmax(dim=-1)
         if self.any_sampled:
-            tokens = torch.where(self.greedy, tokens, self._sample(scaled))
+            tokens = torch.where(self.greedy, tokens, self._sample(drawable))
         # From the unfiltered scaled logits: what the trainer computes for the same token.
         logprobs = scaled.gather(-1, tokens[:, None]).squeeze(-1) - scaled.logsumexp(dim=-1)
         return tokens, logprobs, scaled
 
     def _sample(self, scaled: Tensor) -> Tensor:
-        """Inverse-CDF sampling with one uniform draw per row from the row's own stream."""
+        """Inverse-CDF sampling with one uniform draw per row from the row's own stream
+        (``scaled``: the ``never`` tokens already removed, as a filter would)."""
         filtered = scaled
         if self.any_top_k and self.any_top_p:
             filtered = top_k_top_p_filter(filtered, self.top_k, self.top_p)

@@ -56,7 +56,7 @@ class TorchSampler:
 
     # generates with the very model it was given (the trainer's policy, updated in place),
     # and its generate takes `interrupt`; a subclass that changes either declares its own
-    capabilities = SamplerCapabilities(interruptible=True, shares_policy=True)
+    capabilities = SamplerCapabilities(interruptible=True, shares_policy=True, images=True)
 
     class Config(SamplingParams):
         """The ``sampler:`` config section: default SamplingParams plus engine options."""
@@ -151,7 +151,8 @@ class _DecodeBatch:
         self.requests = list(requests)
         self.rows = list(requests)  # the active requests, in batch-row order
         self.device = next(self.model.parameters()).device
-        self.sampling = RowSampling([r.params for r in requests], [r.rng for r in requests], self.device)
+        self.sampling = RowSampling([r.params for r in requests], [r.rng for r in requests],
+                                    self.device, never=image_token_ids(self.model))
         self.routing = None if tape is None else BatchRouting(
             tape, len(requests), max(r.params.max_new_tokens for r in requests), self.device)
 
@@ -291,7 +292,8 @@ class _ContinuousDecode:
             request = self.waiting.popleft()
             groups.setdefault(len(request.prompt_ids), []).append(request)
         for length, group in groups.items():
-            sampling = RowSampling([r.params for r in group], [r.rng for r in group], self.device)
+            sampling = RowSampling([r.params for r in group], [r.rng for r in group], self.device,
+                                   never=image_token_ids(self.model))
             joined, logits = prefill(self.model, group, [r.prompt_ids for r in group], sampling,
                                      chunk=self.chunk)
             joined = self._step(joined, logits)
@@ -345,6 +347,13 @@ def record(rows: list[Request], tokens: list[int], on_token: TokenCallback | Non
         else:
             keep.append(row)
     return keep
+
+
+def image_token_ids(model: torch.nn.Module) -> tuple[int, ...]:
+    """The image placeholder tokens of a vision-language model (none for a text model):
+    never sampled, since a forward puts image features at their positions, so a drawn one
+    would be scored by the trainer as an image."""
+    return tuple(getattr(model, "image_token_ids", ()))
 
 
 def _interrupted(interrupt: threading.Event | None) -> bool:

@@ -218,3 +218,23 @@ def write_image_chats(directory: Path, rows: int = 8) -> Path:
     path = directory / "chat.jsonl"
     path.write_text("\n".join(lines) + "\n")
     return path
+
+
+def write_image_prompts(directory: Path, rows: int = 8) -> Path:
+    """``prompts.jsonl`` in ``directory``: ``rows`` prompt rows "<image>i+1=" with an
+    ``answer`` column "i+1" (for an exact-match reward), each with its own PNG
+    (``i.png``, beside the file), in OpenAI's image_url shape."""
+    import json
+
+    directory = Path(directory)
+    directory.mkdir(parents=True, exist_ok=True)
+    lines = []
+    for i in range(rows):
+        tiny_image(i).save(directory / f"{i}.png")
+        user = [{"type": "image_url", "image_url": {"url": f"{i}.png"}},
+                {"type": "text", "text": f"{i}+1="}]
+        lines.append(json.dumps({"messages": [{"role": "user", "content": user}],
+                                 "answer": str(i + 1)}))
+    path = directory / "prompts.jsonl"
+    path.write_text("\n".join(lines) + "\n")
+    return path

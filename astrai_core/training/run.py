@@ -142,7 +142,7 @@ def wire_components(plan: RunPlan, *, backend: Any, device: torch.device, model:
     plan says. Distributed (``dist``): the training loader and the rollouts are this
     rank's share; evaluation is split over the ranks (training/evaluation.py). ``model_dir``:
     the directory the policy was loaded from (None: from scratch)."""
-    from astrai_core.data import build_eval_loader, build_train_loader
+    from astrai_core.data import build_eval_loader
     from astrai_core.rewards.reward_set import RewardSet
     from astrai_core.rollout.runner import RecordStream, RolloutRunner
     from astrai_core.rollout.samples import RolloutSampleLog
@@ -151,9 +151,7 @@ def wire_components(plan: RunPlan, *, backend: Any, device: torch.device, model:
     required = {choice.label: choice.required_columns for choice in plan.rewards}
     environment = plan.environment.target(**plan.environment.options) if plan.environment else None
     tools = getattr(environment, "prompt_tools", None)  # rendered into prompts by the template
-    train_loader = shard_loader(
-        build_train_loader(data, tokenizer, formats=needs.data_formats,
-                           required_columns=required if needs.rollouts else {}, tools=tools), dist)
+    train_loader = _train_loader(plan, data, tokenizer, required, tools, environment, dist)
     eval_loader = build_eval_loader(data, tokenizer, required_columns=required, tools=tools)
     eval_sets = {named.name: build_eval_loader(data.model_copy(update={"eval": named}), tokenizer,
                                                required_columns=required, tools=tools)
@@ -195,6 +193,24 @@ def wire_components(plan: RunPlan, *, backend: Any, device: torch.device, model:
         rewards=rewards, train_loader=train_loader, eval_loader=eval_loader, sampler=sampler,
         estimator=estimator, rollouts=rollouts, policy_loss=policy_loss, dist=dist,
         episodes=episodes, eval_sets=eval_sets, sampler_capabilities=capabilities)
+
+
+def _train_loader(plan: RunPlan, data: Any, tokenizer: Any, required: dict[str, Any],
+                  tools: list[dict] | None, environment: Any, dist: DistContext) -> Any:
+    """The training loader, this rank's share; prompts with images are checked against
+    the options that cannot carry them (rollout/images.py) before anything trains."""
+    from astrai_core.data import build_train_loader
+    from astrai_core.rollout.images import check_image_prompts
+
+    needs = plan.needs
+    loader = build_train_loader(data, tokenizer, formats=needs.data_formats,
+                                required_columns=required if needs.rollouts else {},
+                                tools=tools)
+    if needs.rollouts and getattr(loader, "has_images", False):
+        multi_turn = environment is not None and not getattr(environment, "single_turn", False)
+        check_image_prompts(plan.config, sampler_capabilities(plan.sampler.target), multi_turn,
+                            dist.world_size)
+    return shard_loader(loader, dist)
 
 
 def build_episodes(plan: RunPlan, environment: Any, sampler: Any, tokenizer: Any, rewards: Any,

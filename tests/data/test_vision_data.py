@@ -162,8 +162,8 @@ def test_images_in_other_formats_are_refused_until_they_are_read(tmp_path, gemma
     row = {"prompt": [{"role": "user", "content": [{"type": "image", "path": "a.png"}]}],
            "completion": [{"role": "assistant", "content": "4"}]}
     path = _write(tmp_path, [row])
-    with pytest.raises(DataError, match=r"line 1: images are read in chat rows \(format: "
-                                        r"chat\), not yet in prompt_completion rows"):
+    with pytest.raises(DataError, match=r"line 1: images are read in chat and prompt rows, "
+                                        r"not yet in prompt_completion rows"):
         tokenize_source(path, "prompt_completion", load_tokenizer(gemma), tmp_path / "cache")
 
 

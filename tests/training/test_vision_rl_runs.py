@@ -1,0 +1,97 @@
+"""Online RL on prompts with images, from a run config: GRPO, PPO (its critic's forward
+takes the images too) and RLOO on tiny vision-language models, with a text reward
+(exact match), the sampler's and trainer's log-probs equal; the options that cannot
+carry images are refused before training, and a missing image stops the CLI with one
+line and exit code 2."""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+
+import pytest
+
+from astrai_core.config.schema import RunConfig
+from astrai_core.errors import ConfigError
+from astrai_core.plugins.sampler_capabilities import NO_CAPABILITIES
+from astrai_core.rollout.images import check_image_prompts
+from astrai_core.sampling.torch_sampler import TorchSampler
+from astrai_core.testing import read_metrics, tiny_run_config
+from astrai_core.testing.runs import DIGIT_REWARD
+from astrai_core.testing.hf_vlms import write_image_prompts, write_vlm_dir
+from astrai_core.training.run import train
+from tests.training.conftest import astrai, write_config
+
+pytestmark = pytest.mark.slow  # whole runs of two steps
+# text rewards: the answer, and a digit (which a random tiny model writes about half the time)
+REWARDS = [{"name": "exact_match"}, dict(DIGIT_REWARD)]
+
+
+def _config(tmp_path, family, strategy, **extra):
+    hf = write_vlm_dir(tmp_path / "hf", family)
+    prompts = write_image_prompts(tmp_path / "data", rows=4)
+    config = tiny_run_config(tmp_path, prompts, strategy, max_steps=2, threads=1,
+                             rewards=REWARDS, data={"batch_size": 2})
+    config["model"] = {"path": str(hf)}
+    config["rollout"] = {"max_logprob_diff": 1e-5}  # stops the run beyond it
+    config.update(extra)
+    return config
+
+
+def _two_finite_steps(run_dir: Path) -> list[dict]:
+    records = read_metrics(run_dir)
+    assert [r["step"] for r in records] == [1, 2]
+    for record in records:
+        assert record["rollout/logprob_diff_max"] <= 1e-5
+        assert all(math.isfinite(v) for v in record.values() if isinstance(v, float))
+    return records
+
+
+def test_grpo_on_image_prompts_runs_two_steps(tmp_path):
+    train(RunConfig.model_validate(_config(tmp_path, "gemma3", {"name": "grpo"})))
+    _two_finite_steps(tmp_path / "run")
+
+
+def test_ppo_on_image_prompts_trains_its_critic(tmp_path):
+    train(RunConfig.model_validate(_config(tmp_path, "llava", {"name": "ppo"})))
+    records = _two_finite_steps(tmp_path / "run")
+    assert records[-1]["critic/grad_norm"] > 0
+
+
+def test_rloo_on_image_prompts_runs_two_steps(tmp_path):
+    config = _config(tmp_path, "idefics3", {"name": "grpo"}, advantage={"name": "rloo"})
+    train(RunConfig.model_validate(config))
+    _two_finite_steps(tmp_path / "run")
+
+
+def test_options_that_cannot_carry_images_are_refused(tmp_path):
+    config = RunConfig.model_validate(_config(tmp_path, "gemma3", {"name": "grpo"}))
+    check_image_prompts(config, TorchSampler.capabilities)  # the torch sampler takes them
+    with pytest.raises(ConfigError, match="sampler.name: the prompts hold images, and the "
+                                          "torch sampler takes none"):
+        check_image_prompts(config, NO_CAPABILITIES)
+    with pytest.raises(ConfigError, match="in one process for now"):
+        check_image_prompts(config, TorchSampler.capabilities, world=2)
+    with pytest.raises(ConfigError, match="multi-turn episodes"):
+        check_image_prompts(config, TorchSampler.capabilities, multi_turn=True)
+    partial = config.model_copy(update={"rollout": config.rollout.model_copy(
+        update={"partial": True})})
+    with pytest.raises(ConfigError, match="rollout.partial: the prompts hold images"):
+        check_image_prompts(partial, TorchSampler.capabilities)
+
+
+def test_a_missing_image_is_one_line_and_exit_code_2(tmp_path):
+    config = _config(tmp_path, "gemma3", {"name": "grpo"})
+    prompts = Path(config["data"]["sources"][0]["path"])
+    rows = prompts.read_text().splitlines()
+    row = json.loads(rows[2])
+    row["messages"][0]["content"][0]["image_url"]["url"] = "gone.png"
+    rows[2] = json.dumps(row)
+    prompts.write_text("\n".join(rows) + "\n")
+    done = astrai("train", str(write_config(tmp_path, config)))
+    assert done.returncode == 2
+    lines = done.stderr.strip().splitlines()
+    assert lines[-1] == (f"error: data file {prompts}, line 3: image gone.png cannot be "
+                         "read (no such file)")
+    assert "Traceback" not in done.stderr
