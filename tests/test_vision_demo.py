@@ -13,7 +13,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from astrai_core.testing import REPO_ROOT
+from astrai_core.testing import REPO_ROOT, read_metrics
 
 VISION = REPO_ROOT / "examples" / "vision"
 sys.path.insert(0, str(REPO_ROOT / "examples"))
@@ -116,11 +116,13 @@ def test_the_demo_runs_end_to_end_and_scores_as_transformers_does(tmp_path, monk
     from stages import run_stages
 
     monkeypatch.chdir(tmp_path)  # the demo's paths are relative to the working directory
-    steps = {"sft": 30}  # enough for the model to answer with digits
+    steps = {"sft": 30, "grpo": 2}  # 30: enough for the model to answer with digits
     seconds = run_stages(demo.stages(sys.executable, steps, ("--n-train", "200", "--n-eval",
-                                                             "24", "--n-rl", "8")), jobs=2)
-    assert {"vision/data", "vision/base", "vision/sft", "vision/eval-base",
-            "vision/eval-sft"} <= set(seconds)
+                                                             "24", "--n-rl", "16")), jobs=2)
+    assert set(seconds) == {f"vision/{stage}" for stage in (
+        "data", "base", "sft", "grpo", "eval-base", "eval-sft", "eval-grpo")}
+    rewards = [r["rollout/reward/exact_match"] for r in read_metrics(demo.OUT / "grpo")]
+    assert len(rewards) == 2 and 0 < sum(rewards)  # right counts were sampled and rewarded
     summary = demo.eval_summary("vision", list(demo.checkpoints(steps)), demo.OUT, seconds)
     assert summary["base"]["accuracy"] == 0.0 and summary["base"]["prompts"] == 24
     checkpoint = demo.checkpoints(steps)["sft"]
@@ -129,3 +131,4 @@ def test_the_demo_runs_end_to_end_and_scores_as_transformers_does(tmp_path, monk
     assert all(answer.isdigit() for answer in answers), answers
     right = [answer == row["answer"] for answer, row in zip(answers, _rows(data.parent, "eval"))]
     assert summary["sft"]["accuracy"] == pytest.approx(sum(right) / len(right))
+    assert 0 <= summary["grpo"]["accuracy"] <= 1

@@ -1,7 +1,8 @@
 """The vision demo: a tiny random LLaVA learns to count the red squares in a picture.
 
-Writes the pictures and the untrained model, trains it with SFT, and prints the
-held-out greedy exact-match accuracy of the untrained and the SFT model; writes them to
+Writes the pictures and the untrained model, trains it with SFT, then with GRPO from the
+SFT checkpoint (reward: the exact count), and prints the held-out greedy exact-match
+accuracy of the untrained, the SFT and the GRPO model; writes them to
 runs/vision/summary.json. Run from the repository root: `python examples/vision/demo.py`.
 """
 
@@ -16,7 +17,7 @@ sys.path.insert(0, str(HERE.parent))
 from stages import Stage, demo_main, eval_stages, eval_summary  # noqa: E402  (examples/stages.py)
 
 OUT = Path("runs/vision")  # the stage configs read and write here (paths relative to the cwd)
-STEPS = {"sft": 200}  # as the stage's config has it: its checkpoint is step_<steps>
+STEPS = {"sft": 200, "grpo": 50}  # as the stages' configs have it: its checkpoint is step_<steps>
 
 
 def checkpoints(steps: dict[str, int]) -> dict[str, Path]:
@@ -27,8 +28,9 @@ def checkpoints(steps: dict[str, int]) -> dict[str, Path]:
 
 def stages(python: str, steps: dict[str, int] = STEPS, data_args: tuple[str, ...] = ()
            ) -> list[Stage]:
-    """The data, the untrained model, SFT, and the evaluation of each model. ``steps`` and
-    ``data_args`` (generate.py's options) shrink the demo for a test."""
+    """The data, the untrained model, SFT, GRPO from the SFT checkpoint, and the
+    evaluation of each model. ``steps`` and ``data_args`` (generate.py's options) shrink
+    the demo for a test."""
     logs = OUT / "logs"
     astrai = [python, "-m", "astrai_core.cli.main", "--log-format", "console", "train"]
 
@@ -43,7 +45,10 @@ def stages(python: str, steps: dict[str, int] = STEPS, data_args: tuple[str, ...
               Stage("vision/base", [python, str(HERE / "make_model.py"), str(OUT / "base")],
                     logs / "base.log"),
               Stage("vision/sft", train("sft"), logs / "sft.log",
-                    needs=("vision/data", "vision/base"))]
+                    needs=("vision/data", "vision/base")),
+              Stage("vision/grpo", train("grpo") + [
+                  "--set", f"model.path={checkpoints(steps)['sft']}"],  # the SFT run's last
+                    logs / "grpo.log", needs=("vision/sft",))]
     evals = eval_stages("vision", python, HERE / "evaluate.py", checkpoints(steps), OUT)
     for index, stage in enumerate(evals):  # every evaluation reads the held-out data
         evals[index] = Stage(stage.name, stage.command, stage.log, (*stage.needs, "vision/data"))
