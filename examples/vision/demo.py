@@ -17,7 +17,7 @@ sys.path.insert(0, str(HERE.parent))
 from stages import Stage, demo_main, eval_stages, eval_summary  # noqa: E402  (examples/stages.py)
 
 OUT = Path("runs/vision")  # the stage configs read and write here (paths relative to the cwd)
-STEPS = {"sft": 200, "grpo": 50}  # as the stages' configs have it: its checkpoint is step_<steps>
+STEPS = {"sft": 200, "grpo": 50}  # the configs' max_steps: each run's last checkpoint
 
 
 def checkpoints(steps: dict[str, int]) -> dict[str, Path]:
@@ -39,6 +39,7 @@ def stages(python: str, steps: dict[str, int] = STEPS, data_args: tuple[str, ...
         return astrai + [str(HERE / f"{stage}.yaml"), "--overwrite",
                          "--set", f"trainer.max_steps={n}", "--set", f"trainer.save_every={n}"]
 
+    sft = checkpoints(steps)["sft"]  # GRPO starts from the SFT run's last checkpoint
     # Always written (seconds): data or a model left by an older version would not fit.
     result = [Stage("vision/data", [python, str(HERE / "generate.py"), "--out", str(OUT / "data"),
                                     *data_args], logs / "data.log"),
@@ -46,8 +47,7 @@ def stages(python: str, steps: dict[str, int] = STEPS, data_args: tuple[str, ...
                     logs / "base.log"),
               Stage("vision/sft", train("sft"), logs / "sft.log",
                     needs=("vision/data", "vision/base")),
-              Stage("vision/grpo", train("grpo") + [
-                  "--set", f"model.path={checkpoints(steps)['sft']}"],  # the SFT run's last
+              Stage("vision/grpo", train("grpo") + ["--set", f"model.path={sft}"],
                     logs / "grpo.log", needs=("vision/sft",))]
     evals = eval_stages("vision", python, HERE / "evaluate.py", checkpoints(steps), OUT)
     for index, stage in enumerate(evals):  # every evaluation reads the held-out data
