@@ -27,10 +27,13 @@ TINY_QWEN3 = dict(hidden_size=64, num_attention_heads=2, num_key_value_heads=1, 
                   max_position_embeddings=256)
 
 
-def recipe_astrai(*args: str, cwd: Path) -> subprocess.CompletedProcess:
-    """``astrai ARGS`` in ``cwd`` with the recipe folder on PYTHONPATH (its transform),
+def recipe_astrai(*args: str, cwd: Path, recipe: Path = GSM8K_RECIPE
+                  ) -> subprocess.CompletedProcess:
+    """``astrai ARGS`` in ``cwd`` with the ``recipe`` folder on PYTHONPATH (its transform),
     offline, one CPU thread; fails the caller's test (AssertionError) on a non-zero exit."""
-    env = {**os.environ, "PYTHONPATH": str(GSM8K_RECIPE), "OMP_NUM_THREADS": "1",
+    # the recipe folder first, before the caller's own path (the checkout under test)
+    path = os.pathsep.join(filter(None, (str(recipe), os.environ.get("PYTHONPATH"))))
+    env = {**os.environ, "PYTHONPATH": path, "OMP_NUM_THREADS": "1",
            "HF_HUB_OFFLINE": "1"}
     result = subprocess.run([sys.executable, "-m", "astrai_core.cli.main", *args], cwd=cwd,
                             env=env, capture_output=True, text=True, timeout=900)
