@@ -103,21 +103,3 @@ def test_eval_on_image_prompts_equals_transformers_greedy(tmp_path, capsys, monk
     metrics = json.loads(capsys.readouterr().out)
     assert metrics["prompts"] == len(rows)
     assert metrics["eval/accuracy"] == 1.0, metrics
-
-
-def test_prompts_with_images_are_not_trained_on_by_rollouts_yet(tmp_path):
-    from astrai_core.data import build_train_loader
-    from astrai_core.data.config import DataConfig
-    from astrai_core.data.tokenizer import load_tokenizer
-    from astrai_core.errors import DataError
-
-    model_dir = write_vlm_dir(tmp_path / "llava", "llava")
-    part, extra = _part(tmp_path, 0)
-    data = tmp_path / "prompts.jsonl"
-    data.write_text(json.dumps({"messages": [{"role": "user", "content": [part]}], **extra})
-                    + "\n")
-    config = DataConfig.model_validate({"sources": [{"path": str(data), "format": "prompt"}],
-                                        "cache_dir": str(tmp_path / "cache")})
-    with pytest.raises(DataError, match=r"data.sources\[0\].path: .* has prompts with images, "
-                                        "which rollouts do not sample from yet"):
-        build_train_loader(config, load_tokenizer(model_dir))
