@@ -170,12 +170,7 @@ def test_dro_is_tinkers_definition(make_engine):
 def test_policy_loss_gradients_are_those_of_the_definition(make_engine, hf_dir, tmp_path, loss_fn):
     """The adapter's gradient after forward_backward is autograd's of Tinker's formula on
     a separate model with astrai's LoRA holding the same adapter."""
-    engine = make_engine()
-    engine.create_model("m", BASE, LoraSpec(rank=4, seed=2, **NO_UNEMBED))
-    datums, _, _ = sft_datums()
-    engine.forward_backward("m", datums, "cross_entropy")
-    engine.optim_step("m", AdamSpec(learning_rate=2e-2))
-    reference = reference_model(engine, "m", hf_dir, tmp_path)
+    engine, reference = _stepped_with_reference(make_engine, hf_dir, tmp_path)
     data = policy_datums()
     engine.forward_backward("m", data, loss_fn)
 
@@ -187,6 +182,17 @@ def test_policy_loss_gradients_are_those_of_the_definition(make_engine, hf_dir, 
                  "cispo": ratio.clamp(0.8, 1.2).detach() * logp * adv}[loss_fn]
     (-torch.where(mask, objective, 0.0).sum()).backward()
     _assert_same_grads(engine, reference)
+
+
+def _stepped_with_reference(make_engine, hf_dir, tmp_path):
+    """An engine whose tenant "m" took one step (a nonzero adapter), and a reference model
+    holding that adapter."""
+    engine = make_engine()
+    engine.create_model("m", BASE, LoraSpec(rank=4, seed=2, **NO_UNEMBED))
+    datums, _, _ = sft_datums()
+    engine.forward_backward("m", datums, "cross_entropy")
+    engine.optim_step("m", AdamSpec(learning_rate=2e-2))
+    return engine, reference_model(engine, "m", hf_dir, tmp_path)
 
 
 def _reference_logprobs(reference, data: list[DatumIn]) -> torch.Tensor:
@@ -251,12 +257,7 @@ def _gspo_datums() -> list[DatumIn]:
 def test_gspo_is_tinkers_definition(make_engine, hf_dir, tmp_path):
     """GSPO-token, written per datum as Tinker documents it: the loss and the adapter's
     gradient equal autograd's on a separate model holding the same adapter."""
-    engine = make_engine()
-    engine.create_model("m", BASE, LoraSpec(rank=4, seed=2, **NO_UNEMBED))
-    datums, _, _ = sft_datums()
-    engine.forward_backward("m", datums, "cross_entropy")
-    engine.optim_step("m", AdamSpec(learning_rate=2e-2))
-    reference = reference_model(engine, "m", hf_dir, tmp_path)
+    engine, reference = _stepped_with_reference(make_engine, hf_dir, tmp_path)
     data = _gspo_datums()
     out = engine.forward_backward("m", data, "gspo", {"clip_low_threshold": 0.85,
                                                       "clip_high_threshold": 1.2})

@@ -106,4 +106,3 @@ def test_a_custom_loss_step_equals_the_same_step_by_local_autograd(make_engine, 
             assert metrics["loss:sum"] == pytest.approx(want, rel=1e-5, abs=1e-5)
             np.testing.assert_allclose(_sdk_logprobs(trainer), _local_logprobs(direct, "direct:train:0"),
                                        atol=1e-5)
-        service.holder.close()
