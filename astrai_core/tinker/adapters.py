@@ -4,7 +4,8 @@ Each tenant gets its own peft adapter (``t0``, ``t1``, …) injected next to the
 the same LoRA layers; :meth:`AdapterSlots.activate` makes one of them the only active
 adapter, so a forward runs the base plus that tenant's update and a backward reaches
 only that tenant's tensors (peft's ``set_adapter`` sets ``requires_grad`` on the active
-adapter's tensors only). The base weights stay frozen and shared.
+adapter's tensors only). The base weights stay frozen and shared. A tenant with
+``train_unembed`` also gets a LoRA on the unembedding (:mod:`astrai_core.tinker.unembed`).
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ from torch import nn
 from astrai_core.config.lora import LORA_TARGETS
 from astrai_core.model.lora import lora_layers
 from astrai_core.tinker.engine_types import LoraSpec
+from astrai_core.tinker.unembed import attach
 
 LORA_ALPHA = 32.0  # the update is alpha/r * B A, as astrai's model.lora default
 ATTN = ("q_proj", "k_proj", "v_proj", "o_proj")
@@ -25,8 +27,8 @@ MLP = ("gate_proj", "up_proj", "down_proj")
 
 
 def requested_targets(spec: LoraSpec) -> list[str]:
-    """The native projection names a tenant's ``LoraSpec`` adapts (the LM head is never
-    adapted: the chunked head reads its weight directly)."""
+    """The native projection names a tenant's ``LoraSpec`` adapts (its ``train_unembed``
+    LoRA is not a peft layer: see :mod:`astrai_core.tinker.unembed`)."""
     names = (ATTN if spec.train_attn else ()) + (MLP if spec.train_mlp else ())
     return [name for name in LORA_TARGETS if name in names]
 
@@ -61,6 +63,7 @@ class AdapterSlots:
             for attn in (False, True) for mlp in (False, True)}
         for param in model.parameters():
             param.requires_grad_(False)
+        self.unembed = attach(model, LORA_ALPHA)
 
     def add(self, spec: LoraSpec) -> str:
         """Inject a fresh adapter (peft's init, seeded by ``spec.seed``); returns its slot."""
@@ -77,7 +80,10 @@ class AdapterSlots:
             # peft warns that a second adapter joins the model: that is the point here
             warnings.simplefilter("ignore", UserWarning)
             torch.manual_seed(seed)
-            inject_adapter_in_model(config, self.model, adapter_name=slot)
+            if targets:
+                inject_adapter_in_model(config, self.model, adapter_name=slot)
+            if spec.train_unembed:
+                self.unembed.add(slot, spec.rank)
         self.configs[slot] = config
         for param in self.parameters(slot).values():
             param.data = param.data.float()
@@ -92,6 +98,7 @@ class AdapterSlots:
         for _, layer in lora_layers(self.model):
             if slot in layer.lora_A:
                 layer.delete_adapter(slot)
+        self.unembed.remove(slot)
         self.configs.pop(slot, None)
         self.activate(None)
 
@@ -108,5 +115,6 @@ class AdapterSlots:
             names = [slot] if slot is not None and slot in layer.lora_A else []
             layer.set_adapter(names)
             layer.enable_adapters(bool(names))
+        self.unembed.activate(slot)
         for name, param in self.model.named_parameters():
             param.requires_grad_(slot is not None and f".{slot}." in name and "lora_" in name)

@@ -20,7 +20,8 @@ from astrai_core.tinker.losses import LOSS_INPUTS
 
 # per-token clip thresholds a policy loss takes in loss_fn_inputs, in place of loss_fn_config's
 OPTIONAL_INPUTS = {"ppo": ("clip_low_threshold", "clip_high_threshold"),
-                   "cispo": ("clip_low_threshold", "clip_high_threshold")}
+                   "cispo": ("clip_low_threshold", "clip_high_threshold"),
+                   "gspo": ("clip_low_threshold", "clip_high_threshold")}
 
 
 @dataclass
@@ -63,6 +64,9 @@ def check_datums(datums: list[DatumIn], loss_fn: str, vocab_size: int,
                                          f"{list(value.shape)}, the input has {length} tokens")
         _check_ids(np.asarray(datum.loss_fn_inputs["target_tokens"]), vocab_size,
                    f"datum {index}: loss_fn_inputs['target_tokens']")
+        if "sequence_ratio_mask" in needed and not np.any(datum.loss_fn_inputs["sequence_ratio_mask"]):
+            raise EngineRequestError(f"datum {index}: loss_fn_inputs['sequence_ratio_mask'] marks "
+                                     f"no token; {loss_fn}'s sequence ratio needs at least one")
 
 
 def _check_ids(ids: np.ndarray, vocab_size: int, where: str) -> None:

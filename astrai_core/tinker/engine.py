@@ -73,9 +73,9 @@ class TorchEngine:
             if not 1 <= lora.rank <= base.facts.max_lora_rank:
                 raise EngineRequestError(f"LoRA rank {lora.rank}: {base_model} takes ranks "
                                          f"1 to {base.facts.max_lora_rank}")
-            if not base.slots.targets(lora):
-                raise EngineRequestError("the LoRA config trains nothing: set train_attn "
-                                         "or train_mlp")
+            if not base.slots.targets(lora) and not lora.train_unembed:
+                raise EngineRequestError("the LoRA config trains nothing: set train_attn, "
+                                         "train_mlp or train_unembed")
             self._room_for_adapter()
             self.tenants[model_id] = Tenant.create(model_id, base, lora)
 

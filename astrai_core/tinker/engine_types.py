@@ -14,7 +14,7 @@ import numpy as np
 
 from astrai_core.errors import AstraiError
 
-LossName = Literal["cross_entropy", "importance_sampling", "ppo", "cispo", "dro"]
+LossName = Literal["cross_entropy", "importance_sampling", "ppo", "cispo", "dro", "gspo"]
 StopReason = Literal["length", "stop"]
 
 

@@ -22,6 +22,8 @@ import torch
 
 from astrai_core.errors import AstraiError
 from astrai_core.tinker.engine_types import EngineRequestError, LoraSpec
+from astrai_core.tinker.unembed import MODULE as UNEMBED
+from astrai_core.tinker.unembed import hf_module_name
 
 ADAPTER_FILE = "adapter.safetensors"
 OPTIMIZER_FILE = "optimizer.safetensors"
@@ -70,14 +72,21 @@ class PeftFiles:
     def write(self, directory: Path) -> None:
         from safetensors.torch import save_file
 
-        from astrai_core.checkpoints.lora_files import ADAPTER_WEIGHTS, adapter_to_hf
+        from astrai_core.checkpoints.lora_files import ADAPTER_WEIGHTS, PEFT_PREFIX, adapter_to_hf
 
         directory.mkdir()
         config = copy.copy(self.config)
         config.base_model_name_or_path = self.base_name
+        layers = {k: v for k, v in self.adapter.items() if not k.startswith(f"{UNEMBED}.")}
+        tensors = adapter_to_hf(self.model, self.model_type, layers) if layers else {}
+        if len(layers) < len(self.adapter):  # the unembedding's LoRA, under the HF head's name
+            head = hf_module_name(self.model)
+            config.target_modules = set(config.target_modules or ()) | {head}
+            for kind in ("lora_A", "lora_B"):
+                tensors[f"{PEFT_PREFIX}{head}.{kind}.weight"] = (
+                    self.adapter[f"{UNEMBED}.{kind}.{CANONICAL}.weight"].detach().contiguous().cpu())
         config.save_pretrained(str(directory))
-        save_file(adapter_to_hf(self.model, self.model_type, self.adapter),
-                  str(directory / ADAPTER_WEIGHTS), metadata={"format": "pt"})
+        save_file(tensors, str(directory / ADAPTER_WEIGHTS), metadata={"format": "pt"})
 
 
 def write_weights(target: Path, spec: LoraSpec, base_name: str, adapter: dict[str, torch.Tensor],

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import socket
 import threading
-from contextlib import contextmanager
+from contextlib import contextmanager, suppress
 from pathlib import Path
 
 import numpy as np
@@ -85,16 +85,60 @@ class LiveTinker:
         self.server = uvicorn.Server(uvicorn.Config(app, log_level="warning", lifespan="on"))
         self.thread = threading.Thread(target=self.server.run, kwargs={"sockets": [self.socket]}, daemon=True)
         self.thread.start()
+        self.clients: list = []
 
     def client(self, api_key: str = KEY):
+        """An SDK client of this server, closed with it (its heartbeats stop before the
+        server does, so they log no connection errors after the test)."""
         import tinker
 
-        return tinker.ServiceClient(base_url=self.base_url, api_key=api_key)
+        client = tinker.ServiceClient(base_url=self.base_url, api_key=api_key)
+        self.clients.append(client)
+        return client
 
     def close(self) -> None:
+        for client in self.clients:
+            close_sdk_client(client)
         self.server.should_exit = True
         self.thread.join(timeout=30)
         self.socket.close()
+
+
+def close_sdk_client(client) -> None:
+    """Finish ``client``'s session and stop its background tasks; a client that cannot
+    reach the server (a wrong key, a closed session) is closed locally all the same."""
+    with suppress(Exception):
+        client.close("success").result(timeout=10)
+    _stop_locally(client)
+
+
+def _stop_locally(client) -> None:
+    """Stop a client's heartbeat and pollers without a request: its server may be gone."""
+    for holder in (client._session_holder, client._rest_holder):
+        if holder is not None:
+            holder.close()
+
+
+@pytest.fixture(autouse=True)
+def _sdk_clients_stopped(monkeypatch):
+    """Every SDK client a test made (the cookbook's too) stops its heartbeat when the
+    test ends: left running, it would log failed heartbeats into later tests."""
+    try:
+        import tinker
+    except ImportError:
+        yield
+        return
+    made = []
+    init = tinker.ServiceClient.__init__
+
+    def recording_init(self, *args, **kwargs):
+        init(self, *args, **kwargs)
+        made.append(self)
+
+    monkeypatch.setattr(tinker.ServiceClient, "__init__", recording_init)
+    yield
+    for client in made:
+        _stop_locally(client)
 
 
 @contextmanager

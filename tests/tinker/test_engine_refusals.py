@@ -28,7 +28,8 @@ def _datum(tokens, **inputs):
 @pytest.mark.parametrize(("call", "message", "status"), [
     (lambda e: e.create_model("x", "no/such", LoraSpec(rank=4)), "unknown base model 'no/such'", 404),
     (lambda e: e.create_model("x", BASE, LoraSpec(rank=129)), "LoRA rank 129", 400),
-    (lambda e: e.create_model("x", BASE, LoraSpec(rank=4, train_attn=False, train_mlp=False)),
+    (lambda e: e.create_model("x", BASE, LoraSpec(rank=4, train_attn=False, train_mlp=False,
+                                                      train_unembed=False)),
      "trains nothing", 400),
     (lambda e: e.create_model("m", BASE, LoraSpec(rank=4)), "exists already", 409),
     (lambda e: e.forward("nope", [_datum([1, 2])], "cross_entropy"), "unknown model_id 'nope'", 404),

@@ -47,6 +47,27 @@ def test_sampled_and_prompt_logprobs_equal_a_forward_pass(trained):
     np.testing.assert_allclose(out.prompt_logprobs[1:], forward[:len(PROMPT) - 1], atol=1e-5)
 
 
+def test_sampled_logprobs_at_a_temperature_are_the_tempered_distributions(trained):
+    """At T != 1 a sampled token's log-prob is log_softmax(logits / T), computed here from
+    the tenant's full logits, before top-k / top-p (docs/tinker.md#losses)."""
+    engine, key = trained
+    out = engine.sample(SamplerTarget(BASE, key), PROMPT, 2,
+                        SampleSpec(max_tokens=5, seed=2, temperature=0.7, top_k=20))
+    tenant = engine.tenants["m"]
+    slot = engine.sampler_slots[key][1]
+    for sequence in out.sequences:
+        tokens = PROMPT + sequence.tokens
+        tenant.base.slots.activate(slot)
+        try:
+            with torch.no_grad():
+                logits = tenant.base.model(torch.tensor([tokens[:-1]]))["logits"][0].float()
+        finally:
+            tenant.base.slots.activate(None)
+        tempered = torch.log_softmax(logits / 0.7, -1)
+        want = tempered[torch.arange(len(tokens) - 1), torch.tensor(tokens[1:])]
+        np.testing.assert_allclose(sequence.logprobs, want[len(PROMPT) - 1:].numpy(), atol=1e-5)
+
+
 def test_the_base_samples_without_any_adapter(trained):
     engine, key = trained
     spec = SampleSpec(max_tokens=6, seed=3, temperature=0.0)

@@ -17,6 +17,9 @@ from astrai_core.tinker.engine_types import AdamSpec, DatumIn, EngineRequestErro
 from tests.tinker.conftest import BASE, policy_datums, sft_datums
 
 ADAM = AdamSpec(learning_rate=5e-3)
+# Tests against reference_model: astrai's LoRA there has no unembedding adapter (peft's
+# is the reference of that one, in test_engine_unembed.py).
+NO_UNEMBED = {"train_unembed": False}
 
 
 def reference_model(engine, model_id: str, hf_dir, tmp_path):
@@ -53,7 +56,7 @@ def sft_loss(model, rows, masks) -> tuple[float, int]:
 
 def test_cross_entropy_step_loss_is_astrais_sft_loss(make_engine, hf_dir, tmp_path):
     engine = make_engine()
-    engine.create_model("m", BASE, LoraSpec(rank=4, seed=3))
+    engine.create_model("m", BASE, LoraSpec(rank=4, seed=3, **NO_UNEMBED))
     datums, rows, masks = sft_datums()
     for step in range(3):
         reference, count = sft_loss(reference_model(engine, "m", hf_dir, tmp_path), rows, masks)
@@ -167,15 +170,33 @@ def test_dro_is_tinkers_definition(make_engine):
 def test_policy_loss_gradients_are_those_of_the_definition(make_engine, hf_dir, tmp_path, loss_fn):
     """The adapter's gradient after forward_backward is autograd's of Tinker's formula on
     a separate model with astrai's LoRA holding the same adapter."""
-    engine = make_engine()
-    engine.create_model("m", BASE, LoraSpec(rank=4, seed=2))
-    datums, _, _ = sft_datums()
-    engine.forward_backward("m", datums, "cross_entropy")
-    engine.optim_step("m", AdamSpec(learning_rate=2e-2))
-    reference = reference_model(engine, "m", hf_dir, tmp_path)
+    engine, reference = _stepped_with_reference(make_engine, hf_dir, tmp_path)
     data = policy_datums()
     engine.forward_backward("m", data, loss_fn)
 
+    logp = _reference_logprobs(reference, data)
+    _, q, adv, mask = _policy_inputs(data, [{"logprobs": np.zeros(len(d.tokens))} for d in data])
+    ratio = torch.exp(torch.where(mask, logp - q, 0.0))
+    objective = {"importance_sampling": ratio * adv,
+                 "ppo": torch.minimum(ratio * adv, ratio.clamp(0.8, 1.2) * adv),
+                 "cispo": ratio.clamp(0.8, 1.2).detach() * logp * adv}[loss_fn]
+    (-torch.where(mask, objective, 0.0).sum()).backward()
+    _assert_same_grads(engine, reference)
+
+
+def _stepped_with_reference(make_engine, hf_dir, tmp_path):
+    """An engine whose tenant "m" took one step (a nonzero adapter), and a reference model
+    holding that adapter."""
+    engine = make_engine()
+    engine.create_model("m", BASE, LoraSpec(rank=4, seed=2, **NO_UNEMBED))
+    datums, _, _ = sft_datums()
+    engine.forward_backward("m", datums, "cross_entropy")
+    engine.optim_step("m", AdamSpec(learning_rate=2e-2))
+    return engine, reference_model(engine, "m", hf_dir, tmp_path)
+
+
+def _reference_logprobs(reference, data: list[DatumIn]) -> torch.Tensor:
+    """[B, T] target log-probs of right-padded ``data`` on the reference model."""
     pad = max(len(d.tokens) for d in data)
     ids = torch.zeros(len(data), pad + 1, dtype=torch.long)
     targets = torch.zeros(len(data), pad, dtype=torch.long)
@@ -184,13 +205,10 @@ def test_policy_loss_gradients_are_those_of_the_definition(make_engine, hf_dir, 
         ids[i, :len(d.tokens)] = torch.as_tensor(d.tokens)
         targets[i, :len(d.tokens)] = torch.as_tensor(d.loss_fn_inputs["target_tokens"])
         attention[i, :len(d.tokens)] = 1
-    logp = target_logprobs(reference, ids, targets, attention_mask=attention)["logprobs"]
-    _, q, adv, mask = _policy_inputs(data, [{"logprobs": np.zeros(len(d.tokens))} for d in data])
-    ratio = torch.exp(torch.where(mask, logp - q, 0.0))
-    objective = {"importance_sampling": ratio * adv,
-                 "ppo": torch.minimum(ratio * adv, ratio.clamp(0.8, 1.2) * adv),
-                 "cispo": ratio.clamp(0.8, 1.2).detach() * logp * adv}[loss_fn]
-    (-torch.where(mask, objective, 0.0).sum()).backward()
+    return target_logprobs(reference, ids, targets, attention_mask=attention)["logprobs"]
+
+
+def _assert_same_grads(engine, reference) -> None:
     tenant = engine.tenants["m"]
     grads = {name.replace(f".{tenant.slot}.", ".default."): p.grad
              for name, p in tenant.parameters().items()}
@@ -223,3 +241,54 @@ def test_per_token_clip_thresholds(make_engine, loss_fn):
         np.testing.assert_allclose(o["elementwise_loss"], expected.numpy(), atol=1e-6)
     with pytest.raises(EngineRequestError, match="given in 1 of 2 datums"):
         engine.forward("m", [clipped[0], data[1]], loss_fn)
+
+
+def _gspo_datums() -> list[DatumIn]:
+    """Policy datums whose first tokens are a prompt outside the sequence ratio."""
+    data = policy_datums()
+    out = []
+    for datum in data:
+        marks = np.ones(len(datum.tokens), dtype=np.float32)
+        marks[:2] = 0.0
+        out.append(DatumIn(datum.tokens, {**datum.loss_fn_inputs, "sequence_ratio_mask": marks}))
+    return out
+
+
+def test_gspo_is_tinkers_definition(make_engine, hf_dir, tmp_path):
+    """GSPO-token, written per datum as Tinker documents it: the loss and the adapter's
+    gradient equal autograd's on a separate model holding the same adapter."""
+    engine, reference = _stepped_with_reference(make_engine, hf_dir, tmp_path)
+    data = _gspo_datums()
+    out = engine.forward_backward("m", data, "gspo", {"clip_low_threshold": 0.85,
+                                                      "clip_high_threshold": 1.2})
+    logp = _reference_logprobs(reference, data)
+    total, clipped = torch.zeros(()), []
+    for i, datum in enumerate(data):
+        length = len(datum.tokens)
+        target = logp[i, :length]
+        q = torch.as_tensor(datum.loss_fn_inputs["logprobs"])
+        adv = torch.as_tensor(datum.loss_fn_inputs["advantages"])
+        in_ratio = torch.as_tensor(datum.loss_fn_inputs["sequence_ratio_mask"]) != 0
+        log_ratio = (target.detach() - q)[in_ratio].mean()
+        ratio = torch.exp(log_ratio + target - target.detach())
+        clipped.append(not 0.85 <= float(ratio[0].detach()) <= 1.2)
+        per_token = -torch.minimum(ratio * adv, torch.clamp(ratio, 0.85, 1.2) * adv)
+        np.testing.assert_allclose(out.outputs[i]["elementwise_loss"], per_token.detach().numpy(),
+                                   atol=1e-5)
+        total = total + per_token.sum()
+    assert out.metrics["loss:sum"] == pytest.approx(float(total.detach()), abs=1e-4)
+    assert clipped == [True, False]  # one sequence clipped, one not: both branches matter
+    total.backward()
+    _assert_same_grads(engine, reference)
+
+
+def test_gspo_refuses_a_sequence_ratio_mask_that_marks_nothing(make_engine):
+    engine = make_engine()
+    engine.create_model("m", BASE, LoraSpec(rank=4, seed=2))
+    data = _gspo_datums()
+    empty = DatumIn(data[1].tokens, {**data[1].loss_fn_inputs,
+                                     "sequence_ratio_mask": np.zeros(len(data[1].tokens), np.float32)})
+    with pytest.raises(EngineRequestError, match="datum 1: .*sequence_ratio_mask.* marks no token"):
+        engine.forward("m", [data[0], empty], "gspo")
+    with pytest.raises(EngineRequestError, match="no 'sequence_ratio_mask'"):
+        engine.forward("m", policy_datums(), "gspo")
