@@ -157,15 +157,18 @@ def tiny_vlm_processor(family: str) -> Any:
     return spec.processor(tokenizer, template)
 
 
-def tiny_vlm(family: str, seed: int = 0) -> Any:
-    """A randomly initialised float32 image-text-to-text model of ``family`` (tiny)."""
+def tiny_vlm(family: str, seed: int = 0, **text: Any) -> Any:
+    """A randomly initialised float32 image-text-to-text model of ``family`` (tiny);
+    ``text``: language-model config values over the tiny ones (an engine may need a
+    wider head: vLLM's CPU attention wants ``head_dim`` >= 32)."""
     import torch
     from transformers import AutoConfig, AutoModelForImageTextToText
 
     spec = TINY_VLM_FAMILIES[family]
     ids = tiny_vlm_tokenizer(family).get_vocab()
     kwargs = spec.config(ids)
-    text, vision = dict(kwargs.pop("text_config")), dict(kwargs.pop("vision_config"))
+    text = {**kwargs.pop("text_config"), **text}
+    vision = dict(kwargs.pop("vision_config"))
     config = AutoConfig.for_model(
         family, text_config=AutoConfig.for_model(text.pop("model_type"), **text),
         vision_config=AutoConfig.for_model(vision.pop("model_type"), **vision), **kwargs)
@@ -174,11 +177,11 @@ def tiny_vlm(family: str, seed: int = 0) -> Any:
     return randomize_(model, seed, std=0.05).eval()
 
 
-def write_vlm_dir(directory: Path, family: str, seed: int = 0) -> Path:
+def write_vlm_dir(directory: Path, family: str, seed: int = 0, **text: Any) -> Path:
     """A Hugging Face directory (safetensors, config, processor, tokenizer, chat template)
-    of a tiny random ``family`` vision-language model."""
+    of a tiny random ``family`` vision-language model (``text``: see :func:`tiny_vlm`)."""
     directory = Path(directory)
-    tiny_vlm(family, seed).save_pretrained(str(directory))
+    tiny_vlm(family, seed, **text).save_pretrained(str(directory))
     tiny_vlm_processor(family).save_pretrained(str(directory))
     return directory
 

@@ -42,6 +42,7 @@ from astrai_core.api import Request, expand_requests
 from astrai_plugin_vllm import colocated
 from astrai_plugin_vllm import delta as delta_lib
 from astrai_plugin_vllm import engine as engine_lib
+from astrai_plugin_vllm import images as images_lib
 from astrai_plugin_vllm import weights as weights_lib
 from astrai_plugin_vllm.logprobs import is_truncated, trainer_logprobs
 
@@ -118,6 +119,11 @@ class VllmSampler:
                               "runs in that rank's process; leave multiprocess off")
         self._work_dir = tempfile.TemporaryDirectory(prefix="astrai-vllm-")
         hf_dir = engine_lib.export_policy(model, native_dir, Path(self._work_dir.name), model_type)
+        self._vision = images_lib.vision_config(model)
+        self._processor = images_lib.image_processor(tokenizer)
+        if self._vision is not None:  # vLLM builds its model's processor from the directory
+            images_lib.check_family(self._vision.model_type, self._processor)
+            self._processor.save_pretrained(str(hf_dir))
         # a transformers-backend policy's names are already the family's: no importer
         self._importer = None if hf_name_prefix(model) is not None else _importer_for(hf_dir)
         engine_args = dict(gpu_memory_utilization=gpu_memory_utilization,
@@ -132,7 +138,8 @@ class VllmSampler:
         colocated.clear_stale_cpu_shm(tensor_parallel_size)
         self.engine = engine_lib.start_engine(
             hf_dir, dtype=dtype or engine_lib.policy_dtype(model), multiprocess=multiprocess,
-            cpu_kv_cache_gib=cpu_kv_cache_gib, engine_args=engine_args)
+            cpu_kv_cache_gib=cpu_kv_cache_gib, engine_args=engine_args,
+            tokenizer=self._vision is not None)
         self.fix_cpu_moe_reload = (weights_lib.cpu_moe_reload_bug_present()
                                    if fix_cpu_moe_reload is None else fix_cpu_moe_reload)
 
@@ -157,6 +164,8 @@ class VllmSampler:
         else:
             metrics = {"rollout/weight_push_mb": self._push_whole() / MB}
         self.engine.reset_prefix_cache()  # cached KV blocks hold the old weights' keys/values
+        if self._vision is not None:  # and cached image features the old vision tower's
+            self.engine.llm_engine.reset_encoder_cache()
         metrics["rollout/weight_push_seconds"] = time.perf_counter() - started
         self._metrics = metrics
         self.policy_version += 1
@@ -204,22 +213,29 @@ class VllmSampler:
     # ---------------------------------------------------------------- generation
     def generate(self, prompts: Sequence[Sequence[int]],
                  params: SamplingParams | Sequence[SamplingParams],
-                 on_token: TokenCallback | None = None) -> list[Completion]:
+                 on_token: TokenCallback | None = None,
+                 images: Sequence[dict[str, Any] | None] | None = None) -> list[Completion]:
         """Completions for each prompt (``n`` per prompt, grouped in prompt order).
 
         ``on_token`` is called with (completion index, token id) for every token once
         the engine has produced the batch (vLLM's offline API does not stream).
+        ``images``: a vision-language model's image tensors of each prompt (None for a
+        prompt without), the processor's output for that one prompt, as the torch
+        sampler takes them; the prompt's ids hold the expanded image tokens.
         """
-        from vllm.inputs import TokensPrompt
-
-        requests = expand_requests(prompts, params)
+        requests = expand_requests(prompts, params, images)
         if self.tokenizer is None and any(r.params.stop for r in requests):
             raise ValueError("stop strings need a tokenizer: VllmSampler(model, tokenizer=...)")
+        if any(r.images for r in requests):
+            self._check_image_requests(requests)
         self._wake()
-        outputs = self._pool.run([TokensPrompt(prompt_token_ids=r.prompt_ids) for r in requests],
+        outputs = self._pool.run([self._prompt(r) for r in requests],
                                  [_vllm_params(r) for r in requests], self._engine_generate)
         self._sleep()
         for request, output in zip(requests, outputs, strict=True):
+            if list(output.prompt_token_ids) != list(request.prompt_ids):
+                raise RuntimeError("vLLM changed a prompt's token ids (its image expansion "
+                                   "differs from the trainer's)")
             self._record(request, output.outputs[0])
         self._recompute_truncated(requests)
         if on_token is not None:
@@ -228,8 +244,35 @@ class VllmSampler:
                     on_token(request.index, token)
         return [r.completion(self.tokenizer) for r in requests]
 
+    def _prompt(self, request: Request) -> Any:
+        """vLLM's input for one request: its token ids, with its images already processed."""
+        if not request.images:
+            from vllm.inputs import TokensPrompt
+
+            return TokensPrompt(prompt_token_ids=request.prompt_ids)
+        return images_lib.engine_input(self._vision, request.prompt_ids, request.images,
+                                       self._processor)
+
+    def _check_image_requests(self, requests: list[Request]) -> None:
+        if self._vision is None:
+            raise ValueError("images: this policy is a text model; it takes no images")
+        if any(r.images and is_truncated(r.params) for r in requests):
+            # such log-probs come from the trainer's forward, which runs no images here
+            raise ValueError("images: top_k/top_p/min_p on prompts with images is not "
+                             "supported by the vllm sampler; sample them without filters")
+
     def _engine_generate(self, prompts: list[Any], params: list[Any]) -> list[Any]:
-        return self.engine.generate(prompts, params, use_tqdm=False)
+        if not any("type" in prompt for prompt in prompts):
+            return self.engine.generate(prompts, params, use_tqdm=False)
+        # Processed multimodal inputs skip vLLM's renderer (which would expand the image
+        # tokens again); LLM.generate has no public way in for them in vLLM 0.32.
+        from vllm.inputs.engine import tokens_input
+        from vllm.outputs import RequestOutput
+
+        inputs = [prompt if "type" in prompt else tokens_input(prompt["prompt_token_ids"])
+                  for prompt in prompts]
+        self.engine._render_and_add_requests(inputs, params)
+        return self.engine._run_engine(use_tqdm=False, output_type=RequestOutput)  # in order
 
     # ---------------------------------------------------------------- sleep mode
     def _wake(self) -> None:

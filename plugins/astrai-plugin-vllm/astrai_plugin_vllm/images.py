@@ -1,0 +1,134 @@
+"""Prompts with images for a vLLM engine running a vision-language model.
+
+The sampler takes each prompt as the trainer sees it: token ids in which the processor
+already expanded every image into its tokens, and the processor's tensors for that prompt
+(``pixel_values``, ...), as the torch sampler does. vLLM 0.32 would expand the image
+placeholders of a token prompt again (it never checks whether they were expanded), and
+would run its own copy of the processor on raw images. So the sampler hands vLLM an
+already-processed multimodal input instead: the trainer's ids unchanged, the trainer's
+pixel tensors, and where each image's embeddings go in the ids. The engine then sees
+exactly the trainer's tokens and pixels.
+
+Where the embeddings go is a family's own layout; :data:`FAMILIES` lists the families
+done here. On CPU, vLLM 0.32 imports transformers' torchvision image processors for
+Gemma 3 and LLaVA (``gemma3_mm.py``, ``pixtral.py``), which the CPU install removes:
+those models do not start there, whatever the sampler does.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Callable
+from typing import Any
+
+import torch
+
+from astrai_core.api import ConfigError
+
+
+def vision_config(model: torch.nn.Module) -> Any:
+    """The Hugging Face config of a vision-language policy (transformers backend); None
+    for a text model."""
+    config = getattr(getattr(model, "hf", None), "config", None)
+    return config if getattr(config, "vision_config", None) is not None else None
+
+
+def image_processor(tokenizer: Any) -> Any:
+    """The model's processor (image processor, tokenizer, chat template), from what the
+    sampler was given: the processor itself, or a tokenizer loaded from a model directory
+    with one (``astrai_processor``, as the trainer's is)."""
+    if hasattr(tokenizer, "image_processor"):
+        return tokenizer
+    return getattr(tokenizer, "astrai_processor", None)
+
+
+def check_family(model_type: str, processor: Any) -> None:
+    """Stop before the engine starts where the sampler cannot feed this family images."""
+    if model_type not in FAMILIES:
+        raise ConfigError(
+            f"sampler: the vllm sampler takes images for {', '.join(sorted(FAMILIES))} "
+            f"models; this policy is {model_type!r} (use sampler: {{name: torch}})")
+    if processor is None:
+        raise ConfigError("sampler: vLLM needs the vision-language model's processor: "
+                          "give VllmSampler the tokenizer loaded from the model's directory "
+                          "(or the processor itself)")
+
+
+def engine_input(config: Any, ids: list[int], images: dict[str, Any], processor: Any
+                 ) -> dict[str, Any]:
+    """vLLM's processed multimodal input for one prompt: ``ids`` as they are, the image
+    tensors of ``images`` (the processor's output for this prompt) and their positions;
+    ``config``: the model's Hugging Face config."""
+    from vllm.inputs.engine import mm_input
+
+    tensors = {name: torch.as_tensor(value) for name, value in images.items()}
+    kwargs, hashes, placeholders = FAMILIES[config.model_type](ids, tensors, config, processor)
+    return mm_input(list(ids), kwargs, {"image": hashes}, {"image": placeholders})
+
+
+def _runs(ids: list[int], token: int) -> list[tuple[int, int]]:
+    """(start, end) of each maximal run of ``token`` in ``ids``."""
+    runs: list[tuple[int, int]] = []
+    for position, value in enumerate(ids):
+        if value != token:
+            continue
+        if runs and runs[-1][1] == position:
+            runs[-1] = (runs[-1][0], position + 1)
+        else:
+            runs.append((position, position + 1))
+    return runs
+
+
+def _idefics3(ids: list[int], tensors: dict[str, torch.Tensor], config: Any, processor: Any
+              ) -> tuple[Any, list[str], list[Any]]:
+    """Idefics3: every patch of an image (its tiles, then the whole image after
+    ``<global-img>``) is a run of image tokens; the image's embeddings fill them in order."""
+    from transformers import BatchFeature
+    from vllm.multimodal.inputs import MultiModalFieldConfig, MultiModalKwargsItems
+    from vllm.multimodal.inputs import PlaceholderRange
+
+    token = config.image_token_id
+    global_tag = processor.tokenizer.convert_tokens_to_ids(processor.global_image_tag)
+    pixels = tensors["pixel_values"][0]  # [patches of every image, 3, H, W]
+    masks = tensors["pixel_attention_mask"][0]
+    images: list[list[tuple[int, int]]] = [[]]
+    for start, end in _runs(ids, token):
+        images[-1].append((start, end))
+        if start > 0 and ids[start - 1] == global_tag:  # the image's last patch
+            images.append([])
+    images = [runs for runs in images if runs]
+    patches = [len(runs) for runs in images]
+    if sum(patches) != len(pixels):
+        raise ValueError(f"images: the prompt's image tokens hold {sum(patches)} image "
+                         f"patches, its pixel_values {len(pixels)}")
+    counts = torch.tensor(patches)
+    data = BatchFeature({"pixel_values": pixels, "pixel_attention_mask": masks,
+                         "num_patches": counts})
+    fields = {"pixel_values": MultiModalFieldConfig.flat_from_sizes("image", counts),
+              "pixel_attention_mask": MultiModalFieldConfig.flat_from_sizes("image", counts),
+              "num_patches": MultiModalFieldConfig.batched("image", keep_on_cpu=True)}
+    kwargs = MultiModalKwargsItems.from_hf_inputs(data, fields)
+    placeholders, hashes, first = [], [], 0
+    for runs, count in zip(images, patches, strict=True):
+        start, end = runs[0][0], runs[-1][1]
+        is_embed = torch.tensor([value == token for value in ids[start:end]])
+        placeholders.append(PlaceholderRange(offset=start, length=end - start, is_embed=is_embed))
+        hashes.append(_digest(pixels[first:first + count], masks[first:first + count]))
+        first += count
+    return kwargs, hashes, placeholders
+
+
+def _digest(*tensors: torch.Tensor) -> str:
+    """An image's identity for vLLM's encoder cache: the bytes of its tensors."""
+    digest = hashlib.sha256()
+    for tensor in tensors:
+        digest.update(str(tuple(tensor.shape)).encode())
+        digest.update(tensor.contiguous().view(torch.uint8).numpy().tobytes())
+    return digest.hexdigest()
+
+
+# Hugging Face model_type -> (ids, image tensors, model config, processor)
+#   -> (vLLM's kwargs items, one hash per image, one placeholder range per image)
+FAMILIES: dict[str, Callable[..., tuple[Any, list[str], list[Any]]]] = {
+    "idefics3": _idefics3,
+}
