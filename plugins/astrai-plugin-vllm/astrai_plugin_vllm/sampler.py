@@ -18,6 +18,10 @@ prompts (see :mod:`astrai_plugin_vllm.colocated`). ``sleep=True`` frees the engi
 cache and offloads its weights while the trainer steps (vLLM's sleep mode; accelerators
 only), and brings them back before a push or a generation.
 
+A vision-language policy's prompts may carry images (``generate(..., images=...)``, each
+prompt's processor output, as the torch sampler takes them): vLLM gets the trainer's ids
+and pixels already processed (see :mod:`astrai_plugin_vllm.images`).
+
 Log-probs follow the contract (temperature-scaled, before top-k/top-p/min-p): vLLM's
 ``processed_logprobs`` for unfiltered requests, the trainer's forward for filtered ones
 (see :mod:`astrai_plugin_vllm.logprobs`).
@@ -117,12 +121,13 @@ class VllmSampler:
         if multiprocess and self.world_size > 1:
             raise ConfigError("sampler.multiprocess: in an N-process run each rank's engine "
                               "runs in that rank's process; leave multiprocess off")
-        self._work_dir = tempfile.TemporaryDirectory(prefix="astrai-vllm-")
-        hf_dir = engine_lib.export_policy(model, native_dir, Path(self._work_dir.name), model_type)
         self._vision = images_lib.vision_config(model)
         self._processor = images_lib.image_processor(tokenizer)
-        if self._vision is not None:  # vLLM builds its model's processor from the directory
+        if self._vision is not None:
             images_lib.check_family(self._vision.model_type, self._processor)
+        self._work_dir = tempfile.TemporaryDirectory(prefix="astrai-vllm-")
+        hf_dir = engine_lib.export_policy(model, native_dir, Path(self._work_dir.name), model_type)
+        if self._vision is not None:  # vLLM builds its model's processor from the directory
             self._processor.save_pretrained(str(hf_dir))
         # a transformers-backend policy's names are already the family's: no importer
         self._importer = None if hf_name_prefix(model) is not None else _importer_for(hf_dir)
