@@ -148,3 +148,43 @@ def test_the_images_reach_the_engine(vlm, helpers):
             sampler.generate([ids], SamplingParams(max_new_tokens=2, top_k=5), images=[first])
     finally:
         sampler.close()
+
+
+def test_a_delta_push_checks_the_vision_tower_by_digest(vlm, helpers):
+    from astrai_plugin_vllm.sampler import VllmSampler
+
+    policy, tokenizer = _policy(vlm), vlm[1]
+    prompts, images = map(list, zip(_prompt(tokenizer, 2), _prompt(tokenizer, 3, "4+4=?")))
+    sampler = VllmSampler(policy, tokenizer, push="delta", **helpers.engine_options)
+    try:
+        sampler.update_weights(None)  # the first push is whole
+        with torch.no_grad():  # then only the vision tower and projector change
+            generator = torch.Generator().manual_seed(6)
+            for name, parameter in policy.hf.named_parameters():
+                if name.startswith(VISION):
+                    parameter.add_(0.2 * torch.randn(parameter.shape, generator=generator))
+        sampler.update_weights(None)
+        metrics = sampler.metrics()
+        assert 0 < metrics["rollout/weight_push_mb"] < metrics["rollout/weight_push_full_mb"]
+        sampler.verify_weights()  # every tensor's digest, the vision tower's included
+        digests = sampler.engine.collective_rpc(
+            "astrai_mirror_digests", args=([n for b in sampler._hf_buckets() for n in b],))[0]
+        assert all(any(name.startswith(part) for name in digests) for part in VISION)
+        out = sampler.generate(prompts, SAMPLED, images=images)
+        assert helpers.max_abs_diff([c.logprobs for c in out],
+                                    _reference(policy, prompts, images, out, 0.8)) <= TOLERANCE
+    finally:
+        sampler.close()
+
+
+def test_a_family_it_cannot_feed_images_stops_before_the_engine(vlm, tmp_path):
+    from astrai_core.api import ConfigError, load_tokenizer
+    from astrai_core.checkpoints.hf_model import load_transformers_model
+    from astrai_core.testing.hf_vlms import write_vlm_dir
+    from astrai_plugin_vllm.sampler import VllmSampler
+
+    gemma = write_vlm_dir(tmp_path / "gemma3", "gemma3")
+    with pytest.raises(ConfigError, match="idefics3 models; this policy is 'gemma3'"):
+        VllmSampler(load_transformers_model(gemma), load_tokenizer(gemma))
+    with pytest.raises(ConfigError, match="needs the vision-language model's processor"):
+        VllmSampler(_policy(vlm), tokenizer=None)
