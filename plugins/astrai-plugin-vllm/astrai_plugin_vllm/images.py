@@ -18,12 +18,13 @@ those models do not start there, whatever the sampler does.
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import torch
 
 from astrai_core.api import ConfigError
+from astrai_plugin_vllm.logprobs import is_truncated
 
 
 def vision_config(model: torch.nn.Module) -> Any:
@@ -42,6 +43,36 @@ def image_processor(tokenizer: Any) -> Any:
     return getattr(tokenizer, "astrai_processor", None)
 
 
+class VisionPolicy:
+    """A vision-language policy's Hugging Face config and processor: what the sampler
+    needs to hand vLLM its prompts with images."""
+
+    def __init__(self, config: Any, processor: Any) -> None:
+        self.config = config
+        self.processor = processor
+
+    @classmethod
+    def of(cls, model: torch.nn.Module, tokenizer: Any) -> VisionPolicy | None:
+        """The policy's, checked (None for a text model)."""
+        config = vision_config(model)
+        if config is None:
+            return None
+        processor = image_processor(tokenizer)
+        check_family(config.model_type, processor)
+        return cls(config, processor)
+
+    def engine_input(self, ids: list[int], images: dict[str, Any]) -> dict[str, Any]:
+        """vLLM's processed multimodal input for one prompt: ``ids`` as they are, the
+        image tensors of ``images`` (the processor's output for this prompt) and where
+        each image's features go."""
+        from vllm.inputs.engine import mm_input
+
+        tensors = {name: torch.as_tensor(value) for name, value in images.items()}
+        kwargs, hashes, placeholders = FAMILIES[self.config.model_type](
+            ids, tensors, self.config, self.processor)
+        return mm_input(list(ids), kwargs, {"image": hashes}, {"image": placeholders})
+
+
 def check_family(model_type: str, processor: Any) -> None:
     """Stop before the engine starts where the sampler cannot feed this family images."""
     if model_type not in FAMILIES:
@@ -54,16 +85,47 @@ def check_family(model_type: str, processor: Any) -> None:
                           "(or the processor itself)")
 
 
-def engine_input(config: Any, ids: list[int], images: dict[str, Any], processor: Any
-                 ) -> dict[str, Any]:
-    """vLLM's processed multimodal input for one prompt: ``ids`` as they are, the image
-    tensors of ``images`` (the processor's output for this prompt) and their positions;
-    ``config``: the model's Hugging Face config."""
-    from vllm.inputs.engine import mm_input
+def check_requests(vision: VisionPolicy | None, requests: Sequence[Any]) -> None:
+    """Refuse images the sampler cannot serve, before any reaches the engine."""
+    if not any(r.images for r in requests):
+        return
+    if vision is None:
+        raise ValueError("images: this policy is a text model; it takes no images")
+    if any(r.images and is_truncated(r.params) for r in requests):
+        # such log-probs come from the trainer's forward, which runs no images here
+        raise ValueError("images: top_k/top_p/min_p on prompts with images is not "
+                         "supported by the vllm sampler; sample them without filters")
 
-    tensors = {name: torch.as_tensor(value) for name, value in images.items()}
-    kwargs, hashes, placeholders = FAMILIES[config.model_type](ids, tensors, config, processor)
-    return mm_input(list(ids), kwargs, {"image": hashes}, {"image": placeholders})
+
+def vllm_prompt(vision: VisionPolicy | None, ids: list[int], images: dict[str, Any] | None
+                ) -> Any:
+    """vLLM's input for one prompt: its token ids, with its images already processed."""
+    if not images:
+        from vllm.inputs import TokensPrompt
+
+        return TokensPrompt(prompt_token_ids=ids)
+    assert vision is not None  # check_requests refused images for a text model
+    return vision.engine_input(ids, images)
+
+
+def generate(engine: Any, prompts: list[Any], params: list[Any]) -> list[Any]:
+    """The engine's outputs for ``prompts`` (:func:`vllm_prompt`'s), in order."""
+    if not any("type" in prompt for prompt in prompts):
+        return engine.generate(prompts, params, use_tqdm=False)
+    # Processed multimodal inputs skip vLLM's renderer (which would expand the image
+    # tokens again); LLM.generate has no public way in for them in vLLM 0.32.
+    from vllm.inputs.engine import tokens_input
+    from vllm.outputs import RequestOutput
+
+    inputs = [prompt if "type" in prompt else tokens_input(prompt["prompt_token_ids"])
+              for prompt in prompts]
+    engine._render_and_add_requests(inputs, params)
+    outputs = engine._run_engine(use_tqdm=False, output_type=RequestOutput)  # in order
+    for given, output in zip(inputs, outputs, strict=True):
+        if list(output.prompt_token_ids) != list(given["prompt_token_ids"]):
+            raise RuntimeError("vLLM changed a prompt's token ids (its image expansion "
+                               "differs from the trainer's)")
+    return outputs
 
 
 def _runs(ids: list[int], token: int) -> list[tuple[int, int]]:

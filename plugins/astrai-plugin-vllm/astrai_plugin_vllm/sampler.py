@@ -33,6 +33,7 @@ import os
 import tempfile
 import time
 from collections.abc import Callable, Iterator, Sequence
+from functools import partial
 from pathlib import Path
 from typing import Any, Literal
 
@@ -121,14 +122,11 @@ class VllmSampler:
         if multiprocess and self.world_size > 1:
             raise ConfigError("sampler.multiprocess: in an N-process run each rank's engine "
                               "runs in that rank's process; leave multiprocess off")
-        self._vision = images_lib.vision_config(model)
-        self._processor = images_lib.image_processor(tokenizer)
-        if self._vision is not None:
-            images_lib.check_family(self._vision.model_type, self._processor)
+        self._vision = images_lib.VisionPolicy.of(model, tokenizer)  # None: a text model
         self._work_dir = tempfile.TemporaryDirectory(prefix="astrai-vllm-")
         hf_dir = engine_lib.export_policy(model, native_dir, Path(self._work_dir.name), model_type)
         if self._vision is not None:  # vLLM builds its model's processor from the directory
-            self._processor.save_pretrained(str(hf_dir))
+            self._vision.processor.save_pretrained(str(hf_dir))
         # a transformers-backend policy's names are already the family's: no importer
         self._importer = None if hf_name_prefix(model) is not None else _importer_for(hf_dir)
         engine_args = dict(gpu_memory_utilization=gpu_memory_utilization,
@@ -224,23 +222,19 @@ class VllmSampler:
 
         ``on_token`` is called with (completion index, token id) for every token once
         the engine has produced the batch (vLLM's offline API does not stream).
-        ``images``: a vision-language model's image tensors of each prompt (None for a
-        prompt without), the processor's output for that one prompt, as the torch
+        ``images``: each prompt's processor output (None: no images), as the torch
         sampler takes them; the prompt's ids hold the expanded image tokens.
         """
         requests = expand_requests(prompts, params, images)
         if self.tokenizer is None and any(r.params.stop for r in requests):
             raise ValueError("stop strings need a tokenizer: VllmSampler(model, tokenizer=...)")
-        if any(r.images for r in requests):
-            self._check_image_requests(requests)
+        images_lib.check_requests(self._vision, requests)
         self._wake()
-        outputs = self._pool.run([self._prompt(r) for r in requests],
-                                 [_vllm_params(r) for r in requests], self._engine_generate)
+        outputs = self._pool.run(
+            [images_lib.vllm_prompt(self._vision, r.prompt_ids, r.images) for r in requests],
+            [_vllm_params(r) for r in requests], partial(images_lib.generate, self.engine))
         self._sleep()
         for request, output in zip(requests, outputs, strict=True):
-            if list(output.prompt_token_ids) != list(request.prompt_ids):
-                raise RuntimeError("vLLM changed a prompt's token ids (its image expansion "
-                                   "differs from the trainer's)")
             self._record(request, output.outputs[0])
         self._recompute_truncated(requests)
         if on_token is not None:
@@ -248,36 +242,6 @@ class VllmSampler:
                 for token in request.token_ids:
                     on_token(request.index, token)
         return [r.completion(self.tokenizer) for r in requests]
-
-    def _prompt(self, request: Request) -> Any:
-        """vLLM's input for one request: its token ids, with its images already processed."""
-        if not request.images:
-            from vllm.inputs import TokensPrompt
-
-            return TokensPrompt(prompt_token_ids=request.prompt_ids)
-        return images_lib.engine_input(self._vision, request.prompt_ids, request.images,
-                                       self._processor)
-
-    def _check_image_requests(self, requests: list[Request]) -> None:
-        if self._vision is None:
-            raise ValueError("images: this policy is a text model; it takes no images")
-        if any(r.images and is_truncated(r.params) for r in requests):
-            # such log-probs come from the trainer's forward, which runs no images here
-            raise ValueError("images: top_k/top_p/min_p on prompts with images is not "
-                             "supported by the vllm sampler; sample them without filters")
-
-    def _engine_generate(self, prompts: list[Any], params: list[Any]) -> list[Any]:
-        if not any("type" in prompt for prompt in prompts):
-            return self.engine.generate(prompts, params, use_tqdm=False)
-        # Processed multimodal inputs skip vLLM's renderer (which would expand the image
-        # tokens again); LLM.generate has no public way in for them in vLLM 0.32.
-        from vllm.inputs.engine import tokens_input
-        from vllm.outputs import RequestOutput
-
-        inputs = [prompt if "type" in prompt else tokens_input(prompt["prompt_token_ids"])
-                  for prompt in prompts]
-        self.engine._render_and_add_requests(inputs, params)
-        return self.engine._run_engine(use_tqdm=False, output_type=RequestOutput)  # in order
 
     # ---------------------------------------------------------------- sleep mode
     def _wake(self) -> None:
@@ -299,22 +263,7 @@ class VllmSampler:
                             zip(sequence.logprobs, request.token_ids, strict=True)]
         request.finish_reason = sequence.finish_reason
         if request.params.stop:
-            self._cut_at_stop_string(request)
-
-    def _cut_at_stop_string(self, request: Request) -> None:
-        """End at the first token whose text completes a stop string, as the torch sampler does.
-
-        The engine has no tokenizer, so it ran on; the tokens up to that point are the
-        ones it would have produced had it stopped there.
-        """
-        for length in range(1, len(request.token_ids) + 1):
-            text = self.tokenizer.decode(request.token_ids[:length], skip_special_tokens=True)
-            found = [at for at in (text.find(stop) for stop in request.params.stop) if at >= 0]
-            if found:
-                request.stop_text_at = min(found)
-                del request.token_ids[length:], request.logprobs[length:]
-                request.finish_reason = "stop"
-                return
+            _cut_at_stop_string(request, self.tokenizer)
 
     def _recompute_truncated(self, requests: list[Request]) -> None:
         """Contract log-probs for filtered requests, from the trainer's forward (per temperature)."""
@@ -352,6 +301,22 @@ def _counted(pairs: Iterator[tuple[str, torch.Tensor]], total: list[int]
     for name, tensor in pairs:
         total[0] += tensor.numel() * tensor.element_size()
         yield name, tensor
+
+
+def _cut_at_stop_string(request: Request, tokenizer: Any) -> None:
+    """End at the first token whose text completes a stop string, as the torch sampler does.
+
+    The engine has no tokenizer, so it ran on; the tokens up to that point are the
+    ones it would have produced had it stopped there.
+    """
+    for length in range(1, len(request.token_ids) + 1):
+        text = tokenizer.decode(request.token_ids[:length], skip_special_tokens=True)
+        found = [at for at in (text.find(stop) for stop in request.params.stop) if at >= 0]
+        if found:
+            request.stop_text_at = min(found)
+            del request.token_ids[length:], request.logprobs[length:]
+            request.finish_reason = "stop"
+            return
 
 
 def _vllm_params(request: Request) -> Any:
