@@ -151,8 +151,11 @@ def _idefics3(ids: list[int], tensors: dict[str, torch.Tensor], config: Any, pro
 
     token = config.image_token_id
     global_tag = processor.tokenizer.convert_tokens_to_ids(processor.global_image_tag)
-    pixels = tensors["pixel_values"][0]  # [patches of every image, 3, H, W]
-    masks = tensors["pixel_attention_mask"][0]
+    pixels, masks = tensors["pixel_values"], tensors["pixel_attention_mask"]
+    if pixels.ndim == 5:  # the processor's [1, patches, 3, H, W] for one prompt
+        pixels, masks = pixels[0], masks[0]
+    real = pixels.flatten(1).ne(0).any(1)  # all-zero patches pad a batch (as transformers)
+    pixels, masks = pixels[real], masks[real]
     images: list[list[tuple[int, int]]] = [[]]
     for start, end in _runs(ids, token):
         images[-1].append((start, end))

@@ -39,15 +39,17 @@ def _policy(vlm):
     return load_transformers_model(vlm[0])
 
 
-def _prompt(tokenizer, seed: int, text: str = "1+1=?") -> tuple[list[int], dict]:
-    """A chat prompt with one image, as the trainer renders it: (ids with the image's
-    tokens expanded, the processor's image tensors for it)."""
+def _prompt(tokenizer, seed: int, text: str = "1+1=?", count: int = 1) -> tuple[list[int], dict]:
+    """A chat prompt with ``count`` images, as the trainer renders it: (ids with the
+    images' tokens expanded, the processor's image tensors for it)."""
     from astrai_core.testing.hf_vlms import tiny_image
 
     processor = tokenizer.astrai_processor
-    chat = [{"role": "user", "content": [{"type": "image"}, {"type": "text", "text": text}]}]
-    rendered = processor.apply_chat_template(chat, add_generation_prompt=True)
-    out = processor(text=[rendered], images=[[tiny_image(seed)]], return_tensors="pt")
+    parts = [{"type": "image"}] * count + [{"type": "text", "text": text}]
+    rendered = processor.apply_chat_template([{"role": "user", "content": parts}],
+                                             add_generation_prompt=True)
+    images = [tiny_image(seed + i) for i in range(count)]
+    out = processor(text=[rendered], images=[images], return_tensors="pt")
     ids = out.pop("input_ids")[0].tolist()
     out.pop("attention_mask")
     return ids, dict(out)
@@ -134,7 +136,8 @@ def test_the_images_reach_the_engine(vlm, helpers):
     (ids, first), (same_ids, second) = _prompt(tokenizer, 0), _prompt(tokenizer, 1)
     assert ids == same_ids  # the same text: only the pixels differ
     text = tokenizer("3+4=")["input_ids"]
-    prompts, images = [ids, ids, text], [first, second, None]
+    two = _prompt(tokenizer, 4, "5+5=?", count=2)  # two images, each its own features
+    prompts, images = [ids, ids, text, two[0]], [first, second, None, two[1]]
     sampler = VllmSampler(policy, tokenizer, **helpers.engine_options)
     try:
         out = sampler.generate(prompts, GREEDY, images=images)
@@ -142,7 +145,7 @@ def test_the_images_reach_the_engine(vlm, helpers):
         assert helpers.max_abs_diff(logprobs, _reference(policy, prompts, images, out, 1.0)) \
             <= TOLERANCE
         # the same completion scored under the other image: far from the engine's numbers
-        swapped = _reference(policy, prompts, [second, first, None], out, 1.0)
+        swapped = _reference(policy, prompts, [second, first, None, two[1]], out, 1.0)
         assert helpers.max_abs_diff(logprobs[:2], swapped[:2]) > 0.01
         with pytest.raises(ValueError, match="top_k/top_p/min_p"):
             sampler.generate([ids], SamplingParams(max_new_tokens=2, top_k=5), images=[first])
@@ -188,3 +191,25 @@ def test_a_family_it_cannot_feed_images_stops_before_the_engine(vlm, tmp_path):
         VllmSampler(load_transformers_model(gemma), load_tokenizer(gemma))
     with pytest.raises(ConfigError, match="needs the vision-language model's processor"):
         VllmSampler(_policy(vlm), tokenizer=None)
+
+
+def test_each_image_fills_its_own_tokens_and_batch_padding_is_dropped(vlm):
+    from astrai_plugin_vllm.images import VisionPolicy
+
+    policy, tokenizer = _policy(vlm), vlm[1]
+    vision = VisionPolicy(policy.hf.config, tokenizer.astrai_processor)
+    ids, images = _prompt(tokenizer, 0, count=2)
+    given = vision.engine_input(ids, images)
+    assert given["prompt_token_ids"] == ids
+    token = policy.hf.config.image_token_id
+    ranges = given["mm_placeholders"]["image"]
+    assert [int(r.is_embed.sum()) for r in ranges] == [4, 4]  # 28 px / 7 / scale 2, squared
+    assert ranges[0].offset + ranges[0].length < ranges[1].offset
+    assert sum(int(r.is_embed.sum()) for r in ranges) == ids.count(token)
+    # a batch's all-zero padding patches are no image (as in transformers' forward)
+    padded = {name: torch.cat([value, torch.zeros_like(value[:, :1])], 1)
+              for name, value in images.items()}
+    assert vision.engine_input(ids, padded)["mm_hashes"] == given["mm_hashes"]
+    first_only = {name: value[:, :1] for name, value in images.items()}
+    with pytest.raises(ValueError, match="hold 2 image patches, its pixel_values 1"):
+        vision.engine_input(ids, first_only)
