@@ -60,11 +60,13 @@ def policy_dtype(model: torch.nn.Module) -> str:
 
 
 def start_engine(hf_dir: Path, *, dtype: str, multiprocess: bool, cpu_kv_cache_gib: int | None,
-                 engine_args: dict[str, Any]) -> Any:
+                 engine_args: dict[str, Any], tokenizer: bool = False) -> Any:
     """A ``vllm.LLM`` over ``hf_dir`` that takes token ids and reports processed log-probs.
 
     ``multiprocess=False`` keeps the engine core in this process (it starts in seconds
     and takes weights as tensors); otherwise vLLM runs it in its own process.
+    ``tokenizer``: load the directory's tokenizer and processor (a vision-language
+    model's processing refuses to start without them; prompts are still token ids).
     """
     import vllm.envs
 
@@ -80,7 +82,7 @@ def start_engine(hf_dir: Path, *, dtype: str, multiprocess: bool, cpu_kv_cache_g
         log.info("starting vLLM", model=str(hf_dir), dtype=dtype, multiprocess=multiprocess,
                  **{k: v for k, v in engine_args.items() if v is not None})
         return LLM(model=str(hf_dir), dtype=dtype,
-                   skip_tokenizer_init=True,          # token ids in, token ids out
+                   skip_tokenizer_init=not tokenizer,  # token ids in, token ids out
                    logprobs_mode="processed_logprobs",  # temperature-scaled (see sampler.py)
                    generation_config="vllm",          # no sampling defaults from the checkpoint
                    **{k: v for k, v in engine_args.items() if v is not None})

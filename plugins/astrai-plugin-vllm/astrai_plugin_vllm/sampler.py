@@ -18,6 +18,10 @@ prompts (see :mod:`astrai_plugin_vllm.colocated`). ``sleep=True`` frees the engi
 cache and offloads its weights while the trainer steps (vLLM's sleep mode; accelerators
 only), and brings them back before a push or a generation.
 
+A vision-language policy's prompts may carry images (``generate(..., images=...)``, each
+prompt's processor output, as the torch sampler takes them): vLLM gets the trainer's ids
+and pixels already processed (see :mod:`astrai_plugin_vllm.images`).
+
 Log-probs follow the contract (temperature-scaled, before top-k/top-p/min-p): vLLM's
 ``processed_logprobs`` for unfiltered requests, the trainer's forward for filtered ones
 (see :mod:`astrai_plugin_vllm.logprobs`).
@@ -29,6 +33,7 @@ import os
 import tempfile
 import time
 from collections.abc import Callable, Iterator, Sequence
+from functools import partial
 from pathlib import Path
 from typing import Any, Literal
 
@@ -42,6 +47,7 @@ from astrai_core.api import Request, expand_requests
 from astrai_plugin_vllm import colocated
 from astrai_plugin_vllm import delta as delta_lib
 from astrai_plugin_vllm import engine as engine_lib
+from astrai_plugin_vllm import images as images_lib
 from astrai_plugin_vllm import weights as weights_lib
 from astrai_plugin_vllm.logprobs import is_truncated, trainer_logprobs
 
@@ -55,9 +61,9 @@ class VllmSampler:
     # It generates from the engine's own copy of the weights, never from the trainer's
     # parameters (a sharded trainer need not gather them for it); update_weights(None)
     # pushes the policy it was built with into the engine; a push's time; close() stops
-    # the engine.
+    # the engine; prompts may carry images (the families images.py serves).
     capabilities = SamplerCapabilities(owns_weights=True, shares_policy=True,
-                                       reports_metrics=True, needs_close=True)
+                                       reports_metrics=True, needs_close=True, images=True)
 
     class Config(SamplingParams):
         """The ``sampler:`` section: default SamplingParams plus these engine options."""
@@ -116,8 +122,11 @@ class VllmSampler:
         if multiprocess and self.world_size > 1:
             raise ConfigError("sampler.multiprocess: in an N-process run each rank's engine "
                               "runs in that rank's process; leave multiprocess off")
+        self._vision = images_lib.VisionPolicy.of(model, tokenizer)  # None: a text model
         self._work_dir = tempfile.TemporaryDirectory(prefix="astrai-vllm-")
         hf_dir = engine_lib.export_policy(model, native_dir, Path(self._work_dir.name), model_type)
+        if self._vision is not None:  # vLLM builds its model's processor from the directory
+            self._vision.processor.save_pretrained(str(hf_dir))
         # a transformers-backend policy's names are already the family's: no importer
         self._importer = None if hf_name_prefix(model) is not None else _importer_for(hf_dir)
         engine_args = dict(gpu_memory_utilization=gpu_memory_utilization,
@@ -132,7 +141,8 @@ class VllmSampler:
         colocated.clear_stale_cpu_shm(tensor_parallel_size)
         self.engine = engine_lib.start_engine(
             hf_dir, dtype=dtype or engine_lib.policy_dtype(model), multiprocess=multiprocess,
-            cpu_kv_cache_gib=cpu_kv_cache_gib, engine_args=engine_args)
+            cpu_kv_cache_gib=cpu_kv_cache_gib, engine_args=engine_args,
+            tokenizer=self._vision is not None)
         self.fix_cpu_moe_reload = (weights_lib.cpu_moe_reload_bug_present()
                                    if fix_cpu_moe_reload is None else fix_cpu_moe_reload)
 
@@ -157,6 +167,8 @@ class VllmSampler:
         else:
             metrics = {"rollout/weight_push_mb": self._push_whole() / MB}
         self.engine.reset_prefix_cache()  # cached KV blocks hold the old weights' keys/values
+        if self._vision is not None:  # and cached image features the old vision tower's
+            self.engine.llm_engine.reset_encoder_cache()
         metrics["rollout/weight_push_seconds"] = time.perf_counter() - started
         self._metrics = metrics
         self.policy_version += 1
@@ -204,20 +216,23 @@ class VllmSampler:
     # ---------------------------------------------------------------- generation
     def generate(self, prompts: Sequence[Sequence[int]],
                  params: SamplingParams | Sequence[SamplingParams],
-                 on_token: TokenCallback | None = None) -> list[Completion]:
+                 on_token: TokenCallback | None = None,
+                 images: Sequence[dict[str, Any] | None] | None = None) -> list[Completion]:
         """Completions for each prompt (``n`` per prompt, grouped in prompt order).
 
         ``on_token`` is called with (completion index, token id) for every token once
         the engine has produced the batch (vLLM's offline API does not stream).
+        ``images``: each prompt's processor output (None: no images), as the torch
+        sampler takes them; the prompt's ids hold the expanded image tokens.
         """
-        from vllm.inputs import TokensPrompt
-
-        requests = expand_requests(prompts, params)
+        requests = expand_requests(prompts, params, images)
         if self.tokenizer is None and any(r.params.stop for r in requests):
             raise ValueError("stop strings need a tokenizer: VllmSampler(model, tokenizer=...)")
+        images_lib.check_requests(self._vision, requests)
         self._wake()
-        outputs = self._pool.run([TokensPrompt(prompt_token_ids=r.prompt_ids) for r in requests],
-                                 [_vllm_params(r) for r in requests], self._engine_generate)
+        outputs = self._pool.run(
+            [images_lib.vllm_prompt(self._vision, r.prompt_ids, r.images) for r in requests],
+            [_vllm_params(r) for r in requests], partial(images_lib.generate, self.engine))
         self._sleep()
         for request, output in zip(requests, outputs, strict=True):
             self._record(request, output.outputs[0])
@@ -227,9 +242,6 @@ class VllmSampler:
                 for token in request.token_ids:
                     on_token(request.index, token)
         return [r.completion(self.tokenizer) for r in requests]
-
-    def _engine_generate(self, prompts: list[Any], params: list[Any]) -> list[Any]:
-        return self.engine.generate(prompts, params, use_tqdm=False)
 
     # ---------------------------------------------------------------- sleep mode
     def _wake(self) -> None:
@@ -251,22 +263,7 @@ class VllmSampler:
                             zip(sequence.logprobs, request.token_ids, strict=True)]
         request.finish_reason = sequence.finish_reason
         if request.params.stop:
-            self._cut_at_stop_string(request)
-
-    def _cut_at_stop_string(self, request: Request) -> None:
-        """End at the first token whose text completes a stop string, as the torch sampler does.
-
-        The engine has no tokenizer, so it ran on; the tokens up to that point are the
-        ones it would have produced had it stopped there.
-        """
-        for length in range(1, len(request.token_ids) + 1):
-            text = self.tokenizer.decode(request.token_ids[:length], skip_special_tokens=True)
-            found = [at for at in (text.find(stop) for stop in request.params.stop) if at >= 0]
-            if found:
-                request.stop_text_at = min(found)
-                del request.token_ids[length:], request.logprobs[length:]
-                request.finish_reason = "stop"
-                return
+            _cut_at_stop_string(request, self.tokenizer)
 
     def _recompute_truncated(self, requests: list[Request]) -> None:
         """Contract log-probs for filtered requests, from the trainer's forward (per temperature)."""
@@ -304,6 +301,22 @@ def _counted(pairs: Iterator[tuple[str, torch.Tensor]], total: list[int]
     for name, tensor in pairs:
         total[0] += tensor.numel() * tensor.element_size()
         yield name, tensor
+
+
+def _cut_at_stop_string(request: Request, tokenizer: Any) -> None:
+    """End at the first token whose text completes a stop string, as the torch sampler does.
+
+    The engine has no tokenizer, so it ran on; the tokens up to that point are the
+    ones it would have produced had it stopped there.
+    """
+    for length in range(1, len(request.token_ids) + 1):
+        text = tokenizer.decode(request.token_ids[:length], skip_special_tokens=True)
+        found = [at for at in (text.find(stop) for stop in request.params.stop) if at >= 0]
+        if found:
+            request.stop_text_at = min(found)
+            del request.token_ids[length:], request.logprobs[length:]
+            request.finish_reason = "stop"
+            return
 
 
 def _vllm_params(request: Request) -> Any:
