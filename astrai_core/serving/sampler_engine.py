@@ -16,9 +16,9 @@ vLLM schedules continuously inside its own engine; this adapter is the simple br
 
 from __future__ import annotations
 
-import inspect
 from typing import Any
 
+from astrai_core.plugins.sampler_capabilities import sampler_capabilities
 from astrai_core.serving.engine_base import ThreadedEngine
 from astrai_core.serving.sequence import EngineRequest, Sequence
 
@@ -34,7 +34,7 @@ class SamplerEngine(ThreadedEngine):
                  max_batch_size: int = 64, max_queued: int | None = None) -> None:
         self.sampler, self.max_context, self.vocab_size = sampler, max_context, vocab_size
         self._running: list[Sequence] = []
-        self.supports_images = "images" in inspect.signature(sampler.generate).parameters
+        self.supports_images = sampler_capabilities(sampler).images
         super().__init__(tokenizer, max_batch_size, max_queued)
 
     def _active(self) -> list[Sequence]:
