@@ -17,8 +17,10 @@ is set: its unfinished completions come back as they stand, ``finish_reason="abo
 
 Long prompts (``sampling/prefill.py``): prompts share a batch only while its padding
 stays bounded, so a 32k-token prompt does not widen the KV cache rows of short ones; a
-prompt's prefill runs ``prefill_chunk`` tokens per forward; and a batch's cache holds its
-prompts and then grows a chunk of columns at a time as tokens are generated.
+prompt's prefill runs ``prefill_chunk`` tokens per forward; a batch whose prompts are
+mostly padding (lengths far apart, as partial rollouts' carried sequences are) is
+prefilled in runs of similar lengths; and a batch's cache holds its prompts and then
+grows a chunk of columns at a time as tokens are generated.
 """
 
 from __future__ import annotations
@@ -34,13 +36,14 @@ from pydantic import Field
 from torch import Tensor
 
 from astrai_core.data.image_batch import prompt_images
+from astrai_core.model.kv_cache import KVCache
 from astrai_core.model.masks import positions_from_attention_mask
 from astrai_core.model.router_replay import RoutingTape, has_moe
 from astrai_core.model.router_replay import record_routing as routing_recorder
 from astrai_core.plugins.sampler_capabilities import SamplerCapabilities
 from astrai_core.sampling.params import Completion, SamplingParams
-from astrai_core.sampling.prefill import (PREFILL_CHUNK, chunked_prefill, fits, new_cache,
-                                          padded_batches)
+from astrai_core.sampling.prefill import (PREFILL_CHUNK, chunked_prefill, fits, mostly_padding,
+                                          new_cache, padded_batches, ragged_prefill)
 from astrai_core.sampling.requests import Request, expand_requests
 from astrai_core.sampling.routing import BatchRouting
 from astrai_core.sampling.rows import RowSampling
@@ -208,11 +211,18 @@ class _DecodeBatch:
                                             getattr(self.model.config, "model_type", ""),
                                             self.device)
             chunk = input_ids.shape[1]
-        logits = chunked_prefill(
-            self.model, input_ids[first], cache,
-            attention_mask=None if prompt_mask is None else prompt_mask[first],
-            position_ids=positions[first], chunk=chunk, extra=extra,
-            after_chunk=None if routing is None else lambda n: routing.prefill_chunk(len(first), n))
+        if prompt_mask is not None and routing is None and "images" not in extra \
+                and mostly_padding(prompt_mask[first]) and isinstance(cache, KVCache):
+            # lengths far apart (carried sequences): no forward over the padding
+            logits = ragged_prefill(self.model, input_ids[first], cache,
+                                    attention_mask=prompt_mask[first],
+                                    position_ids=positions[first], chunk=chunk, extra=extra)
+        else:
+            logits = chunked_prefill(
+                self.model, input_ids[first], cache,
+                attention_mask=None if prompt_mask is None else prompt_mask[first],
+                position_ids=positions[first], chunk=chunk, extra=extra,
+                after_chunk=None if routing is None else lambda n: routing.prefill_chunk(len(first), n))
         shared = len(first) < len(self.rows)
         if routing is not None:
             routing.prefill(copies if shared else None)
