@@ -79,13 +79,17 @@ def peer_overrides(who: str, args: argparse.Namespace) -> dict:
 
 def sampler_section(who: str, args: argparse.Namespace, eos: int, report: Path) -> dict:
     """The sampler: one decode batch of every sequence in flight (partial keeps twice a
-    rollout's groups going), in this process or in one Ray worker."""
+    rollout's groups going, and the caches of the sequences a segment left unfinished),
+    in this process or in one Ray worker."""
     rows = args.prompts * args.group * (2 if who == "partial" else 1)
+    engine = {"max_batch_size": rows}
+    if who == "partial":  # a segment continued under the same weights recomputes nothing
+        engine["keep_unfinished"] = True
     if args.sampler == "torch":
-        return {"max_new_tokens": args.max_tokens, "max_batch_size": rows}
+        return {"max_new_tokens": args.max_tokens, **engine}
     return {"name": "ray", "workers": 1, "worker_resources": {"CPU": 1},
             "max_new_tokens": args.max_tokens,
-            "worker_sampler": {"name": "torch", "max_batch_size": rows},
+            "worker_sampler": {"name": "torch", **engine},
             "init_kwargs": {"runtime_env": ray_runtime_env(args.max_tokens, eos, report,
                                                            args.threads or 1),
                             "object_store_memory": 256 * 2**20}}
