@@ -33,7 +33,13 @@ run's step time the sampler spent generating (``sampler busy``) and the trainer 
 waiting for rollouts (``trainer waiting``; the rest is the trainer's own work); how many
 completions the sampling process finished at their planned length, and how many an
 interrupted generate call returned unfinished (``abort``: carried like a segment's end);
-and each peer's throughput over ``sync``'s.
+and each peer's throughput over ``sync``'s. The ceiling of any overlap comes from
+``sync``'s own steps: S the seconds a step waits for its rollout, T the rest of it, and
+no overlap can beat (S + T) / max(S, T) its throughput; each overlapped peer's speed-up
+is also given as a fraction of that ceiling. A profile per step follows (means over the
+steps): the trainer's wait, weight push and own work; the sampling process's seconds
+generating and prefilling, the positions it prefilled (and how many were tokens, not
+padding), and its generate calls.
 
     .venv/bin/python bench/bench_rl_partial.py [--sampler torch|ray] [--steps 8]
         [--prompts 4] [--group 8] [--max-tokens 512] [--staleness 2]
