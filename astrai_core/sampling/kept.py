@@ -7,10 +7,11 @@ sequence's keys and values are the ones the last call already had: the next call
 them into its cache and computes only the last token, instead of the whole sequence.
 A completion that ends unfinished (its ``max_new_tokens`` reached, or its call
 interrupted) leaves its rows here, keyed by its prompt plus its tokens; the next call
-takes what it continues and drops the rest. The weights are checked by the version
-counters of the model's parameters, which every in-place update (an optimizer step, a
-weight push's copy) advances, and :meth:`KeptRows.clear` runs on ``update_weights``:
-rows kept under other weights are never used.
+takes what it continues and drops the rest. ``update_weights`` (which the rollout runner
+calls after every optimizer step, and a Ray worker after every push) drops them all; as a
+second guard the version counters of the model's parameters, which in-place updates
+advance (a weight push's copy, an unfused optimizer step; a fused one does not), must
+be those they were kept under. Rows kept under other weights are never used.
 """
 
 from __future__ import annotations
