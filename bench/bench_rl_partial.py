@@ -33,7 +33,8 @@ run's step time the sampler spent generating (``sampler busy``) and the trainer 
 waiting for rollouts (``trainer waiting``; the rest is the trainer's own work); how many
 completions the sampling process finished at their planned length, and how many an
 interrupted generate call returned unfinished (``abort``: carried like a segment's end);
-and each peer's throughput over ``sync``'s. The ceiling of any overlap comes from
+and each peer's throughput over ``sync``'s. With ``--sampler ray`` the ceiling of any
+overlap comes from
 ``sync``'s own steps: S the seconds a step waits for its rollout, T the rest of it, and
 no overlap can beat (S + T) / max(S, T) its throughput; each overlapped peer's speed-up
 is also given as a fraction of that ceiling. A profile per step follows (means over the
@@ -234,8 +235,12 @@ def report(args: argparse.Namespace, runs: dict[str, dict]) -> None:
               f"  sampler busy {statistics.mean(run['busy']):5.1%}  trainer waiting "
               f"{sum(run['wait']) / sum(run['seconds']):5.1%}  ({finished} completions at their "
               f"planned length, {aborted} aborted)")
-    if "sync" in rate:
+    if "sync" in rate and args.sampler == "ray":
         report_ceiling(runs, rate)
+    elif "sync" in rate:  # one process samples and trains in turn: nothing overlaps
+        for who in rate:
+            if who != "sync":
+                print(f"  {who} / sync throughput: {rate[who] / rate['sync']:.2f}x")
     report_profile(runs)
 
 
