@@ -33,7 +33,14 @@ run's step time the sampler spent generating (``sampler busy``) and the trainer 
 waiting for rollouts (``trainer waiting``; the rest is the trainer's own work); how many
 completions the sampling process finished at their planned length, and how many an
 interrupted generate call returned unfinished (``abort``: carried like a segment's end);
-and each peer's throughput over ``sync``'s.
+and each peer's throughput over ``sync``'s. With ``--sampler ray`` the ceiling of any
+overlap comes from
+``sync``'s own steps: S the seconds a step waits for its rollout, T the rest of it, and
+no overlap can beat (S + T) / max(S, T) its throughput; each overlapped peer's speed-up
+is also given as a fraction of that ceiling. A profile per step follows (means over the
+steps): the trainer's wait, weight push and own work; the sampling process's seconds
+generating and prefilling, the positions it prefilled (and how many were tokens, not
+padding), and its generate calls.
 
     .venv/bin/python bench/bench_rl_partial.py [--sampler torch|ray] [--steps 8]
         [--prompts 4] [--group 8] [--max-tokens 512] [--staleness 2]
@@ -79,13 +86,17 @@ def peer_overrides(who: str, args: argparse.Namespace) -> dict:
 
 def sampler_section(who: str, args: argparse.Namespace, eos: int, report: Path) -> dict:
     """The sampler: one decode batch of every sequence in flight (partial keeps twice a
-    rollout's groups going), in this process or in one Ray worker."""
+    rollout's groups going, and the caches of the sequences a segment left unfinished),
+    in this process or in one Ray worker."""
     rows = args.prompts * args.group * (2 if who == "partial" else 1)
+    engine = {"max_batch_size": rows}
+    if who == "partial":  # a segment continued under the same weights recomputes nothing
+        engine["keep_unfinished"] = True
     if args.sampler == "torch":
-        return {"max_new_tokens": args.max_tokens, "max_batch_size": rows}
+        return {"max_new_tokens": args.max_tokens, **engine}
     return {"name": "ray", "workers": 1, "worker_resources": {"CPU": 1},
             "max_new_tokens": args.max_tokens,
-            "worker_sampler": {"name": "torch", "max_batch_size": rows},
+            "worker_sampler": {"name": "torch", **engine},
             "init_kwargs": {"runtime_env": ray_runtime_env(args.max_tokens, eos, report,
                                                            args.threads or 1),
                             "object_store_memory": 256 * 2**20}}
@@ -99,6 +110,7 @@ def time_astrai(model_dir: Path, work: Path, args: argparse.Namespace) -> dict:
     if args.sampler == "torch":
         install(args.max_tokens, eos, str(report))
     waits = time_waits(args.sampler)
+    step_waits = per_step(waits)
     records = train_astrai(model_dir, work, args, sampler_section(args.only, args, eos, report),
                            peer_overrides(args.only, args))
     steps = [r for r in records if "time/step_seconds" in r]
@@ -112,7 +124,9 @@ def time_astrai(model_dir: Path, work: Path, args: argparse.Namespace) -> dict:
     return {"seconds": [r["time/step_seconds"] for r in steps],
             "tokens": [r["rollout/response_length_mean"] * rows for r in steps],
             "masked": [r.get("rollout/stale_masked_fraction", 0.0) for r in steps],
-            "plan": {**plan, "wait_seconds": waits[0]}}
+            "wait": step_waits[:len(steps)],
+            "push": [r.get("rollout/weight_push_wait_seconds", 0.0) for r in steps],
+            "plan": plan}
 
 
 def time_waits(sampler: str) -> list[float]:
@@ -156,6 +170,24 @@ def time_waits(sampler: str) -> list[float]:
     return waits
 
 
+def per_step(waits: list[float]) -> list[float]:
+    """The trainer's seconds waiting on the sampler in each optimizer step (a list that
+    fills as the run steps), from the growing total ``waits``."""
+    from astrai_core.training.trainer import Trainer
+
+    plain, steps = Trainer._one_step, []
+
+    def one_step(self, *positional, **kwargs):
+        before = waits[0]
+        try:
+            return plain(self, *positional, **kwargs)
+        finally:
+            steps.append(waits[0] - before)
+
+    Trainer._one_step = one_step
+    return steps
+
+
 def check_trained_lengths(means: list[float], rows: int, max_tokens: int) -> None:
     """A synchronous run trains exactly the planned lengths: else the forcing missed."""
     stream = planned(max_tokens)
@@ -167,8 +199,8 @@ def check_trained_lengths(means: list[float], rows: int, max_tokens: int) -> Non
 
 def run_peers(args: argparse.Namespace, argv: list[str]) -> dict[str, dict]:
     """Every peer ``--rounds`` times, each run in a fresh process, on one model."""
-    runs: dict[str, dict] = {who: {"seconds": [], "tokens": [], "masked": [], "busy": [],
-                                   "wait": [], "plan": []} for who in args.peers}
+    runs: dict[str, dict] = {who: {"seconds": [], "tokens": [], "masked": [], "wait": [],
+                                   "push": [], "busy": [], "plan": []} for who in args.peers}
     with tempfile.TemporaryDirectory() as tmp:
         model_dir = Path(tmp) / "hf"
         make_model(model_dir, args.size, max_positions=args.max_tokens + 64)
@@ -177,8 +209,7 @@ def run_peers(args: argparse.Namespace, argv: list[str]) -> dict[str, dict]:
                 result = child_json(__file__, "RESULT", who, model_dir, argv)
                 plan = result.pop("plan")
                 run["busy"].append(plan["generate_seconds"] / sum(result["seconds"]))
-                run["wait"].append(plan["wait_seconds"] / sum(result["seconds"]))
-                run["plan"].append(plan)
+                run["plan"].append({**plan, "steps": len(result["seconds"])})
                 for key, values in result.items():
                     run[key] += values[1:]  # the first step pays one-off costs
     return runs
@@ -202,13 +233,57 @@ def report(args: argparse.Namespace, runs: dict[str, dict]) -> None:
         print(f"  {who:<8} {statistics.median(run['seconds']):7.3f} s/step "
               f"{rate[who]:7.0f} trained tok/s  stale-masked {statistics.mean(run['masked']):5.1%}"
               f"  sampler busy {statistics.mean(run['busy']):5.1%}  trainer waiting "
-              f"{statistics.mean(run['wait']):5.1%}  ({finished} completions at their "
+              f"{sum(run['wait']) / sum(run['seconds']):5.1%}  ({finished} completions at their "
               f"planned length, {aborted} aborted)")
-    if "sync" in rate:
+    if "sync" in rate and args.sampler == "ray":
+        report_ceiling(runs, rate)
+    elif "sync" in rate:  # one process samples and trains in turn: nothing overlaps
         for who in rate:
             if who != "sync":
-                print(f"  {who} / sync throughput: {rate[who] / rate['sync']:.2f}x"
-                      + (" (goal >= 1.5x)" if who == "partial" else ""))
+                print(f"  {who} / sync throughput: {rate[who] / rate['sync']:.2f}x")
+    report_profile(runs)
+
+
+def ceiling(sync: dict) -> tuple[float, float, float]:
+    """(S, T, (S + T) / max(S, T)) from a synchronous run's steps: S the seconds per step
+    the trainer waits for its rollout (sampling, as the trainer sees it), T the rest of
+    the step (training and the weight push). Overlapping sampling with training can at
+    best hide the shorter of the two."""
+    sampling = sum(sync["wait"]) / len(sync["wait"])
+    training = sum(sync["seconds"]) / len(sync["seconds"]) - sampling
+    return sampling, training, (sampling + training) / max(sampling, training)
+
+
+def report_ceiling(runs: dict[str, dict], rate: dict[str, float]) -> None:
+    """Each overlapped peer's throughput over ``sync``'s, and that over the ceiling."""
+    sampling, training, bound = ceiling(runs["sync"])
+    print(f"  ceiling, from sync's own steps: sampling S {sampling:.3f} s + training T "
+          f"{training:.3f} s per step; (S + T) / max(S, T) = {bound:.2f}x")
+    for who in rate:
+        if who != "sync":
+            speedup = rate[who] / rate["sync"]
+            print(f"  {who} / sync throughput: {speedup:.2f}x = {speedup / bound:.2f} of the "
+                  "ceiling" + (" (goal >= 0.9 of the ceiling)" if who == "partial" else ""))
+
+
+def report_profile(runs: dict[str, dict]) -> None:
+    """Where each peer's step goes (means per step, seconds): the trainer waiting for
+    rollouts, pushing weights, and the rest (its own work); the sampling process
+    generating, and of that prefilling (the first step included: its counters are totals)."""
+    print("  profile per step (s): trainer wait / push / own work; sampler generate "
+          "(of which prefill, positions prefilled, tokens among them), generate calls")
+    for who, run in runs.items():
+        steps = len(run["seconds"])
+        wait, push = sum(run["wait"]) / steps, sum(run["push"]) / steps
+        own = sum(run["seconds"]) / steps - wait - push
+        total = sum(p["steps"] for p in run["plan"])
+        per = {key: sum(p[key] for p in run["plan"]) / total
+               for key in ("calls", "generate_seconds", "prefill_seconds", "prefill_positions",
+                           "prefill_tokens")}
+        print(f"  {who:<8} {wait:6.3f} / {push:6.3f} / {own:6.3f};  {per['generate_seconds']:6.3f}"
+              f" ({per['prefill_seconds']:6.3f}, {per['prefill_positions']:7.0f} positions, "
+              f"{per['prefill_tokens'] / max(1, per['prefill_positions']):4.0%} tokens), "
+              f"{per['calls']:.1f} generate calls")
 
 
 def main(argv: list[str] | None = None) -> None:

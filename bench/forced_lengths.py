@@ -12,8 +12,10 @@ With the ray sampler the torch sampler runs in a Ray worker, another process: th
 :func:`worker_setup` is Ray's ``worker_process_setup_hook`` (:func:`ray_runtime_env`
 builds the ``runtime_env`` that names it), so the plan's state lives in the worker.
 After every generate call the patched process writes a report (its pid, torch threads,
-calls, sequences planned, finished at their target or not, carried): the bench reads it
-to check that the forcing acted where the sampling happened.
+calls, sequences planned, finished at their target or not, carried, the seconds spent
+generating and, of those, prefilling, with the positions prefilled and how many of them
+were tokens rather than padding): the bench reads it to check that the forcing acted
+where the sampling happened, and to profile the sampling.
 """
 
 from __future__ import annotations
@@ -49,7 +51,8 @@ class Lengths:
         # the same prefix (an aborted group before its first token) each keep their own
         self.carried: dict[tuple[int, ...], deque[tuple[int, int]]] = defaultdict(deque)
         self.stats = {"calls": 0, "planned": 0, "new": 0, "at_target": 0, "off_target": 0,
-                      "carried": 0, "aborted": 0, "generate_seconds": 0.0}
+                      "carried": 0, "aborted": 0, "generate_seconds": 0.0,
+                      "prefill_seconds": 0.0, "prefill_positions": 0, "prefill_tokens": 0}
 
     def for_requests(self, prompts: list[list[int]], counts: list[int]) -> list[tuple[int, int]]:
         out = []
@@ -82,9 +85,11 @@ def install(max_tokens: int, eos: int, report: str | None = None) -> Lengths:
     docstring); with ``report``, write the plan's statistics there after every call."""
     from bench_rl_longtail import force_lengths
 
+    from astrai_core.sampling import prefill as prefill_module
     from astrai_core.sampling import torch_sampler
 
     plain_choose, plain_generate = torch_sampler.choose, torch_sampler.TorchSampler.generate
+    plain_prefill = torch_sampler._DecodeBatch._prefill
     lengths, plan = Lengths(max_tokens), []
 
     def choose(rows, sampling, logits):  # both decoders (one batch, continuous) call it
@@ -106,7 +111,25 @@ def install(max_tokens: int, eos: int, report: str | None = None) -> Lengths:
             _write_report(Path(report), lengths.stats)
         return out
 
+    def prefill(self, *positional, **kwargs):  # the one-batch decoder's, padded or ragged
+        start = time.perf_counter()
+        try:
+            return plain_prefill(self, *positional, **kwargs)
+        finally:
+            lengths.stats["prefill_seconds"] += time.perf_counter() - start
+
+    def counted(chunked):  # every prefill forward's positions, and the tokens among them
+        def chunked_prefill(model, input_ids, cache, **kwargs):
+            mask = kwargs.get("attention_mask")
+            lengths.stats["prefill_positions"] += input_ids.numel()
+            lengths.stats["prefill_tokens"] += input_ids.numel() if mask is None else int(mask.sum())
+            return chunked(model, input_ids, cache, **kwargs)
+        return chunked_prefill
+
     torch_sampler.choose = choose
+    torch_sampler._DecodeBatch._prefill = prefill
+    torch_sampler.chunked_prefill = counted(torch_sampler.chunked_prefill)
+    prefill_module.chunked_prefill = counted(prefill_module.chunked_prefill)
     torch_sampler.TorchSampler.generate = generate
     return lengths
 

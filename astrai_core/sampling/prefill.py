@@ -5,6 +5,11 @@ filled so far, so its activations (and the attention mask of a padded batch) are
 of ``chunk`` queries, not of the whole prompt. Only the last chunk's last position
 needs logits.
 
+A batch's prefill need not pay for its padding, though: rows whose lengths differ
+(a partial rollout's carried sequences, each its prompt plus the tokens it has so far)
+are prefilled in runs of similar lengths (:func:`ragged_prefill`), each run's keys and
+values then right-aligned in the batch's left-padded cache.
+
 A decode batch's rows are left-padded to its longest, so the batch's KV cache holds
 rows x longest positions per layer. Rows share a batch only while that stays within
 :data:`PADDING_BOUND` times their real positions (:func:`fits`), or while every row is
@@ -22,6 +27,7 @@ from torch import Tensor
 PREFILL_CHUNK = 2048  # prompt tokens per prefill forward
 PADDING_BOUND = 2     # a batch's cache positions at most this many times its real ones
 SHORT_PROMPT = 512    # ... unless its rows are all this short: their padding costs little
+PREFILL_PADDING = 1.25  # a prefill forward's positions at most this many times its tokens
 
 
 def fits(rows: int, width: int, real: int) -> bool:
@@ -82,4 +88,60 @@ def chunked_prefill(model: torch.nn.Module, input_ids: Tensor, cache, *,
         logits = out["logits"][:, -1]
         if after_chunk is not None:
             after_chunk(end - start)
+    return logits
+
+
+def mostly_padding(attention_mask: Tensor) -> bool:
+    """Whether left-padded rows [B, S] (1 = real) hold more than :data:`PADDING_BOUND`
+    times as many positions as tokens: then :func:`ragged_prefill` is worth its forwards."""
+    return attention_mask.numel() > PADDING_BOUND * int(attention_mask.sum())
+
+
+def prefill_runs(lengths: Sequence[int]) -> list[list[int]]:
+    """The rows (indices into ``lengths``) of each prefill forward: runs of rows in order of
+    length whose positions, padded to the run's longest, stay within
+    :data:`PREFILL_PADDING` times their tokens."""
+    order = sorted(range(len(lengths)), key=lambda row: lengths[row])
+    runs: list[list[int]] = []
+    real = 0
+    for row in order:
+        length = lengths[row]
+        if runs and (len(runs[-1]) + 1) * length <= PREFILL_PADDING * (real + length):
+            runs[-1].append(row)
+            real += length
+        else:
+            runs.append([row])
+            real = length
+    return runs
+
+
+def ragged_prefill(model: torch.nn.Module, input_ids: Tensor, cache, *, attention_mask: Tensor,
+                   position_ids: Tensor, chunk: int = PREFILL_CHUNK,
+                   extra: dict | None = None) -> Tensor:
+    """:func:`chunked_prefill` of left-padded rows [B, S] into a native ``cache``, one
+    forward per run of similar lengths (:func:`prefill_runs`) into a cache of its own
+    width, whose keys and values are then copied into ``cache`` right-aligned at S (the
+    batch's padding columns stay zero: the mask hides them). The logits [B, V] of every
+    row's next token, in the rows' order."""
+    from astrai_core.model.kv_cache import KVCache
+
+    width = input_ids.shape[1]
+    lengths = attention_mask.sum(dim=1).tolist()
+    logits = None
+    for rows in prefill_runs(lengths):
+        run = max(lengths[row] for row in rows)
+        index = torch.tensor(rows, dtype=torch.long, device=input_ids.device)
+        mask = attention_mask[index, width - run:]
+        part = KVCache(model.config, len(rows), run, dtype=cache.keys[0].dtype,
+                       device=cache.keys[0].device)
+        out = chunked_prefill(model, input_ids[index, width - run:], part,
+                              attention_mask=None if bool(mask.all()) else mask,
+                              position_ids=position_ids[index, width - run:], chunk=chunk,
+                              extra=extra)
+        for whole, piece in ((cache.keys, part.keys), (cache.values, part.values)):
+            for layer, tensor in enumerate(piece):
+                whole[layer][index, :, width - run:width] = tensor
+        logits = out.new_empty(len(lengths), out.shape[1]) if logits is None else logits
+        logits[index] = out
+    cache.advance(width)
     return logits

@@ -17,8 +17,10 @@ is set: its unfinished completions come back as they stand, ``finish_reason="abo
 
 Long prompts (``sampling/prefill.py``): prompts share a batch only while its padding
 stays bounded, so a 32k-token prompt does not widen the KV cache rows of short ones; a
-prompt's prefill runs ``prefill_chunk`` tokens per forward; and a batch's cache holds its
-prompts and then grows a chunk of columns at a time as tokens are generated.
+prompt's prefill runs ``prefill_chunk`` tokens per forward; a batch whose prompts are
+mostly padding (lengths far apart, as partial rollouts' carried sequences are) is
+prefilled in runs of similar lengths; and a batch's cache holds its prompts and then
+grows a chunk of columns at a time as tokens are generated.
 """
 
 from __future__ import annotations
@@ -34,13 +36,15 @@ from pydantic import Field
 from torch import Tensor
 
 from astrai_core.data.image_batch import prompt_images
+from astrai_core.model.kv_cache import KVCache
 from astrai_core.model.masks import positions_from_attention_mask
 from astrai_core.model.router_replay import RoutingTape, has_moe
 from astrai_core.model.router_replay import record_routing as routing_recorder
 from astrai_core.plugins.sampler_capabilities import SamplerCapabilities
+from astrai_core.sampling.kept import KeptRows, Row, prefill_continuing
 from astrai_core.sampling.params import Completion, SamplingParams
-from astrai_core.sampling.prefill import (PREFILL_CHUNK, chunked_prefill, fits, new_cache,
-                                          padded_batches)
+from astrai_core.sampling.prefill import (PREFILL_CHUNK, chunked_prefill, fits, mostly_padding,
+                                          new_cache, padded_batches, ragged_prefill)
 from astrai_core.sampling.requests import Request, expand_requests
 from astrai_core.sampling.routing import BatchRouting
 from astrai_core.sampling.rows import RowSampling
@@ -64,9 +68,15 @@ class TorchSampler:
         max_batch_size: int = Field(64, ge=1, description="most sequences decoded together")
         prefill_chunk: int = Field(PREFILL_CHUNK, ge=1, description="prompt tokens per prefill "
                                    "forward: a longer prompt is prefilled in chunks")
+        keep_unfinished: bool = Field(False, description="keep the KV cache of completions "
+                                      "left unfinished until the next call, which continues "
+                                      "them (their prompt plus their tokens) without "
+                                      "recomputing it while the weights are unchanged: "
+                                      "partial rollouts' segments; costs that memory between "
+                                      "calls")
 
     def __init__(self, model: torch.nn.Module, tokenizer: Any = None, max_batch_size: int = 64,
-                 prefill_chunk: int = PREFILL_CHUNK) -> None:
+                 prefill_chunk: int = PREFILL_CHUNK, keep_unfinished: bool = False) -> None:
         if max_batch_size < 1:
             raise ValueError(f"max_batch_size must be >= 1, got {max_batch_size}")
         if prefill_chunk < 1:
@@ -76,10 +86,13 @@ class TorchSampler:
         self.max_batch_size = max_batch_size
         self.prefill_chunk = prefill_chunk
         self.policy_version = 0
+        self.kept = KeptRows() if keep_unfinished else None  # (sampling/kept.py)
 
     # ---------------------------------------------------------------- weights
     def update_weights(self, state_dict: dict[str, Tensor] | None = None) -> int:
         """Take new policy weights (None: the live model was updated in place); returns the version."""
+        if self.kept is not None:  # computed by the weights before
+            self.kept.clear()
         if state_dict is not None:
             from astrai_core.checkpoints.native import load_state_dict_strict
 
@@ -117,6 +130,8 @@ class TorchSampler:
         continuous = (len(ordered) > self.max_batch_size and not record_routing
                       and getattr(self.model, "new_kv_cache", None) is None
                       and not any(r.images for r in ordered))
+        kept = {} if self.kept is None else self.kept.take_all(self.model)
+        kept = {} if continuous else kept  # (the continuous decoder prefills as it admits)
         was_training = self.model.training
         self.model.eval()
         try:
@@ -128,7 +143,7 @@ class TorchSampler:
                     lengths = [len(r.prompt_ids) for r in ordered]
                     for rows in padded_batches(lengths, self.max_batch_size):
                         _DecodeBatch(self, ordered[rows.start:rows.stop], on_token, tape,
-                                     interrupt).run()
+                                     interrupt, kept).run()
         finally:
             self.model.train(was_training)
         for request in requests:
@@ -142,8 +157,11 @@ class _DecodeBatch:
 
     def __init__(self, sampler: TorchSampler, requests: list[Request],
                  on_token: TokenCallback | None, tape: RoutingTape | None = None,
-                 interrupt: threading.Event | None = None) -> None:
+                 interrupt: threading.Event | None = None,
+                 kept: dict[tuple[int, ...], list[Row]] | None = None) -> None:
         self.model = sampler.model
+        # the rows the last call left unfinished (to take), and where this call's go
+        self.kept, self.keep_into = kept or {}, sampler.kept
         self.chunk = sampler.prefill_chunk
         self.interrupt = interrupt
         self.tokenizer = sampler.tokenizer
@@ -179,7 +197,12 @@ class _DecodeBatch:
         while True:
             tokens = self._choose(logits)
             keep = self._record(tokens.tolist())
-            if not keep or _interrupted(self.interrupt):
+            stopped = not keep or _interrupted(self.interrupt)
+            if self.keep_into is not None and (stopped or len(keep) < len(tokens)):
+                staying = set() if stopped else set(keep)
+                self._keep_unfinished(cache, prompt_len, [row for row in range(len(self.rows))
+                                                          if row not in staying])
+            if stopped:
                 return
             if len(keep) < len(tokens):
                 full_mask, next_position, tokens = self._drop_finished(keep, cache, full_mask,
@@ -209,11 +232,17 @@ class _DecodeBatch:
                                             getattr(self.model.config, "model_type", ""),
                                             self.device)
             chunk = input_ids.shape[1]
-        logits = chunked_prefill(
-            self.model, input_ids[first], cache,
-            attention_mask=None if prompt_mask is None else prompt_mask[first],
-            position_ids=positions[first], chunk=chunk, extra=extra,
-            after_chunk=None if routing is None else lambda n: routing.prefill_chunk(len(first), n))
+        ids, mask = input_ids[first], None if prompt_mask is None else prompt_mask[first]
+        kept = self._take_kept(rows) if routing is None and "images" not in extra else []
+        if any(k is not None for k in kept) and isinstance(cache, KVCache):
+            logits = prefill_continuing(
+                self.model, ids, cache, attention_mask=mask, position_ids=positions[first],
+                kept=kept, extra=extra,
+                prefill=lambda index, part: self._forward_prompts(
+                    ids[index], None if mask is None else mask[index], positions[first][index],
+                    part, chunk, extra))
+        else:
+            logits = self._forward_prompts(ids, mask, positions[first], cache, chunk, extra)
         shared = len(first) < len(self.rows)
         if routing is not None:
             routing.prefill(copies if shared else None)
@@ -221,6 +250,47 @@ class _DecodeBatch:
             cache.select(copies)
             logits = logits.index_select(0, copies)
         return cache, logits
+
+    def _forward_prompts(self, input_ids: Tensor, prompt_mask: Tensor | None, positions: Tensor,
+                         cache, chunk: int, extra: dict) -> Tensor:
+        """Fill ``cache`` with these left-padded prompts; their next-token logits [B, V]."""
+        routing = self.routing
+        if prompt_mask is not None and routing is None and "images" not in extra \
+                and mostly_padding(prompt_mask) and isinstance(cache, KVCache):
+            # lengths far apart (carried sequences): no forward over the padding
+            return ragged_prefill(self.model, input_ids, cache, attention_mask=prompt_mask,
+                                  position_ids=positions, chunk=chunk, extra=extra)
+        return chunked_prefill(
+            self.model, input_ids, cache, attention_mask=prompt_mask, position_ids=positions,
+            chunk=chunk, extra=extra,
+            after_chunk=None if routing is None else
+            lambda n: routing.prefill_chunk(len(input_ids), n))
+
+    def _take_kept(self, rows: list[Request]) -> list[Row | None]:
+        """Each row's kept cache from the last call (the row continues a sequence that call
+        left unfinished, under the same weights), or None."""
+        taken = []
+        for request in rows:
+            waiting = self.kept.get(tuple(request.prompt_ids))
+            taken.append(waiting.pop() if waiting else None)
+        return taken
+
+    def _keep_unfinished(self, cache, prompt_len: int, leaving: list[int]) -> None:
+        """Keep the cache of the rows ``leaving`` the batch unfinished (their length reached,
+        or the call interrupted) for the next call to continue (``keep_unfinished``): each
+        holds its prompt and all its tokens but the last, which no forward has seen yet."""
+        if not isinstance(cache, KVCache):
+            return
+        rows = []
+        for row in leaving:
+            request = self.rows[row]
+            if request.finish_reason == "stop":
+                continue
+            start = prompt_len - len(request.prompt_ids)  # its first real column
+            keys = [k[row, :, start:cache.length].clone() for k in cache.keys]
+            values = [v[row, :, start:cache.length].clone() for v in cache.values]
+            rows.append((request.prompt_ids + request.token_ids, (keys, values)))
+        self.keep_into.keep(self.model, rows)
 
     def _distinct_prompts(self) -> tuple[Tensor, Tensor]:
         """(the first row of each distinct prompt, the distinct index of every row)."""

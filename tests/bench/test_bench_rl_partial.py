@@ -1,6 +1,7 @@
 """bench/bench_rl_partial.py does not rot: its length plan carries unfinished sequences
-(a segment's end, an interrupted call) with their targets, and its ray variant forces
-the lengths inside the Ray worker (the bench checks that and stops otherwise)."""
+(a segment's end, an interrupted call) with their targets, its ray variant forces
+the lengths inside the Ray worker (the bench checks that and stops otherwise), and its
+ceiling is (S + T) / max(S, T) of the synchronous step."""
 
 from __future__ import annotations
 
@@ -80,3 +81,15 @@ def test_the_ray_variant_forces_lengths_in_the_worker():
     # every one of its 2 x 4 completions finished at its planned length in the worker
     sync = next(line for line in out.splitlines() if line.strip().startswith("sync "))
     assert "(8 completions at their planned length" in sync
+    assert "of the ceiling" in out and "prefill" in out  # the ceiling and the profile
+
+
+def test_the_ceiling_is_the_synchronous_step_over_its_longer_part(monkeypatch):
+    """S: the trainer's mean wait per step; T: the rest of the mean step."""
+    monkeypatch.syspath_prepend(str(BENCH))
+    from bench_rl_partial import ceiling
+
+    sampling, training, bound = ceiling({"wait": [0.2, 0.4], "seconds": [0.5, 0.9]})
+    assert (sampling, training) == pytest.approx((0.3, 0.4))
+    assert bound == pytest.approx(0.7 / 0.4)
+    assert ceiling({"wait": [0.6], "seconds": [0.8]})[2] == pytest.approx(0.8 / 0.6)

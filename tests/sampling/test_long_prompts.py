@@ -14,8 +14,9 @@ import torch
 from astrai_core.model import CausalLM
 from astrai_core.rollout import policy_forward
 from astrai_core.sampling import SamplingParams, TorchSampler
-from astrai_core.sampling.prefill import (PADDING_BOUND, SHORT_PROMPT, chunked_prefill, new_cache,
-                                          padded_batches)
+from astrai_core.sampling.prefill import (PADDING_BOUND, PREFILL_PADDING, SHORT_PROMPT,
+                                          chunked_prefill, new_cache, padded_batches,
+                                          prefill_runs)
 from astrai_core.sampling.running_batch import last_logits_only
 from tests.sampling.conftest import VOCAB, batch_of, tiny_native
 
@@ -120,6 +121,56 @@ def test_padded_batches_bound_the_padding():
         part = lengths[rows.start:rows.stop]
         assert len(part) <= 16
         assert max(part) <= SHORT_PROMPT or len(part) * max(part) <= PADDING_BOUND * sum(part)
+
+
+# ---------------------------------------------------------------- ragged prefill
+def test_ragged_batch_prefills_without_its_padding(long_model):
+    """Lengths far apart in one decode batch (as partial rollouts' carried sequences): the
+    prefill forwards cover at most PREFILL_PADDING times the prompts' tokens, not every row
+    padded to the longest, and every completion equals its prompt generated alone, with
+    log-probs equal to the trainer's."""
+    generator = torch.Generator().manual_seed(11)
+    lengths = [5, 9, 17, 33, 60, 61, 130, 250, 251, 400]
+    prompts = [torch.randint(1, VOCAB, (n,), generator=generator).tolist() for n in lengths]
+    params = [SamplingParams(max_new_tokens=6, temperature=1.0, seed=i) for i in range(len(lengths))]
+    positions = [0]
+    forward = long_model.forward
+
+    def counting(input_ids, *args, **kwargs):
+        if input_ids.shape[1] > 1:  # a prefill forward (decode steps feed one token)
+            positions[0] += input_ids.numel()
+        return forward(input_ids, *args, **kwargs)
+
+    long_model.forward = counting
+    try:
+        got = TorchSampler(model=long_model).generate(prompts, params)
+    finally:
+        del long_model.forward
+    assert positions[0] <= PREFILL_PADDING * sum(lengths)  # padded: 10 x 400 positions
+    for prompt, param, completion in zip(prompts, params, got, strict=True):
+        alone = TorchSampler(model=long_model).generate([prompt], param)[0]
+        assert completion.token_ids == alone.token_ids
+        torch.testing.assert_close(torch.tensor(completion.logprobs), torch.tensor(alone.logprobs),
+                                   atol=1e-5, rtol=0)
+        with torch.no_grad():
+            batch = batch_of([prompt], [completion])
+            trainer = policy_forward(long_model, batch, temperature=1.0)
+        diff = (trainer["logprobs"] - batch.old_logprobs).abs()[batch.response_mask].max()
+        assert diff.item() <= 1e-5
+
+
+def test_prefill_runs_bound_the_padding():
+    lengths = [400, 5, 250, 9, 251, 60, 61, 17]
+    runs = prefill_runs(lengths)
+    assert sorted(row for run in runs for row in run) == list(range(len(lengths)))
+    assert [[lengths[row] for row in run] for run in runs] == [[5], [9], [17], [60, 61],
+                                                              [250, 251], [400]]
+    assert prefill_runs([7] * 5) == [[0, 1, 2, 3, 4]]
+    generator = torch.Generator().manual_seed(2)
+    lengths = torch.randint(1, 900, (200,), generator=generator).tolist()
+    for run in prefill_runs(lengths):
+        part = [lengths[row] for row in run]
+        assert len(part) * max(part) <= PREFILL_PADDING * sum(part)
 
 
 # ---------------------------------------------------------------- chunked prefill

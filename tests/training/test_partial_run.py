@@ -36,13 +36,17 @@ def _perturb(model, seed):
             parameter.add_(0.05 * torch.randn(parameter.shape, generator=generator))
 
 
+@pytest.mark.parametrize("keep", [False, True], ids=["recomputed", "kept caches"])
 @pytest.mark.parametrize("epochs", [2, 1], ids=["proximal forward", "deferred"])
-def test_versions_behaviour_logprobs_and_the_decoupled_loss(tmp_path, epochs):
+def test_versions_behaviour_logprobs_and_the_decoupled_loss(tmp_path, epochs, keep):
     """With two epochs the proximal policy is the one of the rollout's no-grad forward, and
     a later optimizer step trains on it; with one step per rollout it is the policy being
-    trained, whose training forward stands in for the no-grad one."""
+    trained, whose training forward stands in for the no-grad one. With the sampler's
+    ``keep_unfinished`` the segments of one draw continue from the caches the previous
+    segment left, and those of the next draw, under new weights, do not."""
     config = _config(tmp_path)
     config["strategy"]["epochs"] = epochs
+    config["sampler"]["keep_unfinished"] = keep
     strategy, run = build_strategy(config, tmp_path)
     drawer = strategy.batch_source().drawer
     model = run.model
