@@ -79,8 +79,6 @@ def test_options_that_cannot_carry_images_are_refused(tmp_path):
     with pytest.raises(ConfigError, match="sampler.name: the prompts hold images, and the "
                                           "torch sampler takes none"):
         check_image_prompts(config, NO_CAPABILITIES)
-    with pytest.raises(ConfigError, match="in one process for now"):
-        check_image_prompts(config, TorchSampler.capabilities, world=2)
     with pytest.raises(ConfigError, match="multi-turn episodes"):
         check_image_prompts(config, TorchSampler.capabilities, multi_turn=True)
     partial = config.model_copy(update={"rollout": config.rollout.model_copy(

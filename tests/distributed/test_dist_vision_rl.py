@@ -1,0 +1,51 @@
+"""GRPO on prompts with images under FSDP2: 2 processes (each sampling its share of the
+prompts with their images, the rollout's image tensors gathered with its rows) equal the
+1-process run, and the sampler's and trainer's log-probs agree on every rank. Qwen2.5-VL's
+prompts here alternate two image sizes, so one rank's rows hold more flattened patches
+than the other's."""
+
+from __future__ import annotations
+
+import pytest
+
+from astrai_core.testing import read_metrics, tiny_run_config
+from astrai_core.testing.hf_vlms import tiny_image, write_image_prompts, write_vlm_dir
+from astrai_core.testing.runs import DIGIT_REWARD
+from tests.distributed.conftest import assert_close_weights, ok, train, weights
+
+pytestmark = pytest.mark.slow  # runs of 2 processes under torchrun
+STEPS = 2
+SHARED = ("loss", "policy_loss", "grad_norm", "kl", "tokens", "rollout/reward_mean",
+          "rollout/advantage_std")
+# text rewards: the answer, and a digit (which a random tiny model writes about half the time)
+REWARDS = [{"name": "exact_match"}, dict(DIGIT_REWARD)]
+
+
+def _config(tmp_path, family: str, name: str) -> dict:
+    prompts = write_image_prompts(tmp_path / "data", rows=4)
+    if family == "qwen2_5_vl":  # 40 x 20 pixels: 24 patches of 7 x 7 (28 x 28: 16)
+        for i in (1, 3):
+            tiny_image(i, size=(40, 20)).save(prompts.parent / f"{i}.png")
+    strategy = {"name": "grpo", "group_size": 2, "kl_coef": 0.1}  # a reference forward too
+    # AdamW's eps above the rounding of a near-zero gradient (as tests/distributed/
+    # test_dist_vlm.py): the ranks' other summation order stays at its own size
+    config = tiny_run_config(tmp_path, prompts, strategy, max_steps=STEPS, rewards=REWARDS,
+                             data={"batch_size": 2}, eps=1e-6)
+    config["model"] = {"path": str(write_vlm_dir(tmp_path / "hf", family))}
+    config["rollout"] = {"max_logprob_diff": 1e-5}  # stops the run beyond it
+    config["output_dir"] = str(tmp_path / name)
+    config["parallel"] = {"timeout_seconds": 120}
+    return config
+
+
+@pytest.mark.parametrize("family", ["gemma3", "qwen2_5_vl"])
+def test_two_processes_equal_one(tmp_path, family):
+    for name, nproc in (("one", 1), ("two", 2)):
+        ok(train(_config(tmp_path, family, name), tmp_path, name, nproc))
+    one, two = read_metrics(tmp_path / "one"), read_metrics(tmp_path / "two")
+    assert [r["step"] for r in two] == list(range(1, STEPS + 1))
+    assert all(r["rollout/logprob_diff_max"] <= 1e-5 for r in one + two)
+    for a, b in zip(one, two):  # absolute: step 1's loss is float noise around 0
+        for name in SHARED:
+            assert abs(a[name] - b[name]) <= 1e-5, f"step {a['step']} {name}: {a[name]} vs {b[name]}"
+    assert_close_weights(weights(tmp_path / "one", STEPS), weights(tmp_path / "two", STEPS))
