@@ -147,13 +147,17 @@ def _pad_to(tensor: Tensor, dim: int, size: int, left: bool) -> Tensor:
     return torch.cat([pad, tensor] if left else [tensor, pad], dim=dim)
 
 
-def check_image_prompts(config: Any, capabilities: Any, multi_turn: bool = False) -> None:
+def check_image_prompts(config: Any, capabilities: Any, multi_turn: bool = False,
+                        world: int = 1, mixed: bool = False) -> None:
     """Refuse, before training, the options a run on prompts with images cannot honour
     (``config``: the run's RunConfig, ``capabilities``: its sampler's, ``multi_turn``: an
-    environment plays episodes): each prompt sample is one padded row whose image
-    features fill its own image tokens, so rows are neither packed nor prompt-shared nor
-    split over a context group; the sampler must take images; episodes and partial
-    rollouts do not carry them."""
+    environment plays episodes, ``world``: processes, ``mixed``: some prompts hold no
+    image): each prompt sample is one padded row whose image features fill its own image
+    tokens, so rows are neither packed nor prompt-shared nor split over a context group;
+    the sampler must take images; episodes and partial rollouts do not carry them. Over
+    several processes every rank runs the sharded vision tower in step with the others
+    (each of its layers is gathered by a collective), so a rank's forward over rows
+    without images would leave its peers waiting: there, every prompt holds images."""
     refused = [("trainer.micro_batch_tokens", config.trainer.micro_batch_tokens is not None),
                ("trainer.share_prompt", bool(config.trainer.share_prompt)),
                ("parallel.context_parallel", config.parallel.context_parallel > 1),
@@ -163,6 +167,11 @@ def check_image_prompts(config: Any, capabilities: Any, multi_turn: bool = False
             raise ConfigError(f"{field}: the prompts hold images, and rollouts with images "
                               "are trained one whole row per sample (a row's image "
                               f"features fill its own image tokens); leave {field} out")
+    if world > 1 and mixed:
+        raise ConfigError(f"data.sources: some prompts hold images and others none, and "
+                          f"over several processes ({world} were started) every prompt must "
+                          "hold images (each rank's forwards run the sharded vision tower "
+                          "together); give every prompt an image, or train in one process")
     if multi_turn:
         raise ConfigError("environment: the prompts hold images, and multi-turn episodes do "
                           "not carry them yet; use single-turn rollouts")

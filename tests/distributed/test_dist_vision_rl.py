@@ -2,9 +2,14 @@
 prompts with their images, the rollout's image tensors gathered with its rows) equal the
 1-process run, and the sampler's and trainer's log-probs agree on every rank. Qwen2.5-VL's
 prompts here alternate two image sizes, so one rank's rows hold more flattened patches
-than the other's."""
+than the other's. Prompts with images beside prompts without are refused over several
+processes (a rank's forward without images would skip the sharded vision tower's
+collectives)."""
 
 from __future__ import annotations
+
+import json
+import re
 
 import pytest
 
@@ -49,3 +54,17 @@ def test_two_processes_equal_one(tmp_path, family):
         for name in SHARED:
             assert abs(a[name] - b[name]) <= 1e-5, f"step {a['step']} {name}: {a[name]} vs {b[name]}"
     assert_close_weights(weights(tmp_path / "one", STEPS), weights(tmp_path / "two", STEPS))
+
+
+def test_prompts_without_images_beside_ones_with_are_refused(tmp_path):
+    config = _config(tmp_path, "gemma3", "mixed")
+    prompts = config["data"]["sources"][0]["path"]
+    with open(prompts, "a") as f:
+        f.write(json.dumps({"prompt": "1+1=", "answer": "2"}) + "\n")
+    result = train(config, tmp_path, "mixed", 2)
+    assert result.returncode != 0
+    last = result.stderr.strip().splitlines()[-1]  # the launcher's line, naming a rank
+    assert re.match(r"error: the distributed run failed: rank \d exited with status 2: "
+                    r"data.sources: some prompts hold images and others none, and over "
+                    r"several processes \(2 were started\)", last), result.stderr[-2000:]
+    assert not (tmp_path / "mixed" / "metrics.jsonl").exists()
