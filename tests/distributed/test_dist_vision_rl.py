@@ -1,10 +1,10 @@
 """GRPO on prompts with images under FSDP2: 2 processes (each sampling its share of the
 prompts with their images, the rollout's image tensors gathered with its rows) equal the
 1-process run, and the sampler's and trainer's log-probs agree on every rank. Qwen2.5-VL's
-prompts here alternate two image sizes, so one rank's rows hold more flattened patches
-than the other's. Prompts with images beside prompts without are refused over several
-processes (a rank's forward without images would skip the sharded vision tower's
-collectives)."""
+prompts here hold images of four sizes, so one rank's rows hold more flattened patches
+(and image tokens) than the other's. Prompts with images beside prompts without are
+refused over several processes (a rank's forward without images would skip the sharded
+vision tower's collectives)."""
 
 from __future__ import annotations
 
@@ -28,9 +28,9 @@ REWARDS = [{"name": "exact_match"}, dict(DIGIT_REWARD)]
 
 def _config(tmp_path, family: str, name: str) -> dict:
     prompts = write_image_prompts(tmp_path / "data", rows=4)
-    if family == "qwen2_5_vl":  # 40 x 20 pixels: 24 patches of 7 x 7 (28 x 28: 16)
-        for i in (1, 3):
-            tiny_image(i, size=(40, 20)).save(prompts.parent / f"{i}.png")
+    if family == "qwen2_5_vl":  # 16 patches of 7 x 7 (28 x 28 pixels), 24, 32 and 48:
+        for i, size in ((1, (40, 20)), (2, (56, 28)), (3, (56, 42))):  # any two ranks differ
+            tiny_image(i, size=size).save(prompts.parent / f"{i}.png")
     strategy = {"name": "grpo", "group_size": 2, "kl_coef": 0.1}  # a reference forward too
     # AdamW's eps above the rounding of a near-zero gradient (as tests/distributed/
     # test_dist_vlm.py): the ranks' other summation order stays at its own size
@@ -43,7 +43,7 @@ def _config(tmp_path, family: str, name: str) -> dict:
     return config
 
 
-@pytest.mark.parametrize("family", ["gemma3", "qwen2_5_vl"])
+@pytest.mark.parametrize("family", ["gemma3", "idefics3", "qwen2_5_vl"])
 def test_two_processes_equal_one(tmp_path, family):
     for name, nproc in (("one", 1), ("two", 2)):
         ok(train(_config(tmp_path, family, name), tmp_path, name, nproc))
