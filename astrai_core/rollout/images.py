@@ -25,6 +25,9 @@ from astrai_core.data.image_batch import (PER_TOKEN, PREFIX, ROWS, batch_images,
 from astrai_core.errors import ConfigError
 from astrai_core.plugins.sampler_capabilities import sampler_capabilities
 
+# each image tensor's shape past the rows, and its dtype, by name (image_layout)
+ImageLayout = dict[str, tuple[tuple[int, ...], torch.dtype]]
+
 
 def rollout_images(images: Sequence[dict[str, Any] | None], prompt_width: int
                    ) -> dict[str, Tensor]:
@@ -86,9 +89,6 @@ def concat_images(parts: Sequence[dict[str, Tensor]], counts: Sequence[int],
     conformed = [conformed_images(part, n, layout, prompt_width, device)
                  for part, n in zip(parts, counts)]
     return {key: torch.cat([part[key] for part in conformed]) for key in layout}
-
-
-ImageLayout = dict[str, tuple[tuple[int, ...], torch.dtype]]
 
 
 def image_layout(images: dict[str, Tensor]) -> ImageLayout:

@@ -52,7 +52,7 @@ def test_two_processes_equal_one(tmp_path, family):
     assert all(r["rollout/logprob_diff_max"] <= 1e-5 for r in one + two)
     for a, b in zip(one, two):  # absolute: step 1's loss is float noise around 0
         for name in SHARED:
-            assert abs(a[name] - b[name]) <= 1e-5, f"step {a['step']} {name}: {a[name]} vs {b[name]}"
+            assert abs(a[name] - b[name]) <= 1e-5, (a["step"], name, a[name], b[name])
     assert_close_weights(weights(tmp_path / "one", STEPS), weights(tmp_path / "two", STEPS))
 
 
