@@ -215,6 +215,12 @@ class PromptExamples:
         """Whether any prompt of the source holds images."""
         return self.source.images is not None and bool(self.source.images.names)
 
+    @property
+    def every_prompt_has_images(self) -> bool:
+        """Whether every prompt kept holds images."""
+        names = self.source.images.names if self.source.images is not None else {}
+        return all(int(row) in names for row in self.keep)
+
 
 class PromptLoader(_StreamLoader):
     """Lists of ``batch_size`` prompt records, in a deterministic, resumable order."""
@@ -226,6 +232,10 @@ class PromptLoader(_StreamLoader):
         self.prompts = prompts
         self.skipped = sum(p.skipped for p in prompts)  # longer than data.max_prompt_len
         self.has_images = any(p.has_images for p in prompts)
+        # some prompts hold images and others none (rollout/images.py refuses it in a run
+        # of several processes)
+        self.mixes_images = self.has_images and not all(p.every_prompt_has_images
+                                                        for p in prompts)
 
     def _next_batch(self) -> list[PromptRecord] | None:
         records = [self.prompts[s].get(k) for s, k in self._take_examples()]

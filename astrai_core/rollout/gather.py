@@ -6,9 +6,11 @@ rollout is then gathered on every rank, so that whatever is global is computed e
 as in one process: advantage statistics and GAE whitening, the rollout's metrics, and
 the shuffled schedule of optimizer steps, of which each rank trains its share of rows.
 Rows are padded to the widest rank (prompts on the left, responses on the right); group
-ids are renumbered to global prompt indices. The ranks of a context group
-(``parallel.context_parallel``) hold the same rows (:func:`context_group_rollout`): the
-rollout has them once.
+ids are renumbered to global prompt indices. A vision-language model's image tensors
+(``RolloutBatch.images``) travel with their rows, each padded to the most images of a row
+over every rank, so each rank's training forwards get its rows' images. The ranks of a
+context group (``parallel.context_parallel``) hold the same rows
+(:func:`context_group_rollout`): the rollout has them once.
 """
 
 from __future__ import annotations
@@ -22,6 +24,7 @@ import torch.nn.functional as F
 from astrai_core.distributed.context import DistContext
 from astrai_core.model.router_replay import ROUTED_EXPERTS, widened_routing
 from astrai_core.rollout.batch import RolloutBatch
+from astrai_core.rollout.images import ImageLayout, conformed_images, image_layout, joint_layout
 
 _PROMPT_ALIGNED = ("prompt_ids", "prompt_mask")
 _ROW_LISTS = ("prompts", "completions", "columns", "finish_reasons")
@@ -53,7 +56,8 @@ def gather_rollout(rollout: RolloutBatch, dist: DistContext,
     token_tensors = dict(token_tensors or {})
     if not dist.enabled:
         return rollout, token_tensors
-    widths = dist.all_gather_object((rollout.prompt_ids.shape[1], rollout.response_ids.shape[1]))
+    widths = dist.all_gather_object((rollout.prompt_ids.shape[1], rollout.response_ids.shape[1],
+                                     image_layout(rollout.images)))
     prompt_width = max(w[0] for w in widths)
     local_response = rollout.response_ids.shape[1]
     response_width = max(w[1] for w in widths)
@@ -92,8 +96,22 @@ def gather_rollout(rollout: RolloutBatch, dist: DistContext,
     for name in _ROW_LISTS:
         parts = dist.all_gather_object(getattr(rollout, name))[::dist.context_size]
         updates[name] = [item for part in parts for item in part]
+    updates["images"] = _gathered_images(rollout, [w[2] for w in widths], prompt_width, dist)
     tokens = {k: gathered(k, v) for k, v in sorted(token_tensors.items())}
     return replace(rollout, **updates), tokens
+
+
+def _gathered_images(rollout: RolloutBatch, layouts: list[ImageLayout], prompt_width: int,
+                     dist: DistContext) -> dict[str, torch.Tensor]:
+    """Every rank's image tensors of its rows (rollout/images.py), row-aligned like the
+    rest: a rank's rows may hold more images (or Qwen-VL patches, Idefics3 tiles) than
+    another's, or none, so each rank first pads its own to the joint layout."""
+    layout = joint_layout(layouts)
+    if not layout:
+        return {}
+    local = conformed_images(rollout.images, len(rollout), layout, prompt_width,
+                             rollout.prompt_ids.device)
+    return {key: _rows(value, dist) for key, value in local.items()}
 
 
 def _rows(tensor: torch.Tensor, dist: DistContext) -> torch.Tensor:

@@ -25,6 +25,9 @@ from astrai_core.data.image_batch import (PER_TOKEN, PREFIX, ROWS, batch_images,
 from astrai_core.errors import ConfigError
 from astrai_core.plugins.sampler_capabilities import sampler_capabilities
 
+# each image tensor's shape past the rows, and its dtype, by name (image_layout)
+ImageLayout = dict[str, tuple[tuple[int, ...], torch.dtype]]
+
 
 def rollout_images(images: Sequence[dict[str, Any] | None], prompt_width: int
                    ) -> dict[str, Tensor]:
@@ -79,24 +82,53 @@ def concat_images(parts: Sequence[dict[str, Tensor]], counts: Sequence[int],
     """The image tensors of rollouts of ``counts`` rows each, joined row-wise with their
     prompts left-padded to ``prompt_width``: a part without images gets rows of none,
     and each image tensor is padded to the most images of a row."""
-    names = sorted({key for part in parts for key in part})
+    layout = joint_layout([image_layout(part) for part in parts])
+    if not layout:
+        return {}
+    device = next(value.device for part in parts for value in part.values())
+    conformed = [conformed_images(part, n, layout, prompt_width, device)
+                 for part, n in zip(parts, counts)]
+    return {key: torch.cat([part[key] for part in conformed]) for key in layout}
+
+
+def image_layout(images: dict[str, Tensor]) -> ImageLayout:
+    """Each of a rollout's image tensors (see the module docstring) by name: its shape past
+    the rows, and its dtype; small, so that ranks can exchange it as an object."""
+    return {key: (tuple(value.shape[1:]), value.dtype) for key, value in images.items()}
+
+
+def joint_layout(layouts: Sequence[ImageLayout]) -> ImageLayout:
+    """The layout that holds the rows of every one of ``layouts``: each name of any, with
+    the most images of a row over all (per-token tensors are widened apart)."""
+    out: ImageLayout = {}
+    for layout in layouts:
+        for key, (shape, dtype) in layout.items():
+            if key not in out:
+                out[key] = (shape, dtype)
+            elif shape and not _per_token(key):  # [images of a row, ...]: the most
+                (most, *rest), kept = out[key]
+                out[key] = ((max(most, shape[0]), *rest), kept)
+    return dict(sorted(out.items()))
+
+
+def conformed_images(images: dict[str, Tensor], count: int, layout: ImageLayout,
+                     prompt_width: int, device: torch.device | str = "cpu"
+                     ) -> dict[str, Tensor]:
+    """``images`` of ``count`` rows in ``layout`` (a :func:`joint_layout`), prompts
+    left-padded to ``prompt_width``: each image tensor zero-padded to the layout's most
+    images of a row, and a name these rows lack given as rows of no image."""
     out: dict[str, Tensor] = {}
-    for key in names:
-        sample = next(part[key] for part in parts if key in part)
+    for key, (shape, dtype) in layout.items():
+        value = images.get(key)
         if key.endswith(ROWS):
-            pieces = [part.get(key, torch.zeros(n, dtype=torch.long)) for part, n in zip(parts, counts)]
-            out[key] = torch.cat(pieces)
-            continue
-        if _per_token(key):
-            pieces = [_pad_to(part[key], 1, prompt_width, left=True) if key in part
-                      else sample.new_zeros((n, prompt_width)) for part, n in zip(parts, counts)]
-            out[key] = torch.cat(pieces)
-            continue
-        most = max(part[key].shape[1] for part in parts if key in part)
-        pieces = [_pad_to(part[key], 1, most, left=False) if key in part
-                  else sample.new_zeros((n, most, *sample.shape[2:]))
-                  for part, n in zip(parts, counts)]
-        out[key] = torch.cat(pieces)
+            out[key] = value if value is not None else torch.zeros(count, dtype=dtype,
+                                                                    device=device)
+        elif _per_token(key):
+            out[key] = (_pad_to(value, 1, prompt_width, left=True) if value is not None else
+                        torch.zeros((count, prompt_width), dtype=dtype, device=device))
+        else:
+            out[key] = (_pad_to(value, 1, shape[0], left=False) if value is not None else
+                        torch.zeros((count, *shape), dtype=dtype, device=device))
     return out
 
 
@@ -116,13 +148,16 @@ def _pad_to(tensor: Tensor, dim: int, size: int, left: bool) -> Tensor:
 
 
 def check_image_prompts(config: Any, capabilities: Any, multi_turn: bool = False,
-                        world: int = 1) -> None:
+                        world: int = 1, mixed: bool = False) -> None:
     """Refuse, before training, the options a run on prompts with images cannot honour
     (``config``: the run's RunConfig, ``capabilities``: its sampler's, ``multi_turn``: an
-    environment plays episodes, ``world``: processes): each prompt sample is one padded row whose image
-    features fill its own image tokens, so rows are neither packed nor prompt-shared nor
-    split over a context group; the sampler must take images; episodes and partial
-    rollouts do not carry them, and neither does a run of several processes yet."""
+    environment plays episodes, ``world``: processes, ``mixed``: some prompts hold no
+    image): each prompt sample is one padded row whose image features fill its own image
+    tokens, so rows are neither packed nor prompt-shared nor split over a context group;
+    the sampler must take images; episodes and partial rollouts do not carry them. Over
+    several processes every rank runs the sharded vision tower in step with the others
+    (each of its layers is gathered by a collective), so a rank's forward over rows
+    without images would leave its peers waiting: there, every prompt holds images."""
     refused = [("trainer.micro_batch_tokens", config.trainer.micro_batch_tokens is not None),
                ("trainer.share_prompt", bool(config.trainer.share_prompt)),
                ("parallel.context_parallel", config.parallel.context_parallel > 1),
@@ -132,9 +167,11 @@ def check_image_prompts(config: Any, capabilities: Any, multi_turn: bool = False
             raise ConfigError(f"{field}: the prompts hold images, and rollouts with images "
                               "are trained one whole row per sample (a row's image "
                               f"features fill its own image tokens); leave {field} out")
-    if world > 1:
-        raise ConfigError(f"the prompts hold images, and online training on them runs in one "
-                          f"process for now ({world} were started); run it without torchrun")
+    if world > 1 and mixed:
+        raise ConfigError(f"data.sources: some prompts hold images and others none, and "
+                          f"over several processes ({world} were started) every prompt must "
+                          "hold images (each rank's forwards run the sharded vision tower "
+                          "together); give every prompt an image, or train in one process")
     if multi_turn:
         raise ConfigError("environment: the prompts hold images, and multi-turn episodes do "
                           "not carry them yet; use single-turn rollouts")

@@ -209,7 +209,7 @@ def _train_loader(plan: RunPlan, data: Any, tokenizer: Any, required: dict[str, 
     if needs.rollouts and getattr(loader, "has_images", False):
         multi_turn = environment is not None and not getattr(environment, "single_turn", False)
         check_image_prompts(plan.config, sampler_capabilities(plan.sampler.target), multi_turn,
-                            dist.world_size)
+                            dist.world_size, getattr(loader, "mixes_images", False))
     return shard_loader(loader, dist)
 
 

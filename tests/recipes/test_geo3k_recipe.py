@@ -2,7 +2,7 @@
 test kit's; Qwen2.5-VL's processor needs torchvision) and a local parquet file in the
 dataset's shape (an `images` list of PNG bytes, `problem` with its `<image>` marker,
 `answer`), read through the recipe's own `columns` and `transform`. The recipe samples
-with vLLM in 8 processes; both are refused for prompts with images for now, so here the
+with vLLM in 8 processes; vLLM is refused for prompts with images for now, so here the
 torch sampler in one process stands in. The math_verify reward scores the samples."""
 
 from __future__ import annotations

@@ -79,8 +79,12 @@ def test_options_that_cannot_carry_images_are_refused(tmp_path):
     with pytest.raises(ConfigError, match="sampler.name: the prompts hold images, and the "
                                           "torch sampler takes none"):
         check_image_prompts(config, NO_CAPABILITIES)
-    with pytest.raises(ConfigError, match="in one process for now"):
-        check_image_prompts(config, TorchSampler.capabilities, world=2)
+    # several processes take prompts with images when every prompt holds them
+    check_image_prompts(config, TorchSampler.capabilities, world=2)
+    check_image_prompts(config, TorchSampler.capabilities, mixed=True)  # one process
+    with pytest.raises(ConfigError, match="data.sources: some prompts hold images and "
+                                          "others none, and over several processes"):
+        check_image_prompts(config, TorchSampler.capabilities, world=2, mixed=True)
     with pytest.raises(ConfigError, match="multi-turn episodes"):
         check_image_prompts(config, TorchSampler.capabilities, multi_turn=True)
     partial = config.model_copy(update={"rollout": config.rollout.model_copy(

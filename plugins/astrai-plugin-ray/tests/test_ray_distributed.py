@@ -4,8 +4,9 @@ metrics and, after 3 steps, weights within 1e-4; the evaluation by generation, s
 over the ranks, too), for a fully trained policy and for a LoRA policy, whose pushes carry
 the adapter only. Rank 0 holds the workers; every rank sends its prompts through it
 and gathers the sharded weights bucket by bucket (the tiny model's embedding has an odd
-number of rows, so its shards are uneven); and for a policy on the transformers backend,
-whose pushes carry the family's own names."""
+number of rows, so its shards are uneven); for a policy on the transformers backend,
+whose pushes carry the family's own names; and for a vision-language policy on prompts
+with images."""
 
 from __future__ import annotations
 
@@ -45,6 +46,11 @@ def _train(tmp_path: Path, name: str, nproc: int, lora: bool = False,
         config["model"] = {"path": str(hf)}
     if lora:
         config["model"]["lora"] = dict(LORA)
+    return _launch(config, tmp_path, name, nproc)
+
+
+def _launch(config: dict, tmp_path: Path, name: str, nproc: int) -> Path:
+    """`astrai train` of ``config`` on ``nproc`` processes; its run directory."""
     path = tmp_path / f"{name}.yaml"
     path.write_text(yaml.safe_dump(config, sort_keys=False))
     launch = ["--nproc-per-node", str(nproc)] if nproc > 1 else []
@@ -88,6 +94,34 @@ def test_two_trainer_processes_with_ray_workers_equal_one(tmp_path, lora, model_
     assert weights[0].keys() == weights[1].keys()
     for name, tensor in weights[0].items():
         assert (tensor - weights[1][name]).abs().max().item() <= 1e-4, name
+
+
+def test_two_trainer_processes_on_image_prompts_equal_one(tmp_path):
+    """GRPO on prompts with images of four sizes (Qwen2.5-VL: 16 to 48 patches each): rank
+    0 sends every rank's prompts with their images to the workers, and each rank's rows
+    keep their images through the trainer's gather, so 2 processes log what 1 logs."""
+    from astrai_core.testing.hf_vlms import tiny_image, write_image_prompts, write_vlm_dir
+    from astrai_core.testing.runs import DIGIT_REWARD
+
+    hf = write_vlm_dir(tmp_path / "hf", "qwen2_5_vl")
+    prompts = write_image_prompts(tmp_path / "data", rows=4)
+    for i, size in ((1, (40, 20)), (2, (56, 28)), (3, (56, 42))):
+        tiny_image(i, size=size).save(prompts.parent / f"{i}.png")
+    runs = []
+    for name, nproc in (("one", 1), ("two", 2)):
+        config = tiny_run_config(tmp_path, prompts, {"name": "grpo", "group_size": 2},
+                                 sampler=RAY, data={"batch_size": 2}, max_steps=2, eps=1e-6,
+                                 rewards=[{"name": "exact_match"}, dict(DIGIT_REWARD)])
+        config["model"] = {"path": str(hf)}
+        config["rollout"] = {"max_logprob_diff": 1e-5}  # stops the run beyond it
+        config["output_dir"] = str(tmp_path / name)
+        runs.append(read_metrics(_launch(config, tmp_path, name, nproc)))
+    first, second = runs
+    assert [m["step"] for m in second] == [1, 2]
+    for a, b in zip(first, second):
+        assert b["rollout/logprob_diff_max"] <= 1e-5
+        for name in SHARED[:-1]:  # logprob_diff_max: float noise on each side
+            assert b[name] == pytest.approx(a[name], rel=1e-4, abs=1e-5), (a["step"], name)
 
 
 def test_the_plan_takes_ray_on_several_processes_but_not_multi_turn_episodes(tmp_path,
