@@ -1,9 +1,8 @@
 """The Geometry3K recipe's config runs 2 GRPO steps on CPU: a tiny random Gemma 3 (the
-test kit's; Qwen2.5-VL's processor needs torchvision) and a local parquet file in the
-dataset's shape (an `images` list of PNG bytes, `problem` with its `<image>` marker,
-`answer`), read through the recipe's own `columns` and `transform`. The recipe samples
-with vLLM in 8 processes; vLLM is refused for prompts with images for now, so here the
-torch sampler in one process stands in. The math_verify reward scores the samples."""
+test kit's) and a local parquet file in the dataset's shape (an `images` list of PNG
+bytes, `problem` with its `<image>` marker, `answer`), read through the recipe's own
+`columns` and `transform` for training and for its evaluation set. The recipe runs 8
+processes; here one stands in. The math_verify reward scores the samples."""
 
 from __future__ import annotations
 
@@ -51,13 +50,16 @@ def smoke_config(root) -> dict:
     _parquet(root / "train.parquet")
     source.update(path=str(root / "train.parquet"))
     source.pop("split")
+    config["data"]["eval"].update(path=str(root / "train.parquet"))
+    config["data"]["eval"].pop("split")
     config["data"].update(batch_size=2, max_prompt_len=512, cache_dir=str(root / "cache"))
-    config["sampler"] = {"name": "torch", "temperature": config["sampler"]["temperature"],
-                         "max_new_tokens": 6}
+    assert config["sampler"]["name"] == "torch"
+    config["sampler"].update(max_new_tokens=6)
     config["device"] = {"name": "cpu"}
     config["parallel"]["activation_checkpointing"] = False
     config["trainer"].update(max_steps=2, mixed_precision="no", save_every=2, keep_last=None,
-                             progress=False, threads=1)
+                             progress=False, threads=1, eval_every=2,
+                             eval_max_new_tokens=6)
     return config
 
 
@@ -70,6 +72,7 @@ def test_the_recipe_runs_two_grpo_steps_on_image_prompts(tmp_path):
     records = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
     assert [r["step"] for r in records] == [1, 2]
     assert all("rollout/reward/math_verify" in r for r in records)
+    assert "eval/accuracy" in records[-1]  # the test split's prompts, with their diagrams
     assert (run / "checkpoints" / "step_2" / "model.safetensors").is_file()
     # the transform's prompt: the diagram's tokens, then the question without its marker
     cached = [json.loads(line) for file in (tmp_path / "cache").rglob("records.jsonl")
