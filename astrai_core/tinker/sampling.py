@@ -10,7 +10,7 @@ import torch
 from astrai_core.model.head import target_logprobs
 from astrai_core.sampling.params import SamplingParams
 from astrai_core.tinker.bases import LoadedBase
-from astrai_core.tinker.engine_types import EngineRequestError, SampledOut, SampleOut, SampleSpec
+from astrai_core.tinker.engine_types import EngineRequestError, SampledOut, SampleSpec
 
 DEFAULT_MAX_TOKENS = 64
 
@@ -56,8 +56,3 @@ def prompt_logprobs(base: LoadedBase, prompt: list[int]) -> list[float | None]:
     out = target_logprobs(base.model, ids, ids[:, 1:])
     return [None] + [float(x) for x in out["logprobs"][0].tolist()]
 
-
-def sample_out(base: LoadedBase, prompt: list[int], params: SamplingParams, tokenizer: Any,
-               with_prompt_logprobs: bool) -> SampleOut:
-    sequences = generate(base, prompt, params, tokenizer)
-    return SampleOut(sequences, prompt_logprobs(base, prompt) if with_prompt_logprobs else None)
