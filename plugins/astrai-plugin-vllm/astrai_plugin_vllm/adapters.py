@@ -35,10 +35,13 @@ class AdapterRequests:
         self._ids: dict[str, tuple[int, tuple[int, ...]]] = {}  # path -> (id, _stamp)
         self._next = 1  # vLLM's ids start at 1
 
-    def request(self, engine: Any, directory: str | Path | None) -> Any:
-        """The request for ``directory`` (None: the bare base, no request)."""
+    def request(self, engine: Any, directory: str | Path | None, images: Any = None) -> Any:
+        """The request for ``directory`` (None: the bare base, no request); prompts with
+        ``images`` take no adapter."""
         if directory is None:
             return None
+        if images is not None:
+            raise ValueError("generate(adapter=...) takes prompts without images")
         from vllm.lora.request import LoRARequest
 
         path = str(Path(directory).resolve())

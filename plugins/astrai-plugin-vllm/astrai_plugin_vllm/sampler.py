@@ -67,7 +67,6 @@ class VllmSampler:
     # parameters (a sharded trainer need not gather them for it); update_weights(None)
     # pushes the policy it was built with into the engine; a push's time; close() stops
     # the engine; prompts may carry images (the families images.py serves).
-    # With max_adapters it serves peft adapter directories on the base (adapter=).
     capabilities = SamplerCapabilities(owns_weights=True, shares_policy=True,
                                        reports_metrics=True, needs_close=True, images=True,
                                        adapters=True)
@@ -146,9 +145,8 @@ class VllmSampler:
                            enable_prefix_caching=enable_prefix_caching,
                            worker_extension_cls=weights_lib.EXTENSION,
                            **colocated.launcher_args(self.world_size, tensor_parallel_size),
-                           **engine_lib.sleep_args(sleep),
-                           **adapters_lib.lora_engine_args(max_adapters, max_adapter_rank),
-                           **(engine_kwargs or {}))
+                           **engine_lib.sleep_args(sleep), **(engine_kwargs or {}),
+                           **adapters_lib.lora_engine_args(max_adapters, max_adapter_rank))
         self._adapters = adapters_lib.AdapterRequests()
         self.sleeps, self._asleep = sleep, False
         self._pool = colocated.PromptPool(tensor_parallel_size)
@@ -246,10 +244,8 @@ class VllmSampler:
         if self.tokenizer is None and any(r.params.stop for r in requests):
             raise ValueError("stop strings need a tokenizer: VllmSampler(model, tokenizer=...)")
         images_lib.check_requests(self._vision, requests)
-        if adapter is not None and images is not None:
-            raise ValueError("generate(adapter=...) takes prompts without images")
         self._wake()
-        lora = self._adapters.request(self.engine, adapter)
+        lora = self._adapters.request(self.engine, adapter, images)
         outputs = self._pool.run(
             [images_lib.vllm_prompt(self._vision, r.prompt_ids, r.images) for r in requests],
             [_vllm_params(r) for r in requests],
