@@ -38,6 +38,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--sampler", default="torch",
                         help="who samples: torch (astrai's sampler, default) or vllm (one vLLM "
                              "engine per base serving every tenant's adapter; needs vLLM)")
+    parser.add_argument("--sampler-option", action="append", default=[], metavar="KEY=VALUE",
+                        help="an engine option of --sampler vllm, e.g. gpu_memory_utilization=0.4 "
+                             "(VALUE read as JSON where it parses; repeatable)")
     parser.add_argument("--device", default="auto", help="device backend name (auto, cpu, cuda, ...)")
     parser.add_argument("--nproc-per-node", type=int, metavar="N", default=None,
                         help="serve from N processes (one per device) with each base model "
@@ -59,6 +62,23 @@ def parse_models(specs: list[str]) -> dict[str, str]:
             raise AstraiError(f"--model {name}={path}: {local} does not exist")
         models[name] = str(local) if local.exists() else path
     return models
+
+
+def parse_sampler_options(specs: list[str]) -> dict[str, Any]:
+    """``KEY=VALUE`` pairs, each VALUE a JSON value where it parses (else the string)."""
+    import json
+
+    options: dict[str, Any] = {}
+    for spec in specs:
+        key, sep, value = spec.partition("=")
+        if not sep or not key.strip().isidentifier():
+            raise AstraiError(f"--sampler-option {spec!r}: expected KEY=VALUE, e.g. "
+                              "gpu_memory_utilization=0.4")
+        try:
+            options[key.strip()] = json.loads(value)
+        except ValueError:
+            options[key.strip()] = value
+    return options
 
 
 def resolve_api_key(args: argparse.Namespace) -> str | None:
@@ -136,6 +156,9 @@ def run(args: argparse.Namespace) -> int:
     api_key = resolve_api_key(args)
     limits = limits_of(args)
     state_dir = Path(args.state_dir).expanduser()
+    sampler_options = parse_sampler_options(args.sampler_option)
+    if sampler_options and args.sampler == "torch":
+        raise AstraiError("--sampler-option: the torch sampler takes no engine options")
     if args.sampler != "torch" and (args.nproc_per_node is not None
                                     or launched_world_size() > 1):
         raise AstraiError(f"--sampler {args.sampler} serves from one process; leave out "
@@ -161,7 +184,7 @@ def run(args: argparse.Namespace) -> int:
         from astrai_core.tinker.sample_backends import registry_backend
 
         engine.backend = registry_backend(args.sampler, list(engine.bases.values()),
-                                          engine.limits.max_sampler_adapters)
+                                          engine.limits.max_sampler_adapters, sampler_options)
     try:
         http_server(engine, args, api_key, limits, state_dir).run()
     finally:

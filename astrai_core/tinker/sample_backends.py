@@ -22,6 +22,8 @@ from astrai_core.tinker.bases import LoadedBase
 from astrai_core.tinker.engine_types import SampledOut
 
 log = get_logger(__name__)
+# the sampler's arguments astrai tinker sets itself
+SET_BY_TINKER = ("model", "tokenizer", "max_adapters", "max_adapter_rank")
 
 
 class SampleBackend(Protocol):
@@ -81,6 +83,7 @@ def registry_backend(name: str, bases: list[LoadedBase], max_adapters: int,
     sampler_class = registry.load("sampler", name)  # unavailable: the registry's message
     if not sampler_capabilities(sampler_class).adapters:
         raise AstraiError(f"--sampler {name}: it does not serve LoRA adapters; use torch")
+    check_options(name, sampler_class, options or {})
     samplers: dict[str, Any] = {}
     try:
         for base in bases:
@@ -92,6 +95,20 @@ def registry_backend(name: str, bases: list[LoadedBase], max_adapters: int,
         RegistryBackend(samplers).close()  # the engines started so far
         raise
     return RegistryBackend(samplers)
+
+
+def check_options(name: str, sampler_class: Any, options: dict[str, Any]) -> None:
+    """One line naming an option the sampler does not take (or one astrai sets itself)."""
+    import inspect
+
+    taken = inspect.signature(sampler_class).parameters
+    if any(p.kind is inspect.Parameter.VAR_KEYWORD for p in taken.values()):
+        return
+    offered = sorted(set(taken) - set(SET_BY_TINKER))
+    for key in options:
+        if key not in offered:
+            raise AstraiError(f"--sampler-option {key}: the {name} sampler takes none of that "
+                              f"name here; it takes: {', '.join(offered)}")
 
 
 def _tokenizer_or_none(base: LoadedBase) -> Any:

@@ -84,6 +84,17 @@ def test_the_vllm_sampler_serves_from_one_process(tmp_path):
                                "--nproc-per-node or use --sampler torch"]
 
 
+@pytest.mark.parametrize(("extra", "message"), [
+    (["--sampler-option", "no-equals"], "error: --sampler-option 'no-equals': expected "
+                                        "KEY=VALUE, e.g. gpu_memory_utilization=0.4"),
+    (["--sampler-option", "enforce_eager=true"],
+     "error: --sampler-option: the torch sampler takes no engine options"),
+])
+def test_sampler_options_are_checked(tmp_path, extra, message):
+    assert _errors(run_astrai("tinker", "--model", f"tiny={tmp_path}", "--port", "1",
+                              *extra)) == [message]
+
+
 def test_the_command_serves_the_sdk_on_a_tiny_model(hf_dir, tmp_path):
     """``astrai tinker`` as a user starts it: the SDK creates a client, takes a step, samples."""
     import subprocess

@@ -145,3 +145,25 @@ def test_weights_saved_again_under_the_same_name_are_served_new(served):
     assert greedy != before
     forward = _forward(engine, "again", PROMPTS[0], after.tokens)
     assert np.max(np.abs(np.subtract(after.logprobs, forward))) <= TOLERANCE
+
+
+def test_engine_options_are_checked_before_any_engine_starts():
+    from astrai_core.errors import AstraiError
+    from astrai_core.tinker.sample_backends import registry_backend
+
+    for key in ("gpu_memory_utilisation", "max_adapters"):  # a typo; one astrai sets itself
+        with pytest.raises(AstraiError, match=rf"^--sampler-option {key}: the vllm sampler "
+                                              r"takes none of that name here; it takes: "
+                                              r".*\bgpu_memory_utilization\b"):
+            registry_backend("vllm", [], 2, options={key: 1})
+
+
+def test_lora_engine_args_round_the_rank_up_to_one_vllm_sizes():
+    from astrai_plugin_vllm.adapters import lora_engine_args
+
+    assert lora_engine_args(0, 8) == {}
+    assert lora_engine_args(3, 4) == {"enable_lora": True, "max_loras": 3, "max_lora_rank": 8}
+    assert lora_engine_args(8, 128)["max_lora_rank"] == 128
+    assert lora_engine_args(8, 129)["max_lora_rank"] == 256
+    with pytest.raises(ValueError, match="up to 512"):
+        lora_engine_args(1, 513)
