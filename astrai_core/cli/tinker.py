@@ -175,9 +175,9 @@ def run(args: argparse.Namespace) -> int:
                           lambda engine: http_server(engine, args, api_key, limits, state_dir))
     check_port_free(args.host, args.port)
     if args.sampler != "torch":  # unavailable: one line before any model loads
-        from astrai_core.plugins import process_registry
+        from astrai_core.tinker.sample_backends import adapter_sampler
 
-        process_registry().get("sampler", args.sampler)
+        adapter_sampler(args.sampler, sampler_options)
     state_dir.mkdir(parents=True, exist_ok=True)
     engine = build_engine(models, state_dir, args)
     if args.sampler != "torch":

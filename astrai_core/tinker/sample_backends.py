@@ -76,14 +76,7 @@ def registry_backend(name: str, bases: list[LoadedBase], max_adapters: int,
     """The ``--sampler name`` backend: one sampler per base, serving up to ``max_adapters``
     adapters of the base's largest LoRA rank; ``options``: more sampler keyword arguments.
     Build it before any tenant exists (the sampler starts on the bare base's weights)."""
-    from astrai_core.plugins import process_registry
-    from astrai_core.plugins.sampler_capabilities import sampler_capabilities
-
-    registry = registry or process_registry()
-    sampler_class = registry.load("sampler", name)  # unavailable: the registry's message
-    if not sampler_capabilities(sampler_class).adapters:
-        raise AstraiError(f"--sampler {name}: it does not serve LoRA adapters; use torch")
-    check_options(name, sampler_class, options or {})
+    sampler_class = adapter_sampler(name, options or {}, registry)
     samplers: dict[str, Any] = {}
     try:
         for base in bases:
@@ -95,6 +88,20 @@ def registry_backend(name: str, bases: list[LoadedBase], max_adapters: int,
         RegistryBackend(samplers).close()  # the engines started so far
         raise
     return RegistryBackend(samplers)
+
+
+def adapter_sampler(name: str, options: dict[str, Any], registry: Any = None) -> Any:
+    """The sampler class ``name`` of the registry, checked to serve adapters and to take
+    ``options`` (an AstraiError of one line otherwise)."""
+    from astrai_core.plugins import process_registry
+    from astrai_core.plugins.sampler_capabilities import sampler_capabilities
+
+    registry = registry or process_registry()
+    sampler_class = registry.load("sampler", name)  # unavailable: the registry's message
+    if not sampler_capabilities(sampler_class).adapters:
+        raise AstraiError(f"--sampler {name}: it does not serve LoRA adapters; use torch")
+    check_options(name, sampler_class, options)
+    return sampler_class
 
 
 def check_options(name: str, sampler_class: Any, options: dict[str, Any]) -> None:
