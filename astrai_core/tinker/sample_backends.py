@@ -59,11 +59,10 @@ class RegistryBackend:
 
     def generate(self, base: LoadedBase, adapter: Path | None, prompt: list[int],
                  params: SamplingParams, tokenizer: Any) -> list[SampledOut]:
-        completions = self.samplers[base.facts.name].generate([prompt], params, adapter=adapter)
-        return [SampledOut(tokens=list(c.token_ids),
-                           logprobs=[float(x) for x in c.logprobs or []],
-                           stop_reason="stop" if c.finish_reason == "stop" else "length")
-                for c in completions]
+        from astrai_core.tinker.sampling import sampled_outs
+
+        return sampled_outs(self.samplers[base.facts.name].generate([prompt], params,
+                                                                    adapter=adapter))
 
     def close(self) -> None:
         for sampler in self.samplers.values():

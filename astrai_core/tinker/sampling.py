@@ -40,7 +40,11 @@ def generate(base: LoadedBase, prompt: list[int], params: SamplingParams,
     from astrai_core.sampling.torch_sampler import TorchSampler
 
     sampler = TorchSampler(base.model, tokenizer=tokenizer if params.stop else None)
-    completions = sampler.generate([prompt], params)
+    return sampled_outs(sampler.generate([prompt], params))
+
+
+def sampled_outs(completions: list[Any]) -> list[SampledOut]:
+    """A sampler's completions as the engine reports them."""
     return [SampledOut(tokens=list(c.token_ids), logprobs=[float(x) for x in c.logprobs or []],
                        stop_reason="stop" if c.finish_reason == "stop" else "length")
             for c in completions]
