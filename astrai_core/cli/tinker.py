@@ -35,6 +35,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--max-datum-tokens", type=int, default=None,
                         help="tokens in one datum (default: the base model's context length)")
     parser.add_argument("--max-body-mb", type=float, default=64.0, help="largest request body in MiB")
+    parser.add_argument("--sampler", default="torch",
+                        help="who samples: torch (astrai's sampler, default) or vllm (one vLLM "
+                             "engine per base serving every tenant's adapter; needs vLLM)")
+    parser.add_argument("--sampler-option", action="append", default=[], metavar="KEY=VALUE",
+                        help="an engine option of --sampler vllm, e.g. gpu_memory_utilization=0.4 "
+                             "(VALUE read as JSON where it parses; repeatable)")
     parser.add_argument("--device", default="auto", help="device backend name (auto, cpu, cuda, ...)")
     parser.add_argument("--nproc-per-node", type=int, metavar="N", default=None,
                         help="serve from N processes (one per device) with each base model "
@@ -56,6 +62,23 @@ def parse_models(specs: list[str]) -> dict[str, str]:
             raise AstraiError(f"--model {name}={path}: {local} does not exist")
         models[name] = str(local) if local.exists() else path
     return models
+
+
+def parse_sampler_options(specs: list[str]) -> dict[str, Any]:
+    """``KEY=VALUE`` pairs, each VALUE a JSON value where it parses (else the string)."""
+    import json
+
+    options: dict[str, Any] = {}
+    for spec in specs:
+        key, sep, value = spec.partition("=")
+        if not sep or not key.strip().isidentifier():
+            raise AstraiError(f"--sampler-option {spec!r}: expected KEY=VALUE, e.g. "
+                              "gpu_memory_utilization=0.4")
+        try:
+            options[key.strip()] = json.loads(value)
+        except ValueError:
+            options[key.strip()] = value
+    return options
 
 
 def resolve_api_key(args: argparse.Namespace) -> str | None:
@@ -133,6 +156,13 @@ def run(args: argparse.Namespace) -> int:
     api_key = resolve_api_key(args)
     limits = limits_of(args)
     state_dir = Path(args.state_dir).expanduser()
+    sampler_options = parse_sampler_options(args.sampler_option)
+    if sampler_options and args.sampler == "torch":
+        raise AstraiError("--sampler-option: the torch sampler takes no engine options")
+    if args.sampler != "torch" and (args.nproc_per_node is not None
+                                    or launched_world_size() > 1):
+        raise AstraiError(f"--sampler {args.sampler} serves from one process; leave out "
+                          "--nproc-per-node or use --sampler torch")
     if args.nproc_per_node is not None:
         from astrai_core.cli.tinker_ranks import launch
 
@@ -144,7 +174,19 @@ def run(args: argparse.Namespace) -> int:
                           lambda device: build_engine(models, state_dir, args, device),
                           lambda engine: http_server(engine, args, api_key, limits, state_dir))
     check_port_free(args.host, args.port)
+    if args.sampler != "torch":  # unavailable: one line before any model loads
+        from astrai_core.tinker.sample_backends import adapter_sampler
+
+        adapter_sampler(args.sampler, sampler_options)
     state_dir.mkdir(parents=True, exist_ok=True)
     engine = build_engine(models, state_dir, args)
-    http_server(engine, args, api_key, limits, state_dir).run()
+    if args.sampler != "torch":
+        from astrai_core.tinker.sample_backends import registry_backend
+
+        engine.backend = registry_backend(args.sampler, list(engine.bases.values()),
+                                          engine.limits.max_sampler_adapters, sampler_options)
+    try:
+        http_server(engine, args, api_key, limits, state_dir).run()
+    finally:
+        engine.backend.close()
     return 0

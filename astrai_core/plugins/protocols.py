@@ -50,6 +50,9 @@ class SamplerProtocol(Protocol):
       publish calls ``update_weights()`` without tensors; otherwise it gets the policy's
       state dict (LoRA merged) every time.
     * ``reports_metrics``: it has ``metrics()``, logged with every optimizer step.
+    * ``images``: ``generate(..., images=[...])`` samples each prompt with its image inputs.
+    * ``adapters``: built with ``max_adapters``, ``generate(..., adapter=directory)``
+      samples with that peft LoRA adapter on its base (``astrai tinker --sampler``).
     * ``needs_close``: it has ``close()``, called once when the run ends (errors too).
     * ``SamplerSpec.asynchronous``: it has ``generate_async`` and generates apart from the
       trainer's processes (allows ``rollout.max_staleness > 0``).

@@ -49,6 +49,13 @@ class SamplerCapabilities:
     vision-language model's image inputs (the processor's output for that prompt alone,
     by name) or None, and sample each prompt conditioned on its images."""
 
+    adapters: bool = False
+    """It serves peft LoRA adapters on the base it was built with: built with
+    ``max_adapters=N`` (adapters held at once) and ``max_adapter_rank=R``, its ``generate``
+    takes ``adapter=``, a peft adapter directory (None: the bare base). Its log-probs for
+    filtered requests come from the ``model=`` module's forward, so that module must then
+    compute the same adapter (``astrai tinker`` activates it there)."""
+
     needs_close: bool = False
     """It has ``close()``, called once when the run (or ``astrai eval``) ends, on an
     error too: it holds processes or files to let go of (workers, an engine)."""

@@ -30,7 +30,9 @@ from astrai_core.tinker.engine_types import (AdamSpec, BaseModelFacts, DatumIn,
                                              SampleOut, SamplerTarget, SampleSpec)
 from astrai_core.tinker.losses import LOSSES, loss_config
 from astrai_core.tinker.rank_rows import gather_outputs, rank_rows, sum_gradients
-from astrai_core.tinker.sampling import sample_out, sampling_params
+from astrai_core.tinker.sample_backends import SampleBackend, TorchBackend
+from astrai_core.tinker.sampling import prompt_logprobs as prompt_logprobs_of
+from astrai_core.tinker.sampling import sampling_params
 from astrai_core.tinker.tenants import Tenant
 
 
@@ -60,6 +62,9 @@ class TorchEngine:
         # the processes of a multi-process server: each runs its share of every request's
         # datums (SINGLE: one process runs them all)
         self.dist: DistContext = SINGLE
+        # who generates samples (sample_backends): astrai's torch sampler unless a
+        # registry sampler serving adapters is set
+        self.backend: SampleBackend = TorchBackend()
 
     # ---------------------------------------------------------------- models
     def base_models(self) -> list[BaseModelFacts]:
@@ -148,6 +153,9 @@ class TorchEngine:
             key = files.weights_key(model_id, name, for_sampler)
             if self.writes_files:
                 self._write(tenant, key, for_sampler)
+            if key in self.sampler_slots:  # saved again under its name: reload on next use
+                old_base, old_slot = self.sampler_slots.pop(key)
+                old_base.slots.remove(old_slot)
             return key
 
     def _write(self, tenant: Tenant, key: str, for_sampler: bool) -> None:
@@ -197,10 +205,14 @@ class TorchEngine:
             params = sampling_params(spec, num_samples, room)
             slot = None if target.weights is None else self._sampler_slot(base, target.weights)
             tokenizer = self._tokenizer(base) if params.stop else None
+            adapter = None if slot is None else (files.key_directory(self.state_dir, target.weights)
+                                                 / files.PEFT_DIR)
             base.slots.activate(slot)
             try:  # a sharded base is gathered once for the whole request (no-op unsharded)
                 with unsharded([base.model]):
-                    return sample_out(base, prompt, params, tokenizer, prompt_logprobs)
+                    sequences = self.backend.generate(base, adapter, prompt, params, tokenizer)
+                    return SampleOut(sequences, prompt_logprobs_of(base, prompt)
+                                     if prompt_logprobs else None)
             finally:
                 base.slots.activate(None)
 

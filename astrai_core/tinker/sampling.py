@@ -10,7 +10,7 @@ import torch
 from astrai_core.model.head import target_logprobs
 from astrai_core.sampling.params import SamplingParams
 from astrai_core.tinker.bases import LoadedBase
-from astrai_core.tinker.engine_types import EngineRequestError, SampledOut, SampleOut, SampleSpec
+from astrai_core.tinker.engine_types import EngineRequestError, SampledOut, SampleSpec
 
 DEFAULT_MAX_TOKENS = 64
 
@@ -40,7 +40,11 @@ def generate(base: LoadedBase, prompt: list[int], params: SamplingParams,
     from astrai_core.sampling.torch_sampler import TorchSampler
 
     sampler = TorchSampler(base.model, tokenizer=tokenizer if params.stop else None)
-    completions = sampler.generate([prompt], params)
+    return sampled_outs(sampler.generate([prompt], params))
+
+
+def sampled_outs(completions: list[Any]) -> list[SampledOut]:
+    """A sampler's completions as the engine reports them."""
     return [SampledOut(tokens=list(c.token_ids), logprobs=[float(x) for x in c.logprobs or []],
                        stop_reason="stop" if c.finish_reason == "stop" else "length")
             for c in completions]
@@ -56,8 +60,3 @@ def prompt_logprobs(base: LoadedBase, prompt: list[int]) -> list[float | None]:
     out = target_logprobs(base.model, ids, ids[:, 1:])
     return [None] + [float(x) for x in out["logprobs"][0].tolist()]
 
-
-def sample_out(base: LoadedBase, prompt: list[int], params: SamplingParams, tokenizer: Any,
-               with_prompt_logprobs: bool) -> SampleOut:
-    sequences = generate(base, prompt, params, tokenizer)
-    return SampleOut(sequences, prompt_logprobs(base, prompt) if with_prompt_logprobs else None)

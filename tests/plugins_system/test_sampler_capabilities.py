@@ -15,7 +15,7 @@ from astrai_core.errors import PluginError
 from astrai_core.plugins.protocols import SamplerProtocol, protocol_members
 
 CAPABILITIES = ("interruptible", "owns_weights", "shares_policy", "reports_metrics",
-                "needs_close")
+                "images", "adapters", "needs_close")
 
 
 class Minimal:
@@ -58,7 +58,8 @@ def test_the_built_in_torch_sampler_declares_what_it_does():
     from astrai_core.sampling.torch_sampler import TorchSampler
 
     assert sampler_capabilities(TorchSampler) == SamplerCapabilities(interruptible=True,
-                                                                     shares_policy=True)
+                                                                     shares_policy=True,
+                                                                     images=True)
 
 
 def test_an_instance_may_refine_its_class_record():

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib.util
 import socket
 
 import pytest
@@ -57,6 +58,41 @@ def test_a_busy_port_is_one_line_and_its_own_exit_status(tmp_path):
     assert _errors(result) == [f"error: --port {port}: cannot listen on 127.0.0.1:{port} (Address "
                                "already in use); pick another --port"]
     assert not (tmp_path / "state").exists()  # nothing written before the server could start
+
+
+def test_the_vllm_sampler_without_vllm_is_one_line(tmp_path):
+    pytest.importorskip("fastapi")
+    if importlib.util.find_spec("vllm") is not None:
+        pytest.skip("vLLM is installed here")
+    with socket.socket() as probe:  # a port that was free a moment ago
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    result = run_astrai("tinker", "--model", f"tiny={tmp_path}", "--sampler", "vllm",
+                        "--port", str(port), "--state-dir", str(tmp_path / "state"))
+    assert result.returncode == 2
+    [error] = _errors(result)
+    assert error.startswith("error: unknown sampler 'vllm'") and "pip install vllm" in error
+    assert not (tmp_path / "state").exists()  # refused before any model loads
+
+
+def test_the_vllm_sampler_serves_from_one_process(tmp_path):
+    pytest.importorskip("fastapi")
+    result = run_astrai("tinker", "--model", f"tiny={tmp_path}", "--sampler", "vllm",
+                        "--nproc-per-node", "2", "--port", "1")
+    assert result.returncode == 2
+    assert _errors(result) == ["error: --sampler vllm serves from one process; leave out "
+                               "--nproc-per-node or use --sampler torch"]
+
+
+@pytest.mark.parametrize(("extra", "message"), [
+    (["--sampler-option", "no-equals"], "error: --sampler-option 'no-equals': expected "
+                                        "KEY=VALUE, e.g. gpu_memory_utilization=0.4"),
+    (["--sampler-option", "enforce_eager=true"],
+     "error: --sampler-option: the torch sampler takes no engine options"),
+])
+def test_sampler_options_are_checked(tmp_path, extra, message):
+    assert _errors(run_astrai("tinker", "--model", f"tiny={tmp_path}", "--port", "1",
+                              *extra)) == [message]
 
 
 def test_the_command_serves_the_sdk_on_a_tiny_model(hf_dir, tmp_path):

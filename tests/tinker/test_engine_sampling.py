@@ -146,3 +146,18 @@ def test_saved_adapters_for_sampling_are_evicted_least_recent_first(make_engine)
     assert slots == 3  # the tenant and two sampler adapters
     again = engine.sample(SamplerTarget(BASE, keys[0]), PROMPT, 1, spec)  # reloaded from disk
     assert again == first[keys[0]]
+
+
+def test_weights_saved_again_under_their_name_are_sampled_new(trained):
+    """A sampler adapter loaded for sampling is reloaded once its files are saved anew."""
+    engine, key = trained
+    spec = SampleSpec(max_tokens=8, seed=11)
+    engine.sample(SamplerTarget(BASE, key), PROMPT, 1, spec)  # loads the first save
+    datums, _, _ = sft_datums()
+    for _ in range(3):
+        engine.forward_backward("m", datums, "cross_entropy")
+        engine.optim_step("m", AdamSpec(learning_rate=2e-2))
+    assert engine.save_weights("m", "sampler", for_sampler=True) == key
+    sequence = engine.sample(SamplerTarget(BASE, key), PROMPT, 1, spec).sequences[0]
+    forward = _forward_logprobs(engine, PROMPT + sequence.tokens)
+    np.testing.assert_allclose(sequence.logprobs, forward[len(PROMPT) - 1:], atol=1e-5)

@@ -108,10 +108,12 @@ def vllm_prompt(vision: VisionPolicy | None, ids: list[int], images: dict[str, A
     return vision.engine_input(ids, images)
 
 
-def generate(engine: Any, prompts: list[Any], params: list[Any]) -> list[Any]:
-    """The engine's outputs for ``prompts`` (:func:`vllm_prompt`'s), in order."""
+def generate(engine: Any, prompts: list[Any], params: list[Any],
+             lora_request: Any = None) -> list[Any]:
+    """The engine's outputs for ``prompts`` (:func:`vllm_prompt`'s), in order, with the
+    adapter of ``lora_request`` (text prompts only; None: the engine's weights)."""
     if not any("type" in prompt for prompt in prompts):
-        return engine.generate(prompts, params, use_tqdm=False)
+        return engine.generate(prompts, params, use_tqdm=False, lora_request=lora_request)
     # Processed multimodal inputs skip vLLM's renderer (which would expand the image
     # tokens again); LLM.generate has no public way in for them in vLLM 0.32.
     from vllm.inputs.engine import tokens_input

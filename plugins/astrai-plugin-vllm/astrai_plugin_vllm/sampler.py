@@ -22,6 +22,10 @@ A vision-language policy's prompts may carry images (``generate(..., images=...)
 prompt's processor output, as the torch sampler takes them): vLLM gets the trainer's ids
 and pixels already processed (see :mod:`astrai_plugin_vllm.images`).
 
+Built with ``max_adapters=N``, the engine serves peft LoRA adapters on the base with
+vLLM's own LoRA support: ``generate(..., adapter=directory)`` samples with that adapter
+(see :mod:`astrai_plugin_vllm.adapters`).
+
 Log-probs follow the contract (temperature-scaled, before top-k/top-p/min-p): vLLM's
 ``processed_logprobs`` for unfiltered requests, the trainer's forward for filtered ones
 (see :mod:`astrai_plugin_vllm.logprobs`).
@@ -44,6 +48,7 @@ from astrai_core.api import PER_EXPERT, ConfigError, iter_push_buckets, state_di
 from astrai_core.api import hf_name_prefix, iter_hf_push_buckets
 from astrai_core.api import Completion, SamplerCapabilities, SamplingParams
 from astrai_core.api import Request, expand_requests
+from astrai_plugin_vllm import adapters as adapters_lib
 from astrai_plugin_vllm import colocated
 from astrai_plugin_vllm import delta as delta_lib
 from astrai_plugin_vllm import engine as engine_lib
@@ -63,7 +68,8 @@ class VllmSampler:
     # pushes the policy it was built with into the engine; a push's time; close() stops
     # the engine; prompts may carry images (the families images.py serves).
     capabilities = SamplerCapabilities(owns_weights=True, shares_policy=True,
-                                       reports_metrics=True, needs_close=True, images=True)
+                                       reports_metrics=True, needs_close=True, images=True,
+                                       adapters=True)
 
     class Config(SamplingParams):
         """The ``sampler:`` section: default SamplingParams plus these engine options."""
@@ -93,6 +99,9 @@ class VllmSampler:
             "(the engine keeps a CPU copy of the pushed state and reloads from it)")
         sleep: bool = Field(False, description="free the KV cache and offload the weights "
                             "while the trainer steps (vLLM sleep mode; accelerators only)")
+        max_adapters: int = Field(0, ge=0, description="peft LoRA adapters served at once "
+                                  "with vLLM's enable_lora (generate's adapter=); 0: none")
+        max_adapter_rank: int = Field(16, ge=1, description="the largest adapter rank served")
         engine_kwargs: dict[str, Any] = Field(default_factory=dict,
                                               description="more vllm.LLM keyword arguments")
 
@@ -104,6 +113,7 @@ class VllmSampler:
                  multiprocess: bool = False, cpu_kv_cache_gib: int | None = None,
                  model_type: str | None = None, fix_cpu_moe_reload: bool | None = None,
                  weight_bucket_mb: int = 512, push: str = "full", sleep: bool = False,
+                 max_adapters: int = 0, max_adapter_rank: int = 16,
                  engine_kwargs: dict[str, Any] | None = None) -> None:
         native_dir = None
         if isinstance(model, (str, os.PathLike)):
@@ -135,7 +145,9 @@ class VllmSampler:
                            enable_prefix_caching=enable_prefix_caching,
                            worker_extension_cls=weights_lib.EXTENSION,
                            **colocated.launcher_args(self.world_size, tensor_parallel_size),
-                           **engine_lib.sleep_args(sleep), **(engine_kwargs or {}))
+                           **engine_lib.sleep_args(sleep), **(engine_kwargs or {}),
+                           **adapters_lib.lora_engine_args(max_adapters, max_adapter_rank))
+        self._adapters = adapters_lib.AdapterRequests()
         self.sleeps, self._asleep = sleep, False
         self._pool = colocated.PromptPool(tensor_parallel_size)
         colocated.clear_stale_cpu_shm(tensor_parallel_size)
@@ -217,22 +229,27 @@ class VllmSampler:
     def generate(self, prompts: Sequence[Sequence[int]],
                  params: SamplingParams | Sequence[SamplingParams],
                  on_token: TokenCallback | None = None,
-                 images: Sequence[dict[str, Any] | None] | None = None) -> list[Completion]:
+                 images: Sequence[dict[str, Any] | None] | None = None,
+                 adapter: str | os.PathLike | None = None) -> list[Completion]:
         """Completions for each prompt (``n`` per prompt, grouped in prompt order).
 
         ``on_token`` is called with (completion index, token id) for every token once
         the engine has produced the batch (vLLM's offline API does not stream).
         ``images``: each prompt's processor output (None: no images), as the torch
         sampler takes them; the prompt's ids hold the expanded image tokens.
+        ``adapter``: a peft LoRA adapter directory on the base to sample with (the sampler
+        built with ``max_adapters``); None: the engine's own weights.
         """
         requests = expand_requests(prompts, params, images)
         if self.tokenizer is None and any(r.params.stop for r in requests):
             raise ValueError("stop strings need a tokenizer: VllmSampler(model, tokenizer=...)")
         images_lib.check_requests(self._vision, requests)
         self._wake()
+        lora = self._adapters.request(self.engine, adapter, images)
         outputs = self._pool.run(
             [images_lib.vllm_prompt(self._vision, r.prompt_ids, r.images) for r in requests],
-            [_vllm_params(r) for r in requests], partial(images_lib.generate, self.engine))
+            [_vllm_params(r) for r in requests],
+            partial(images_lib.generate, self.engine, lora_request=lora))
         self._sleep()
         for request, output in zip(requests, outputs, strict=True):
             self._record(request, output.outputs[0])
