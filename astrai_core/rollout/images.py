@@ -20,8 +20,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from astrai_core.data.image_batch import (PER_TOKEN, PREFIX, ROWS, batch_images,
-                                          collate_prompt_images)
+from astrai_core.data.image_batch import (PER_TOKEN, PREFIX, ROWS, collate_prompt_images,
+                                          model_images)
 from astrai_core.errors import ConfigError
 from astrai_core.plugins.sampler_capabilities import sampler_capabilities
 
@@ -63,12 +63,7 @@ def forward_images(model: torch.nn.Module, images: dict[str, Tensor], response_w
         return None
     full = {key: F.pad(value, (0, response_width)) if _per_token(key) else value
             for key, value in images.items()}
-    return batch_images(full, model_type(model))
-
-
-def model_type(model: torch.nn.Module) -> str:
-    """The Hugging Face ``model_type`` of ``model`` (its image inputs' layout), or ''."""
-    return getattr(getattr(model, "config", None), "model_type", "") or ""
+    return model_images(model, full)
 
 
 def widened_images(images: dict[str, Tensor], prompt_width: int) -> dict[str, Tensor]:
