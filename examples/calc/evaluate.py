@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import argparse
 import json
+from collections.abc import Callable
 from pathlib import Path
 
 DATA = Path("runs/calc/data")
@@ -69,13 +70,20 @@ def print_result(numbers: dict[str, float], path: Path | None) -> None:
         partial.replace(path)
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+def evaluation_main(description: str, default_data: Path,
+                    evaluate: Callable[[Path, Path], dict[str, float]]) -> None:
+    """A demo's evaluation command: ``CHECKPOINT [--data PATH] [--json FILE]``, whose
+    numbers (``evaluate(checkpoint, data)``) go out through :func:`print_result`."""
+    parser = argparse.ArgumentParser(description=description)
     parser.add_argument("checkpoint", type=Path)
-    parser.add_argument("--data", type=Path, default=DATA)
+    parser.add_argument("--data", type=Path, default=default_data)
     parser.add_argument("--json", type=Path, default=None, help="also write the numbers here")
     args = parser.parse_args()
-    print_result(accuracies(args.checkpoint, args.data), args.json)
+    print_result(evaluate(args.checkpoint, args.data), args.json)
+
+
+def main() -> None:
+    evaluation_main(__doc__.splitlines()[0], DATA, accuracies)
 
 
 if __name__ == "__main__":

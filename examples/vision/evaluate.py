@@ -10,13 +10,12 @@ JSON line (``--json``: also writes it to a file).
 
 from __future__ import annotations
 
-import argparse
 import json
 import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from calc.evaluate import print_result  # noqa: E402  (examples/calc/evaluate.py)
+from calc.evaluate import evaluation_main  # noqa: E402  (examples/calc/evaluate.py)
 
 EVAL = Path("runs/vision/data/eval.jsonl")
 MAX_NEW_TOKENS = 4
@@ -68,12 +67,7 @@ def accuracy(checkpoint: Path, data: Path = EVAL) -> dict[str, float]:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("checkpoint", type=Path)
-    parser.add_argument("--data", type=Path, default=EVAL)
-    parser.add_argument("--json", type=Path, default=None, help="also write the numbers here")
-    args = parser.parse_args()
-    print_result(accuracy(args.checkpoint, args.data), args.json)
+    evaluation_main(__doc__.splitlines()[0], EVAL, accuracy)
 
 
 if __name__ == "__main__":
